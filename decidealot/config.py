@@ -1,0 +1,257 @@
+"""Every DECIDEALOT_* setting, parsed and checked once at startup.
+
+A bad value raises `ConfigError` with one line naming the variable and what it accepts; the CLI
+prints that line and exits non-zero. Nothing else in the service reads the environment.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Literal, TypeVar
+
+import msgspec
+
+T = TypeVar("T")
+
+Device = Literal["auto", "cpu", "cuda"]
+LogFormat = Literal["json", "text"]
+
+DEFAULT_TYPESAFE_BASE_URL = "https://api.typesafe.ai"
+
+
+class ConfigError(ValueError):
+    """A setting has a value the service cannot run with; the message is one line."""
+
+
+class Settings(msgspec.Struct, frozen=True, kw_only=True):
+    """The service's whole configuration. Tests build one directly; `serve` uses `from_env`."""
+
+    host: str = "127.0.0.1"
+    port: int = 8080
+    api_key: str | None = None
+    log_level: str = "info"
+    log_format: LogFormat = "json"
+
+    # Request framing and batch limits.
+    max_request_bytes: int = 2 * 1024 * 1024
+    max_batch_requests: int = 0  # 0: no cap beyond max_request_bytes
+    max_batch_concurrency: int = 0  # 0: no cap
+    request_read_timeout_seconds: float = 30.0
+
+    # Local runtime.
+    model_dir: Path = Path("~/.cache/decidealot/models").expanduser()
+    bundle_manifest_dir: Path | None = None  # None: the manifests shipped in bundles/
+    max_resident_providers: int = 1
+    provider_idle_unload_seconds: float = 900.0  # 0 disables idle unload
+    provider_timeout_seconds: float = 120.0
+    provider_start_timeout_seconds: float = 600.0
+    device: Device = "auto"
+    torch_threads: int = 0  # 0: torch's own default
+    batch_token_budget: int = 32768
+    worker_python: str | None = None  # None: the gateway's own interpreter
+
+    # Laya.
+    laya_enabled: bool = True
+    laya_english_checkpoint: Path | None = None
+    laya_multilingual_checkpoint: Path | None = None
+    laya_typed_decisions_checkpoint: Path | None = None
+
+    # Von.
+    von_enabled: bool = True
+    von_checkpoint: Path | None = None
+
+    # CLM.
+    clm_embeddings_url: str | None = None
+    clm_embeddings_model: str = "qwen3-8b"
+    clm_embeddings_api_key: str | None = msgspec.field(default=None)
+    clm_head: Path | None = None
+    clm_max_text_bytes: int = 8192
+    clm_cache_size: int = 4096
+    clm_cache_ttl_seconds: float = 3600.0
+    clm_parallel_with_local_models: bool = False
+    clm_encoder_timeout_seconds: float = 30.0
+    clm_encoder_retry_seconds: float = 10.0
+
+    # Jev (hosted TypeSafe).
+    typesafe_api_key: str | None = None
+    jev_enabled: bool | None = None  # None: enabled exactly when a TypeSafe key is set
+    typesafe_base_url: str = DEFAULT_TYPESAFE_BASE_URL
+    typesafe_timeout_seconds: float = 10.0
+    typesafe_retry_seconds: float = 30.0
+
+    # MCP.
+    mcp_allowed_hosts: tuple[str, ...] = ()
+
+    def __repr__(self) -> str:  # keys never reach a log line or a traceback
+        return f"Settings(host={self.host!r}, port={self.port}, providers={self.providers})"
+
+    __str__ = __repr__
+
+    @property
+    def clm_enabled(self) -> bool:
+        return self.clm_embeddings_url is not None
+
+    @property
+    def jev_active(self) -> bool:
+        if self.typesafe_api_key is None:
+            return False
+        return self.jev_enabled is not False
+
+    @property
+    def providers(self) -> tuple[str, ...]:
+        """Configured providers, in the order `/health` and `/v1/models` list them."""
+        enabled = (
+            ("laya", self.laya_enabled),
+            ("von", self.von_enabled),
+            ("clm", self.clm_enabled),
+            ("jev", self.jev_active),
+        )
+        return tuple(name for name, on in enabled if on)
+
+    @property
+    def local_providers(self) -> tuple[str, ...]:
+        return tuple(p for p in self.providers if p != "jev")
+
+
+# -- parsing ---------------------------------------------------------------------------------
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+def _bool(name: str, raw: str) -> bool:
+    value = raw.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ConfigError(f"{name}: expected true or false, got {raw!r}")
+
+
+def _int(name: str, raw: str, *, low: int, high: int | None = None) -> int:
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        raise ConfigError(f"{name}: expected an integer, got {raw!r}") from None
+    if value < low or (high is not None and value > high):
+        bound = f"from {low} to {high}" if high is not None else f"at least {low}"
+        raise ConfigError(f"{name}: expected an integer {bound}, got {value}")
+    return value
+
+
+def _seconds(name: str, raw: str, *, allow_zero: bool = False) -> float:
+    try:
+        value = float(raw.strip())
+    except ValueError:
+        raise ConfigError(f"{name}: expected a number of seconds, got {raw!r}") from None
+    if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
+        what = "0 or more" if allow_zero else "greater than 0"
+        raise ConfigError(f"{name}: expected a finite number of seconds {what}, got {raw!r}")
+    return value
+
+
+def _url(name: str, raw: str) -> str:
+    value = raw.strip().rstrip("/")
+    if not value.startswith(("http://", "https://")) or len(value) <= len("https://"):
+        raise ConfigError(f"{name}: expected an http:// or https:// URL, got {raw!r}")
+    return value
+
+
+def _dir(name: str, raw: str) -> Path:
+    path = Path(raw).expanduser()
+    if not path.is_dir():
+        raise ConfigError(f"{name}: expected an existing directory, got {raw!r}")
+    return path.resolve()
+
+
+def _file(name: str, raw: str) -> Path:
+    path = Path(raw).expanduser()
+    if not path.is_file():
+        raise ConfigError(f"{name}: expected an existing file, got {raw!r}")
+    return path.resolve()
+
+
+def _secret(name: str, raw: str) -> str:
+    value = raw.strip()
+    if not value or not value.isprintable() or any(c.isspace() for c in value):
+        raise ConfigError(f"{name}: expected printable characters with no whitespace")
+    return value
+
+
+def _choice(options: tuple[str, ...]) -> Callable[[str, str], str]:
+    def parse(name: str, raw: str) -> str:
+        value = raw.strip().lower()
+        if value not in options:
+            raise ConfigError(f"{name}: expected one of {', '.join(options)}, got {raw!r}")
+        return value
+
+    return parse
+
+
+def _hosts(name: str, raw: str) -> tuple[str, ...]:
+    hosts = tuple(h.strip() for h in raw.split(",") if h.strip())
+    if not hosts:
+        raise ConfigError(f"{name}: expected a comma-separated list of host[:port] names")
+    return hosts
+
+
+def _port(name: str, raw: str) -> int:
+    return _int(name, raw, low=1, high=65535)
+
+
+def from_env(environ: Mapping[str, str] | None = None) -> Settings:
+    """Read every DECIDEALOT_* variable once; empty values count as unset."""
+    env = os.environ if environ is None else environ
+    values: dict[str, object] = {}
+
+    def read(field: str, parse: Callable[[str, str], T]) -> None:
+        name = "DECIDEALOT_" + field.upper()
+        raw = env.get(name)
+        if raw is not None and raw.strip():
+            values[field] = parse(name, raw)
+
+    read("host", lambda n, r: r.strip())
+    read("port", _port)
+    read("api_key", _secret)
+    read("log_level", _choice(("debug", "info", "warning", "error")))
+    read("log_format", _choice(("json", "text")))
+    read("max_request_bytes", lambda n, r: _int(n, r, low=1024))
+    read("max_batch_requests", lambda n, r: _int(n, r, low=1))
+    read("max_batch_concurrency", lambda n, r: _int(n, r, low=1))
+    read("request_read_timeout_seconds", _seconds)
+    read("model_dir", lambda n, r: Path(r).expanduser().resolve())
+    read("bundle_manifest_dir", _dir)
+    read("max_resident_providers", lambda n, r: _int(n, r, low=1, high=16))
+    read("provider_idle_unload_seconds", lambda n, r: _seconds(n, r, allow_zero=True))
+    read("provider_timeout_seconds", _seconds)
+    read("provider_start_timeout_seconds", _seconds)
+    read("device", _choice(("auto", "cpu", "cuda")))
+    read("torch_threads", lambda n, r: _int(n, r, low=0, high=1024))
+    read("batch_token_budget", lambda n, r: _int(n, r, low=512))
+    read("worker_python", _file)
+    read("laya_enabled", _bool)
+    read("laya_english_checkpoint", _dir)
+    read("laya_multilingual_checkpoint", _dir)
+    read("laya_typed_decisions_checkpoint", _dir)
+    read("von_enabled", _bool)
+    read("von_checkpoint", _dir)
+    read("clm_embeddings_url", _url)
+    read("clm_embeddings_model", lambda n, r: r.strip())
+    read("clm_embeddings_api_key", _secret)
+    read("clm_head", _file)
+    read("clm_max_text_bytes", lambda n, r: _int(n, r, low=1))
+    read("clm_cache_size", lambda n, r: _int(n, r, low=0))
+    read("clm_cache_ttl_seconds", _seconds)
+    read("clm_parallel_with_local_models", _bool)
+    read("clm_encoder_timeout_seconds", _seconds)
+    read("clm_encoder_retry_seconds", lambda n, r: _seconds(n, r, allow_zero=True))
+    read("typesafe_api_key", _secret)
+    read("jev_enabled", _bool)
+    read("typesafe_base_url", _url)
+    read("typesafe_timeout_seconds", _seconds)
+    read("typesafe_retry_seconds", lambda n, r: _seconds(n, r, allow_zero=True))
+    read("mcp_allowed_hosts", _hosts)
+    return Settings(**values)  # type: ignore[arg-type]

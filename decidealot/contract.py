@@ -1,0 +1,152 @@
+"""Wire types of the Decidealot contract (seeds/003): requests, answers, listings and errors.
+
+Requests are decoded into these types only by `decidealot.validation`, which reports every
+issue with TypeSafe's `loc` paths; everything past the validator holds validated structs.
+Field order in each struct is the order the contract's examples show.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, TypeAlias
+
+import msgspec
+
+Json: TypeAlias = Any
+"""Any JSON value (state, instructions, criteria). msgspec cannot name a recursive alias."""
+
+State: TypeAlias = str | dict[str, Json] | list[Json]
+Loc: TypeAlias = list[str | int]
+
+QuestionType = Literal["choice", "score", "noul"]
+
+
+# -- requests --------------------------------------------------------------------------------
+
+
+class ChoiceQuestion(msgspec.Struct, tag="choice", tag_field="type", frozen=True):
+    """Pick one of the named options; `criteria` keys are the only valid labels."""
+
+    criteria: dict[str, Json]
+    instructions: Json = None
+
+
+class ScoreQuestion(msgspec.Struct, tag="score", tag_field="type", frozen=True):
+    """Expected level on an ordered rubric; a level's position is its score, from 0."""
+
+    criteria: list[Json]
+    instructions: Json = None
+
+
+class NoulQuestion(msgspec.Struct, tag="noul", tag_field="type", frozen=True):
+    """Probability that a statement is true; `criteria` keys are only `true` and `false`."""
+
+    instructions: Json = None
+    criteria: dict[str, Json] | None = None
+
+
+Question: TypeAlias = ChoiceQuestion | ScoreQuestion | NoulQuestion
+
+
+class SystemOneRequest(msgspec.Struct, frozen=True):
+    """A validated `POST /v1/systemone` body. `config` is {} when omitted."""
+
+    model: str
+    state: State
+    questions: dict[str, Question]
+    config: dict[str, Json] = msgspec.field(default_factory=dict)
+
+
+class BatchRequest(msgspec.Struct, frozen=True):
+    requests: list[SystemOneRequest]
+
+
+# -- answers ---------------------------------------------------------------------------------
+
+
+class ChoiceAnswer(msgspec.Struct, tag="choice", tag_field="type"):
+    choice: str
+    confidence: float
+    probabilities: dict[str, float]
+
+
+class ScoreAnswer(msgspec.Struct, tag="score", tag_field="type"):
+    score: float
+    confidence: float
+    legend: dict[str, Json]
+    probabilities: dict[str, float]
+
+
+class NoulAnswer(msgspec.Struct, tag="noul", tag_field="type"):
+    noul: float
+
+
+Answer: TypeAlias = ChoiceAnswer | ScoreAnswer | NoulAnswer
+
+
+class Usage(msgspec.Struct):
+    input_tokens: int
+    output_tokens: int = 0
+
+
+class SystemOneResponse(msgspec.Struct):
+    """`model` names the model that answered, which can differ from the requested alias."""
+
+    model: str
+    answers: dict[str, Answer]
+    usage: Usage
+
+
+class BatchResponse(msgspec.Struct):
+    results: list[SystemOneResponse]
+
+
+# -- listings --------------------------------------------------------------------------------
+
+
+class ModelInfo(msgspec.Struct, frozen=True):
+    name: str
+    description: str
+    release_date: str
+
+
+class ModelList(msgspec.Struct):
+    models: list[ModelInfo]
+
+
+class Health(msgspec.Struct):
+    status: Literal["ok"]
+    providers: list[str]
+
+
+class UnloadedProvider(msgspec.Struct):
+    name: str
+    was_loaded: bool = msgspec.field(name="wasLoaded")
+
+
+class UnloadResponse(msgspec.Struct, kw_only=True):
+    status: Literal["unloaded"] = "unloaded"
+    providers: list[UnloadedProvider]
+
+
+# -- errors ----------------------------------------------------------------------------------
+
+
+class ValidationIssue(msgspec.Struct):
+    """One entry of the TypeSafe/FastAPI 422 envelope."""
+
+    loc: Loc
+    msg: str
+    type: str
+    input: Json = None
+
+
+class ValidationErrorBody(msgspec.Struct):
+    detail: list[ValidationIssue]
+
+
+class ErrorBody(msgspec.Struct):
+    """Decidealot's envelope for failures outside the input contract."""
+
+    code: str
+    message: str
+    details: dict[str, Json] = msgspec.field(default_factory=dict)

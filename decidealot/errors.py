@@ -1,0 +1,69 @@
+"""The service's exception hierarchy; transport maps each to its status and envelope.
+
+Messages are fixed, safe strings: nothing upstream (keys, URLs, bodies, tracebacks) is ever
+copied into them.
+"""
+
+from __future__ import annotations
+
+from decidealot.contract import Json, Loc, ValidationIssue
+
+
+class DecidealotError(Exception):
+    """Base of every error the service answers with a status other than 2xx."""
+
+    status: int = 500
+    code: str = "INTERNAL_ERROR"
+    message: str = "the request could not be completed"
+
+    def __init__(self, message: str | None = None, details: dict[str, Json] | None = None):
+        super().__init__(message or self.message)
+        if message is not None:
+            self.message = message
+        self.details: dict[str, Json] = details or {}
+
+
+class Unauthorized(DecidealotError):
+    status, code, message = 401, "UNAUTHORIZED", "a valid bearer token is required"
+
+
+class ProviderBusy(DecidealotError):
+    status, code = 409, "PROVIDER_BUSY"
+    message = "a local provider is serving a decision; nothing was unloaded"
+
+
+class RequestTooLarge(DecidealotError):
+    status, code, message = 413, "REQUEST_TOO_LARGE", "the request body exceeds the size limit"
+
+
+class UnsupportedEncoding(DecidealotError):
+    status, code = 415, "UNSUPPORTED_CONTENT_ENCODING"
+    message = "Content-Encoding must be identity, gzip or zstd"
+
+
+class ProviderUnavailable(DecidealotError):
+    """A provider cannot answer now: not ready, crashed, timed out, or answered badly."""
+
+    status, code, message = 503, "PROVIDER_UNAVAILABLE", "the selected provider is unavailable"
+
+
+class RequestInvalid(DecidealotError):
+    """The 422 TypeSafe validation envelope: `{"detail": [issues]}`."""
+
+    status, code, message = 422, "VALIDATION_ERROR", "the request is invalid"
+
+    def __init__(self, issues: list[ValidationIssue]):
+        super().__init__()
+        self.issues = issues
+
+
+class DecisionInputError(Exception):
+    """Raised by provider code for input the model cannot take (e.g. option markers that do
+    not fit). `loc` is relative to the question: the executor prefixes the request's path."""
+
+    def __init__(self, question: str, msg: str, loc: Loc | None = None, input: Json = None):
+        super().__init__(msg)
+        self.question = question
+        self.msg = msg
+        self.loc: Loc = loc or []
+        self.input = input

@@ -1,0 +1,1 @@
+"""Decision providers: Laya, Von, CLM (local, in worker processes) and Jev (hosted)."""
