@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Protocol, runtime_checkable
 
 from decidealot.contract import ModelInfo, SystemOneRequest, SystemOneResponse
+from providers.engine import Decision, Job
 
 
 @runtime_checkable
@@ -54,3 +55,11 @@ class LocalRuntime(Protocol):
 
     async def unload(self) -> None:
         """Stop the worker process so its memory returns to the system; idempotent."""
+
+
+@runtime_checkable
+class JobRunner(Protocol):
+    """Runs an engine job on a local provider's worker, inside its residency slot and lane."""
+
+    async def run(self, job: Job) -> Decision:
+        """Raises `DecisionInputError` (422) or `ProviderUnavailable` (503)."""
