@@ -276,5 +276,7 @@ class Residency:
                     and id(slot) not in queued
                     and now - slot.last_used >= self._idle_seconds
                 ):
-                    log.info("unloading %s after %.0f s idle", slot.runtime.name, self._idle_seconds)
+                    log.info(
+                        "unloading %s after %.0f s idle", slot.runtime.name, self._idle_seconds
+                    )
                     slot.transition = asyncio.create_task(self._unload(slot))
