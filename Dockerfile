@@ -1,0 +1,38 @@
+# Decidealot, CPU image: CPU torch wheels, non-root, models on the /models volume.
+#   docker build -t decidealot .
+#   docker run -p 8080:8080 -v decidealot-models:/models decidealot
+ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+
+FROM ${PYTHON_IMAGE} AS build
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PATH=/opt/venv/bin:$PATH
+RUN python -m venv /opt/venv
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY .ci/install .ci/install
+COPY decidealot decidealot
+COPY providers providers
+COPY bundles bundles
+ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+RUN TORCH_INDEX_URL="$TORCH_INDEX_URL" bash .ci/install /src
+
+FROM ${PYTHON_IMAGE}
+RUN groupadd --gid 10001 decidealot \
+    && useradd --create-home --uid 10001 --gid 10001 --shell /usr/sbin/nologin decidealot \
+    && mkdir /models && chown decidealot:decidealot /models
+COPY --from=build /opt/venv /opt/venv
+ENV PATH=/opt/venv/bin:$PATH \
+    PYTHONUNBUFFERED=1 \
+    DECIDEALOT_HOST=0.0.0.0 \
+    DECIDEALOT_PORT=8080 \
+    DECIDEALOT_MODEL_DIR=/models \
+    DECIDEALOT_DEVICE=cpu \
+    HF_HOME=/models/.huggingface
+VOLUME ["/models"]
+USER 10001:10001
+WORKDIR /home/decidealot
+EXPOSE 8080
+# The first start downloads the bundles before listening: allow it time before counting failures.
+HEALTHCHECK --interval=30s --timeout=5s --start-period=30m --retries=3 \
+    CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8080/health', timeout=4)"]
+ENTRYPOINT ["decidealot"]
+CMD ["serve"]

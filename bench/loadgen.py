@@ -1,0 +1,190 @@
+"""Shared benchmark plumbing: start servers side by side, drive them with N clients, compare.
+
+Benchmarks are scripts, never tests: they print a markdown table of throughput and latency
+per server and client count, plus the ratio of Decidealot to each peer, for docs/performance.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@contextlib.contextmanager
+def server(
+    command: Sequence[str],
+    *,
+    port: int,
+    env: Mapping[str, str] | None = None,
+    health: str = "/health",
+    timeout: float = 300.0,
+    log_path: Path | None = None,
+) -> Iterator[str]:
+    """Run a server process until the block ends; yields its base URL once `health` answers."""
+    full_env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    full_env.update(env or {})
+    log = open(log_path, "wb") if log_path else subprocess.DEVNULL  # noqa: SIM115
+    process = subprocess.Popen(
+        list(command), env=full_env, stdout=log, stderr=log, start_new_session=True
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            if process.poll() is not None:
+                raise RuntimeError(f"{command[0]} exited with {process.returncode}")
+            try:
+                if httpx.get(base + health, timeout=1.0).status_code < 500:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{command[0]} did not become healthy in {timeout} s")
+            time.sleep(0.2)
+        yield base
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+        if log_path:
+            log.close()  # type: ignore[union-attr]
+
+
+@dataclass(frozen=True)
+class LoadResult:
+    name: str
+    clients: int
+    requests: int
+    errors: int
+    seconds: float
+    p50_ms: float
+    p99_ms: float
+
+    @property
+    def rps(self) -> float:
+        return self.requests / self.seconds if self.seconds else 0.0
+
+
+def _percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    if len(values) == 1:
+        return values[0]
+    return statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1]
+
+
+async def _drive(
+    name: str,
+    url: str,
+    bodies: Callable[[int], bytes],
+    *,
+    clients: int,
+    seconds: float,
+    warmup: int,
+    expect: int,
+    headers: Mapping[str, str] | None,
+    method: str,
+) -> LoadResult:
+    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+    all_headers = {"content-type": "application/json", **(headers or {})}
+    async with httpx.AsyncClient(limits=limits, timeout=600.0) as client:
+        for i in range(warmup):
+            await client.request(method, url, content=bodies(i), headers=all_headers)
+        latencies: list[float] = []
+        errors = 0
+        counter = 0
+        stop_at = time.perf_counter() + seconds
+
+        async def worker() -> None:
+            nonlocal errors, counter
+            while time.perf_counter() < stop_at:
+                counter += 1
+                body = bodies(counter)
+                started = time.perf_counter()
+                response = await client.request(method, url, content=body, headers=all_headers)
+                latencies.append(time.perf_counter() - started)
+                if response.status_code != expect:
+                    errors += 1
+
+        begun = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(clients)))
+        elapsed = time.perf_counter() - begun
+    ms = sorted(x * 1000 for x in latencies)
+    return LoadResult(
+        name, clients, len(ms), errors, elapsed, _percentile(ms, 50), _percentile(ms, 99)
+    )
+
+
+def drive(
+    name: str,
+    url: str,
+    bodies: Callable[[int], bytes],
+    *,
+    clients: int,
+    seconds: float,
+    warmup: int = 3,
+    expect: int = 200,
+    headers: Mapping[str, str] | None = None,
+    method: str = "POST",
+) -> LoadResult:
+    """Closed-loop load: `clients` concurrent callers, each sending its next request at once."""
+    return asyncio.run(
+        _drive(
+            name,
+            url,
+            bodies,
+            clients=clients,
+            seconds=seconds,
+            warmup=warmup,
+            expect=expect,
+            headers=headers,
+            method=method,
+        )
+    )
+
+
+def table(results: Sequence[LoadResult], baseline: str) -> str:
+    """Markdown rows per (server, clients) plus throughput ratios against `baseline`."""
+    lines = [
+        "| server | clients | requests | errors | req/s | p50 ms | p99 ms | req/s vs "
+        + baseline
+        + " |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    by_key = {(r.name, r.clients): r for r in results}
+    for r in results:
+        base = by_key.get((baseline, r.clients))
+        ratio = f"{r.rps / base.rps:.2f}x" if base and base.rps else "-"
+        lines.append(
+            f"| {r.name} | {r.clients} | {r.requests} | {r.errors} | {r.rps:.1f} | "
+            f"{r.p50_ms:.1f} | {r.p99_ms:.1f} | {ratio} |"
+        )
+    return "\n".join(lines)
+
+
+def python() -> str:
+    return sys.executable
