@@ -1,0 +1,161 @@
+"""The Laya worker engine: jobs -> encoder rows -> shared padded forward passes -> answers.
+
+`prepare` tokenises one job (its state once, one row per question) on the worker's preparing
+thread; `run` packs the rows of every job in a batch into one padded pass (more only past
+`PASS_TOKEN_LIMIT` padded tokens) and splits the answers back per job. Rows never see each
+other (padding is masked), so a job's answers do not depend on what it was batched with.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+
+import torch
+
+from decidealot.contract import Question
+from providers.engine import Decision, EngineSpec, Job
+from providers.laya import readout
+from providers.laya.model import Checkpoint, load_checkpoint
+from providers.laya.render import Row, render_rows
+
+CHECKPOINT_KEYS = ("english", "multilingual", "typed-decisions")
+PASS_TOKEN_LIMIT = 262_144
+"""Padded tokens (rows x longest row) above which a batch is split into several passes."""
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedJob:
+    """A job's rendered rows plus what readout needs; `cost` is its padded token count."""
+
+    group: str
+    cost: int
+    questions: dict[str, Question]
+    rows: list[Row]
+
+
+class LayaEngine:
+    """Serves the three Laya checkpoints; each loads once, at create or on its first job."""
+
+    def __init__(self, spec: EngineSpec):
+        unknown = set(spec.checkpoints) - set(CHECKPOINT_KEYS)
+        if unknown:
+            raise ValueError(f"unknown Laya checkpoint keys: {sorted(unknown)}")
+        self._paths = dict(spec.checkpoints)
+        self._device = torch.device(spec.device)
+        self._loaded: dict[str, Checkpoint] = {}
+        self._load_lock = threading.Lock()
+        for key in spec.preload:
+            self._checkpoint(key)
+
+    @property
+    def loaded(self) -> tuple[str, ...]:
+        """Keys of the checkpoints in memory, in load order."""
+        return tuple(self._loaded)
+
+    def _checkpoint(self, key: str) -> Checkpoint:
+        loaded = self._loaded.get(key)
+        if loaded is not None:
+            return loaded
+        if key not in self._paths:
+            raise ValueError(f"Laya checkpoint {key!r} is not configured")
+        with self._load_lock:
+            if key not in self._loaded:
+                self._loaded[key] = load_checkpoint(self._paths[key], self._device)
+            return self._loaded[key]
+
+    def prepare(self, job: Job) -> PreparedJob:
+        checkpoint = self._checkpoint(job.checkpoint)
+        tokenizer = checkpoint.tokenizer
+
+        def encode(texts: Sequence[str]) -> list[list[int]]:
+            return tokenizer(list(texts), add_special_tokens=False)["input_ids"]
+
+        rows = render_rows(job.state, job.questions, encode, checkpoint.specials, checkpoint.budget)
+        cost = len(rows) * max((len(row.ids) for row in rows), default=0)
+        return PreparedJob(group=job.checkpoint, cost=cost, questions=job.questions, rows=rows)
+
+    def run(self, batch: Sequence[PreparedJob]) -> list[Decision]:
+        if not batch:
+            return []
+        groups = {job.group for job in batch}
+        if len(groups) != 1:
+            raise ValueError("a Laya batch must hold jobs of one checkpoint")
+        key = groups.pop()
+        checkpoint = self._checkpoint(key)
+        rows = [row for job in batch for row in job.rows]
+        logits: list[list[float]] = []
+        for start, stop in _passes(rows):
+            logits.extend(self._forward(checkpoint, rows[start:stop]))
+        decisions: list[Decision] = []
+        offset = 0
+        for job in batch:
+            answers = {
+                name: readout.answer(question, logits[offset + i], checkpoint.temperatures)
+                for i, (name, question) in enumerate(job.questions.items())
+            }
+            offset += len(job.rows)
+            decisions.append(
+                Decision(
+                    model=f"laya-{key}",
+                    answers=answers,
+                    input_tokens=sum(len(row.ids) for row in job.rows),
+                )
+            )
+        return decisions
+
+    def _forward(self, checkpoint: Checkpoint, rows: Sequence[Row]) -> list[list[float]]:
+        """One padded pass; returns each row's logits trimmed to its own option count."""
+        length = max(len(row.ids) for row in rows)
+        width = max(len(row.markers) for row in rows)
+        input_ids = torch.full((len(rows), length), checkpoint.pad_id, dtype=torch.long)
+        attention = torch.zeros((len(rows), length), dtype=torch.long)
+        marker_pos = torch.zeros((len(rows), width), dtype=torch.long)
+        marker_mask = torch.zeros((len(rows), width), dtype=torch.bool)
+        for i, row in enumerate(rows):
+            input_ids[i, : len(row.ids)] = torch.tensor(row.ids)
+            attention[i, : len(row.ids)] = 1
+            marker_pos[i, : len(row.markers)] = torch.tensor(row.markers)
+            marker_mask[i, : len(row.markers)] = True
+        qtype = torch.tensor([row.qtype for row in rows], dtype=torch.long)
+        device = self._device
+        with torch.inference_mode(), self._autocast(checkpoint):
+            out = checkpoint.model(
+                input_ids.to(device),
+                attention.to(device),
+                marker_pos.to(device),
+                marker_mask.to(device),
+                qtype.to(device),
+            )
+        values = out.float().cpu().tolist()
+        return [values[i][: len(row.markers)] for i, row in enumerate(rows)]
+
+    def _autocast(self, checkpoint: Checkpoint) -> AbstractContextManager[object]:
+        """Upstream autocasts only on GPU; CPU stays fp32."""
+        if self._device.type != "cuda":
+            return nullcontext()
+        return torch.autocast(device_type="cuda", dtype=checkpoint.amp_dtype)
+
+
+def _passes(rows: Sequence[Row]) -> list[tuple[int, int]]:
+    """Split rows into consecutive passes whose padded size stays under `PASS_TOKEN_LIMIT`."""
+    bounds: list[tuple[int, int]] = []
+    start, longest = 0, 0
+    for i, row in enumerate(rows):
+        widest = max(longest, len(row.ids))
+        if i > start and widest * (i - start + 1) > PASS_TOKEN_LIMIT:
+            bounds.append((start, i))
+            start, widest = i, len(row.ids)
+        longest = widest
+    if start < len(rows):
+        bounds.append((start, len(rows)))
+    return bounds
+
+
+def create(spec: EngineSpec) -> LayaEngine:
+    """Engine factory named by `EngineSpec.factory` (`providers.laya.engine:create`)."""
+    if spec.torch_threads > 0:
+        torch.set_num_threads(spec.torch_threads)
+    return LayaEngine(spec)

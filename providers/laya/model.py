@@ -1,0 +1,177 @@
+"""The Laya network (laya.md §2, §4): HF ModernBERT encoder + typed decision head + scorer.
+
+Worker-side only (imports torch and transformers). Parameter names match upstream's
+`model.safetensors` exactly so the checkpoint loads strictly; the head is our own functional
+pre-LN transformer layer, numerically the same as upstream's `nn.TransformerEncoderLayer`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file
+from torch import nn
+from transformers import AutoConfig, AutoModel, PreTrainedTokenizerFast
+from transformers.initialization import no_init_weights
+
+from providers.laya.readout import Temperatures
+from providers.laya.render import Budget, Specials
+
+LAYER_NORM_EPS = 1e-5
+MASKED_LOGIT = -1e4
+
+
+class HeadAttention(nn.Module):
+    """Packed-projection self-attention with `nn.MultiheadAttention`'s parameter names."""
+
+    def __init__(self, d: int, heads: int):
+        super().__init__()
+        self.heads = heads
+        self.in_proj_weight = nn.Parameter(torch.empty(3 * d, d))
+        self.in_proj_bias = nn.Parameter(torch.empty(3 * d))
+        self.out_proj = nn.Linear(d, d)
+
+    def forward(self, x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+        q, k, v = (
+            part.unflatten(-1, (self.heads, -1)).transpose(1, 2)
+            for part in F.linear(x, self.in_proj_weight, self.in_proj_bias).chunk(3, dim=-1)
+        )
+        attended = F.scaled_dot_product_attention(q, k, v, attn_mask=keep)
+        return self.out_proj(attended.transpose(1, 2).flatten(-2))
+
+
+class HeadLayer(nn.Module):
+    """Pre-LN encoder layer (ReLU feed-forward of width 4d), as upstream trains it."""
+
+    def __init__(self, d: int):
+        super().__init__()
+        self.self_attn = HeadAttention(d, max(1, d // 64))
+        self.linear1 = nn.Linear(d, 4 * d)
+        self.linear2 = nn.Linear(4 * d, d)
+        self.norm1 = nn.LayerNorm(d, eps=LAYER_NORM_EPS)
+        self.norm2 = nn.LayerNorm(d, eps=LAYER_NORM_EPS)
+
+    def forward(self, h: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+        h = h + self.self_attn(self.norm1(h), keep)
+        return h + self.linear2(F.relu(self.linear1(self.norm2(h))))
+
+
+class HeadStack(nn.Module):
+    def __init__(self, d: int, layers: int):
+        super().__init__()
+        self.layers = nn.ModuleList(HeadLayer(d) for _ in range(layers))
+
+
+class DecisionModel(nn.Module):
+    """Encoder + head + scorer. `act_head` and `temperature` are loaded (strict load) but unused:
+    the contract reports neither the act probability nor the training-time temperature buffer."""
+
+    def __init__(self, encoder: nn.Module, head_layers: int, n_act: int):
+        super().__init__()
+        d = encoder.config.hidden_size
+        self.encoder = encoder
+        self.head = HeadStack(d, head_layers) if head_layers > 0 else None
+        self.type_emb = nn.Embedding(3, d)
+        self.scorer = nn.Sequential(nn.LayerNorm(d), nn.Linear(d, d), nn.GELU(), nn.Linear(d, 1))
+        self.act_head = nn.Sequential(nn.Linear(d + 4, 256), nn.GELU(), nn.Linear(256, n_act))
+        self.register_buffer("temperature", torch.ones(3))
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        marker_pos: torch.Tensor,
+        marker_mask: torch.Tensor,
+        qtype: torch.Tensor,
+    ) -> torch.Tensor:
+        """Option logits `[rows, K]` in fp32; padded marker slots hold -1e4."""
+        h = self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        h = h + self.type_emb(qtype)[:, None, :]
+        if self.head is not None:
+            keep = attention_mask.bool()[:, None, None, :]
+            for layer in self.head.layers:
+                h = layer(h, keep)
+        index = marker_pos[:, :, None].expand(-1, -1, h.size(-1))
+        logits = self.scorer(torch.gather(h, 1, index)).squeeze(-1).float()
+        return logits.masked_fill(~marker_mask, MASKED_LOGIT)
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """Everything one loaded checkpoint needs to render, run and read out."""
+
+    model: DecisionModel
+    tokenizer: Any
+    specials: Specials
+    budget: Budget
+    temperatures: Temperatures
+    amp_dtype: torch.dtype
+    pad_id: int
+
+
+def _load_tokenizer(directory: Path) -> Any:
+    """Load as `PreTrainedTokenizerFast`, applying upstream's load-time config fixes in memory
+    (upstream rewrites the file; the checkpoint directory is never written here)."""
+    config = json.loads((directory / "tokenizer_config.json").read_text(encoding="utf-8"))
+    overrides: dict[str, Any] = {}
+    extra = config.get("extra_special_tokens")
+    if isinstance(extra, list):
+        overrides["extra_special_tokens"] = {f"extra_{i}": t for i, t in enumerate(extra)}
+    return PreTrainedTokenizerFast.from_pretrained(str(directory), **overrides)
+
+
+def _require(path: Path, what: str) -> Path:
+    if not path.exists():
+        raise FileNotFoundError(f"Laya checkpoint is missing {what} ({path.name})")
+    return path
+
+
+def load_checkpoint(directory: str | Path, device: torch.device) -> Checkpoint:
+    """Build the model offline from `encoder/config.json`, strictly load fp16 weights as fp32."""
+    root = Path(directory)
+    config = json.loads(_require(root / "rl_agent_config.json", "its config").read_text())
+    weights_path = _require(root / "model.safetensors", "its weights")
+    encoder_dir = _require(root / "encoder", "its encoder config")
+    tokenizer = _load_tokenizer(_require(root / "tokenizer", "its tokenizer"))
+    if "head_layers" not in config or "encoder" not in config:
+        raise ValueError("rl_agent_config.json: 'encoder' and 'head_layers' are required")
+    if config.get("option_layout", "sequential") != "sequential":
+        raise ValueError("rl_agent_config.json: only the sequential option layout is supported")
+    temperatures = Temperatures(
+        config.get("temperature", [1.0, 1.0, 1.0]), config.get("temperature_by_options", {})
+    )
+
+    encoder_config = AutoConfig.from_pretrained(str(encoder_dir))
+    with no_init_weights():
+        encoder = AutoModel.from_config(encoder_config, attn_implementation="sdpa")
+    model = DecisionModel(encoder, int(config["head_layers"]), len(config.get("act_costs", {})) + 1)
+    state = {k: v.float() for k, v in load_file(str(weights_path)).items()}
+    model.load_state_dict(state, strict=True)
+    model.to(device).eval().requires_grad_(False)
+
+    amp = torch.float32
+    if device.type == "cuda":
+        major = torch.cuda.get_device_capability(device)[0]
+        amp = torch.bfloat16 if major >= 8 and config.get("amp_dtype") == "bf16" else torch.float16
+    return Checkpoint(
+        model=model,
+        tokenizer=tokenizer,
+        specials=Specials(
+            cls_id=tokenizer.cls_token_id,
+            sep_id=tokenizer.sep_token_id,
+            mask_id=tokenizer.mask_token_id,
+            mask_text=tokenizer.mask_token,
+        ),
+        budget=Budget(
+            max_len=int(config.get("max_len", 512)),
+            head_max_len=int(config.get("head_max_len", 192)),
+        ),
+        temperatures=temperatures,
+        amp_dtype=amp,
+        pad_id=tokenizer.pad_token_id,
+    )

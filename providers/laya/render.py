@@ -1,0 +1,198 @@
+"""Laya input rendering (laya.md §3): question -> option texts -> one encoder row of token ids.
+
+Mirrors upstream `laya.common.build_head`/`build_sequence` and `Agent._to_internal` for the
+sequential option layout, from the contract's validated question structs. Pure Python: the
+tokenizer is passed in as an `encode(texts) -> ids per text` callable, so this module never
+imports torch or transformers.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from decidealot.contract import ChoiceQuestion, Json, NoulQuestion, Question, ScoreQuestion, State
+from decidealot.errors import DecisionInputError
+
+QTYPES = {"choice": 0, "score": 1, "noul": 2}
+OPTION_TOKEN_CAP = 48
+"""Upstream keeps the first 48 tokens of each option text (before its marker is prepended)."""
+
+Encode = Callable[[Sequence[str]], list[list[int]]]
+"""Tokenise texts without special tokens; one id list per text."""
+
+
+@dataclass(frozen=True, slots=True)
+class Specials:
+    """The tokenizer facts rendering needs (laya.md §1.4)."""
+
+    cls_id: int
+    sep_id: int
+    mask_id: int
+    mask_text: str
+
+
+@dataclass(frozen=True, slots=True)
+class Budget:
+    max_len: int
+    head_max_len: int
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    """One question's encoder row: token ids, the position of each option's marker, its type."""
+
+    ids: list[int]
+    markers: list[int]
+    qtype: int
+
+
+def criterion_text(value: Json) -> str:
+    """Strings pass through; structured values become one-line JSON (`render_criterion`)."""
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, ensure_ascii=False, separators=(", ", ": "), default=str)
+
+
+def state_text(state: State) -> str:
+    """Upstream `serialize_state`: strings as-is, anything else as JSON with default separators."""
+    if isinstance(state, str):
+        return state
+    return json.dumps(state, ensure_ascii=False)
+
+
+def instructions_text(name: str, question: Question) -> str:
+    """The text after `<type> question: `.
+
+    Non-string instructions become JSON text as upstream's `_to_internal` does. Upstream refuses
+    a question without instructions; the contract makes them optional, so such a question is
+    rendered with its name in their place: the name is the only text the caller gave that says
+    what is being decided (e.g. `needs_review`).
+    """
+    instructions = question.instructions
+    if instructions is None:
+        return name
+    if isinstance(instructions, str):
+        return instructions
+    return json.dumps(instructions, ensure_ascii=False)
+
+
+def option_texts(question: Question) -> list[str]:
+    """Option texts in the caller's order; noul is always [false, true] (`render_options`)."""
+    if isinstance(question, ChoiceQuestion):
+        return [
+            label if desc is None or desc == "" else f"{label}: {criterion_text(desc)}"
+            for label, desc in question.criteria.items()
+        ]
+    if isinstance(question, ScoreQuestion):
+        return [f"level {i}: {criterion_text(level)}" for i, level in enumerate(question.criteria)]
+    assert isinstance(question, NoulQuestion)
+    criteria = question.criteria or {}
+    return [
+        _noul_option("false", criteria.get("false"), "no, the statement does not hold"),
+        _noul_option("true", criteria.get("true"), "yes, the statement holds"),
+    ]
+
+
+def _noul_option(label: str, description: Json, default: str) -> str:
+    """A null or empty description reads as upstream's default sentence."""
+    return f"{label}: {default if description in (None, '') else criterion_text(description)}"
+
+
+def question_type(question: Question) -> str:
+    if isinstance(question, ChoiceQuestion):
+        return "choice"
+    if isinstance(question, ScoreQuestion):
+        return "score"
+    return "noul"
+
+
+def render_rows(
+    state: State,
+    questions: dict[str, Question],
+    encode: Encode,
+    specials: Specials,
+    budget: Budget,
+) -> list[Row]:
+    """One row per question, in `questions` order; the state is tokenised once.
+
+    Raises `DecisionInputError` naming the question when its option markers cannot all fit in
+    `max_len`: options are never dropped silently.
+    """
+    if not questions:
+        return []
+    mask = specials.mask_text
+    names = list(questions)
+    heads: list[str] = []
+    options: list[list[str]] = []
+    for name in names:
+        question = questions[name]
+        ins = instructions_text(name, question).replace(mask, " ")
+        heads.append(f"{question_type(question)} question: {ins}")
+        options.append([" " + text.replace(mask, " ") for text in option_texts(question)])
+    flat_options = [text for texts in options for text in texts]
+    encoded = encode([state_text(state).replace(mask, " "), *heads, *flat_options])
+    state_ids, head_ids, option_ids = (
+        encoded[0],
+        encoded[1 : 1 + len(names)],
+        encoded[1 + len(names) :],
+    )
+    keep_tail = isinstance(state, list)  # a conversation keeps its newest turns
+    rows: list[Row] = []
+    offset = 0
+    for name, head, texts in zip(names, head_ids, options, strict=True):
+        spans = [
+            [specials.mask_id, *ids[:OPTION_TOKEN_CAP]]
+            for ids in option_ids[offset : offset + len(texts)]
+        ]
+        offset += len(texts)
+        rows.append(
+            _assemble(
+                name,
+                QTYPES[question_type(questions[name])],
+                head,
+                spans,
+                state_ids,
+                keep_tail,
+                specials,
+                budget,
+            )
+        )
+    return rows
+
+
+def _assemble(
+    name: str,
+    qtype: int,
+    head: list[int],
+    spans: list[list[int]],
+    state_ids: list[int],
+    keep_tail: bool,
+    specials: Specials,
+    budget: Budget,
+) -> Row:
+    """Upstream `build_head` + `build_sequence`: cap option spans, cap the head, fit the state."""
+    option_budget = budget.head_max_len - sum(len(span) for span in spans)
+    if option_budget < 16:
+        per_option = max(4, (budget.head_max_len - 16) // max(1, len(spans)))
+        spans = [span[:per_option] for span in spans]
+        option_budget = budget.head_max_len - sum(len(span) for span in spans)
+    ids = [specials.cls_id, *head[: max(8, option_budget)], specials.sep_id]
+    markers: list[int] = []
+    for span in spans:
+        markers.append(len(ids))
+        ids.extend(span)
+    ids.append(specials.sep_id)
+    room = max(0, budget.max_len - len(ids) - 1)
+    kept = state_ids[max(0, len(state_ids) - room) :] if keep_tail else state_ids[:room]
+    ids = [*ids, *kept, specials.sep_id][: budget.max_len]
+    fitting = sum(1 for marker in markers if marker < budget.max_len)
+    if fitting != len(markers):
+        raise DecisionInputError(
+            name,
+            f"only {fitting} of its {len(markers)} option markers fit in the model's "
+            f"{budget.max_len}-token input; use fewer or shorter options",
+            loc=["criteria"],
+        )
+    return Row(ids=ids, markers=markers, qtype=qtype)

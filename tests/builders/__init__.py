@@ -1,0 +1,1 @@
+"""Builders of tiny random model checkpoints for tests; nothing here downloads anything."""

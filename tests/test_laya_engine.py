@@ -1,0 +1,235 @@
+"""Laya engine behaviour: batching equals running alone, lazy loading, costs, errors."""
+
+from __future__ import annotations
+
+import random
+import shutil
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from decidealot.contract import ChoiceAnswer, NoulAnswer, ScoreAnswer, SystemOneRequest
+from providers.engine import EngineSpec, Job
+from providers.laya import engine as engine_module
+from providers.laya.engine import LayaEngine, create
+from tests.builders.laya_checkpoint import VARIANTS, build_laya_checkpoint
+
+BATCH_TOLERANCE = 1e-5
+
+
+@pytest.fixture(scope="session")
+def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("laya-engine")
+    return {v: build_laya_checkpoint(root / v, v, seed=10 + i) for i, v in enumerate(VARIANTS)}
+
+
+def _spec(checkpoints: dict[str, Path], preload: list[str] | None = None) -> EngineSpec:
+    return EngineSpec(
+        factory="providers.laya.engine:create",
+        checkpoints={k: str(p) for k, p in checkpoints.items()},
+        preload=preload or [],
+    )
+
+
+@pytest.fixture(scope="session")
+def engine(checkpoints: dict[str, Path]) -> LayaEngine:
+    return create(_spec(checkpoints))
+
+
+def _job(checkpoint: str, state: object, questions: dict[str, object]) -> Job:
+    request = msgspec.convert(
+        {"model": "laya", "state": state, "questions": questions}, SystemOneRequest
+    )
+    return Job(checkpoint=checkpoint, state=request.state, questions=request.questions)
+
+
+def _jobs(checkpoint: str, count: int, seed: int) -> list[Job]:
+    """Jobs of very different lengths and option counts, so batching pads a lot."""
+    rng = random.Random(seed)
+    jobs = []
+    for i in range(count):
+        words = " ".join(
+            rng.choice(["refund", "Konto", "заказ", "订单", "urgent", "the"])
+            for _ in range(rng.randint(1, 90))
+        )
+        questions: dict[str, object] = {
+            "route": {
+                "type": "choice",
+                "instructions": "Which team?",
+                "criteria": {f"team{j}": f"handles case {j}" for j in range(rng.randint(1, 9))},
+            },
+            "level": {
+                "type": "score",
+                "instructions": {"rubric": "urgency"},
+                "criteria": ["low", "mid", "high"][: rng.randint(1, 3)],
+            },
+        }
+        if i % 2:
+            questions["flag"] = {
+                "type": "noul",
+                "criteria": {"true": "needs review", "false": None},
+            }
+        state = {"body": words} if i % 3 == 0 else [words, "last"] if i % 3 == 1 else words
+        jobs.append(_job(checkpoint, state, questions))
+    return jobs
+
+
+def _flat(answer: object) -> dict[str, float]:
+    if isinstance(answer, NoulAnswer):
+        return {"noul": answer.noul}
+    assert isinstance(answer, ChoiceAnswer | ScoreAnswer)
+    return {**answer.probabilities, "confidence": answer.confidence}
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_batch_equals_each_job_alone(variant: str, engine: LayaEngine) -> None:
+    jobs = _jobs(variant, 7, seed=len(variant))
+    prepared = [engine.prepare(job) for job in jobs]
+    batched = engine.run(prepared)
+    assert len(batched) == len(jobs)
+    for one, together in zip(prepared, batched, strict=True):
+        alone = engine.run([one])[0]
+        assert together.model == alone.model == f"laya-{variant}"
+        assert together.input_tokens == alone.input_tokens
+        assert together.answers.keys() == alone.answers.keys()
+        for name, answer in alone.answers.items():
+            expected, got = _flat(answer), _flat(together.answers[name])
+            assert got.keys() == expected.keys()
+            for key, value in expected.items():
+                assert got[key] == pytest.approx(value, abs=BATCH_TOLERANCE)
+            if isinstance(answer, ChoiceAnswer):
+                assert together.answers[name].choice == answer.choice  # type: ignore[union-attr]
+
+
+def test_huge_batches_split_into_passes_with_equal_answers(
+    engine: LayaEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    prepared = [engine.prepare(job) for job in _jobs("english", 6, seed=7)]
+    one_pass = engine.run(prepared)
+    calls: list[int] = []
+    forward = engine._forward
+
+    def counting_forward(checkpoint: object, rows: list[object]) -> list[list[float]]:
+        calls.append(len(rows))
+        return forward(checkpoint, rows)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(engine_module, "PASS_TOKEN_LIMIT", 400)
+    monkeypatch.setattr(engine, "_forward", counting_forward)
+    split = engine.run(prepared)
+    assert len(calls) > 1 and sum(calls) == sum(len(p.rows) for p in prepared)
+    for a, b in zip(one_pass, split, strict=True):
+        assert a.input_tokens == b.input_tokens
+        for name, answer in a.answers.items():
+            expected, got = _flat(answer), _flat(b.answers[name])
+            assert got == pytest.approx(expected, abs=BATCH_TOLERANCE)
+
+
+def test_prepare_reports_cost_and_group(engine: LayaEngine) -> None:
+    job = _job(
+        "multilingual",
+        "Mein Konto wurde zweimal belastet",
+        {
+            "a": {"type": "noul", "instructions": "Charged twice?"},
+            "b": {
+                "type": "choice",
+                "instructions": "Team",
+                "criteria": {"billing": None, "tech": ""},
+            },
+        },
+    )
+    prepared = engine.prepare(job)
+    assert prepared.group == "multilingual"
+    longest = max(len(row.ids) for row in prepared.rows)
+    assert prepared.cost == 2 * longest
+    decision = engine.run([prepared])[0]
+    assert decision.input_tokens == sum(len(row.ids) for row in prepared.rows) < prepared.cost + 1
+    answer = decision.answers["b"]
+    assert isinstance(answer, ChoiceAnswer)
+    assert answer.choice in ("billing", "tech")
+    assert sum(answer.probabilities.values()) == pytest.approx(1.0)
+    assert 0.0 <= answer.confidence <= 1.0
+
+
+def test_score_legend_keeps_original_levels(engine: LayaEngine) -> None:
+    levels = ["low", {"label": "mid", "sla": 4}, [1, 2]]
+    job = _job(
+        "english",
+        {"ticket": "slow"},
+        {
+            "s": {"type": "score", "instructions": "How urgent?", "criteria": levels},
+        },
+    )
+    answer = engine.run([engine.prepare(job)])[0].answers["s"]
+    assert isinstance(answer, ScoreAnswer)
+    assert answer.legend == {"0": "low", "1": {"label": "mid", "sla": 4}, "2": [1, 2]}
+    expected = sum(int(i) * p for i, p in answer.probabilities.items())
+    assert answer.score == pytest.approx(expected)
+
+
+def test_checkpoints_load_lazily_and_preload(checkpoints: dict[str, Path]) -> None:
+    engine = create(_spec(checkpoints, preload=["english"]))
+    assert engine.loaded == ("english",)
+    engine.prepare(_job("typed-decisions", "x", {"n": {"type": "noul"}}))
+    assert engine.loaded == ("english", "typed-decisions")
+
+
+def test_empty_questions_need_no_pass(engine: LayaEngine) -> None:
+    job = Job(checkpoint="english", state="anything", questions={})
+    decision = engine.run([engine.prepare(job)])[0]
+    assert decision.answers == {} and decision.input_tokens == 0
+
+
+def test_unknown_or_unconfigured_checkpoint_is_refused(checkpoints: dict[str, Path]) -> None:
+    with pytest.raises(ValueError, match="unknown Laya checkpoint"):
+        create(EngineSpec(factory="f", checkpoints={"french": str(checkpoints["english"])}))
+    engine = create(EngineSpec(factory="f", checkpoints={"english": str(checkpoints["english"])}))
+    with pytest.raises(ValueError, match="not configured"):
+        engine.prepare(_job("multilingual", "x", {"n": {"type": "noul"}}))
+
+
+@pytest.mark.parametrize("missing", ["encoder", "tokenizer"])
+def test_checkpoint_without_encoder_or_tokenizer_fails(
+    missing: str, checkpoints: dict[str, Path], tmp_path: Path
+) -> None:
+    broken = tmp_path / "broken"
+    shutil.copytree(checkpoints["english"], broken)
+    shutil.rmtree(broken / missing)
+    with pytest.raises(FileNotFoundError, match=missing):
+        create(EngineSpec(factory="f", checkpoints={"english": str(broken)}, preload=["english"]))
+
+
+async def test_provider_runs_in_a_real_worker(checkpoints: dict[str, Path], tmp_path: Path) -> None:
+    """Gateway -> residency -> worker subprocess -> this engine, with the factory by name."""
+    from decidealot.config import Settings
+    from decidealot.residency import Residency
+    from providers.laya.provider import LayaProvider
+
+    settings = Settings(
+        device="cpu",
+        torch_threads=1,
+        model_dir=tmp_path,
+        laya_english_checkpoint=checkpoints["english"],
+        laya_multilingual_checkpoint=checkpoints["multilingual"],
+        laya_typed_decisions_checkpoint=checkpoints["typed-decisions"],
+    )
+    residency = Residency(settings)
+    provider = LayaProvider.from_settings(settings, residency)
+    questions = {"pay": {"type": "choice", "criteria": {"billing": "refunds", "tech": None}}}
+    state = "Mein Konto wurde zweimal belastet, bitte helfen Sie mir."
+    request = msgspec.convert(
+        {"model": "laya", "state": state, "questions": questions}, SystemOneRequest
+    )
+    try:
+        response = await provider.decide("laya", request)
+    finally:
+        await provider.close()
+        await residency.close()
+    local = create(_spec(checkpoints))
+    expected = local.run([local.prepare(_job("multilingual", state, questions))])[0]
+    assert response.model == "laya-multilingual"
+    assert response.usage.input_tokens == expected.input_tokens
+    got, want = response.answers["pay"], expected.answers["pay"]
+    assert isinstance(got, ChoiceAnswer) and isinstance(want, ChoiceAnswer)
+    assert got.choice == want.choice
+    assert got.probabilities == pytest.approx(want.probabilities, abs=BATCH_TOLERANCE)
