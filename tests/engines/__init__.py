@@ -1,0 +1,1 @@
+"""Torch-free engines that worker tests load through `providers.worker`."""
