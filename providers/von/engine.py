@@ -1,0 +1,192 @@
+"""The Von engine a worker hosts: jobs -> packed rows -> one padded forward pass -> answers.
+
+`prepare` renders and tokenises a job's questions (one row each, plus a no-state row for each
+zero-shot noul); `run` scores the rows of every job in the batch together, then reads each job's
+answers out of its own rows, so a job's answers are the same alone or batched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from decidealot.contract import (
+    Answer,
+    ChoiceQuestion,
+    NoulQuestion,
+    Question,
+    ScoreQuestion,
+)
+from decidealot.errors import DecisionInputError
+from providers.engine import Decision, EngineSpec, Job
+from providers.von import readout
+from providers.von.model import WINDOW, Row, VonModel
+from providers.von.render import (
+    fit_state,
+    format_state,
+    instructions_text,
+    noul_options,
+    option_texts,
+    pack,
+    state_token_ids,
+)
+
+DEFAULT_MAX_STATE_TOKENS = WINDOW
+"""Upstream's `VON_MAX_STATE_TOKENS` default; `EngineSpec.options["max_state_tokens"]` lowers it."""
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """How to read one question's answer out of its job's rows."""
+
+    name: str
+    question: Question
+    options: list[str]
+    row: int | None
+    """Index of the question's row in its job; None when there is nothing to score."""
+    null_row: int | None
+    """Index of the zero-shot noul's no-state row, when the debias pass runs."""
+    state_tokens: int
+    """Tokens of the fitted state, the temperature map's length feature (1 without a map)."""
+
+
+@dataclass(frozen=True)
+class VonPrepared:
+    """A tokenised job, ready to share a forward pass with others of its checkpoint."""
+
+    checkpoint: str
+    rows: list[Row]
+    plans: list[_Plan]
+    input_tokens: int
+    cost: int
+    group: str
+
+
+class VonEngine:
+    """Serves the checkpoints of one `EngineSpec`; a checkpoint loads on first use."""
+
+    def __init__(self, spec: EngineSpec):
+        self._checkpoints = {key: Path(path) for key, path in spec.checkpoints.items()}
+        self._device = torch.device(spec.device)
+        max_state_tokens = spec.options.get("max_state_tokens", DEFAULT_MAX_STATE_TOKENS)
+        if not isinstance(max_state_tokens, int) or max_state_tokens < 1:
+            raise ValueError("Von engine option max_state_tokens must be a positive integer")
+        self._max_state_tokens = max_state_tokens
+        self._models: dict[str, VonModel] = {}
+        for key in spec.preload:
+            self._model(key)
+
+    def _model(self, checkpoint: str) -> VonModel:
+        model = self._models.get(checkpoint)
+        if model is None:
+            if checkpoint not in self._checkpoints:
+                raise ValueError(f"Von engine has no checkpoint {checkpoint!r}")
+            model = self._models[checkpoint] = VonModel(self._checkpoints[checkpoint], self._device)
+        return model
+
+    def prepare(self, job: Job) -> VonPrepared:
+        model = self._model(job.checkpoint)
+        tokenizer, calibration = model.tokenizer, model.calibration
+        state = format_state(job.state)
+        state_ids = state_token_ids(tokenizer, state, digit_split=calibration.digit_split)
+        fitted_tokens: dict[str, int] = {}
+        rows: list[Row] = []
+        plans: list[_Plan] = []
+        instruction_chars = 0
+        for name, question in job.questions.items():
+            instructions = instructions_text(question.instructions)
+            instruction_chars += len(instructions)
+            options = option_texts(question)
+            if not options:
+                plans.append(_Plan(name, question, options, None, None, 0))
+                continue
+            fitted = fit_state(
+                tokenizer,
+                state,
+                state_ids,
+                instructions,
+                options,
+                digit_split=calibration.digit_split,
+                window=WINDOW,
+                max_state_tokens=self._max_state_tokens,
+            )
+            rows.append(self._row(model, name, fitted, instructions, options))
+            row = len(rows) - 1
+            null_row = None
+            if isinstance(question, NoulQuestion) and not noul_options(question)[1]:
+                rows.append(self._row(model, name, "", instructions, options))
+                null_row = len(rows) - 1
+            if calibration.calibration_map is not None and fitted not in fitted_tokens:
+                fitted_ids = tokenizer(fitted, add_special_tokens=False)["input_ids"]
+                fitted_tokens[fitted] = max(1, len(fitted_ids))
+            state_tokens = fitted_tokens.get(fitted, 1)
+            plans.append(_Plan(name, question, options, row, null_row, state_tokens))
+        if rows:
+            input_tokens = sum(len(row.ids) for row in rows)
+            cost = len(rows) * max(len(row.ids) for row in rows)
+        else:  # upstream's estimate when no pass ran
+            input_tokens = max(1, len(state) // 4) + max(1, instruction_chars // 4)
+            cost = 0
+        return VonPrepared(job.checkpoint, rows, plans, input_tokens, cost, job.checkpoint)
+
+    @staticmethod
+    def _row(model: VonModel, name: str, state: str, instructions: str, options: list[str]) -> Row:
+        text = pack(
+            model.tokenizer, state, instructions, options, digit_split=model.calibration.digit_split
+        )
+        ids: list[int] = model.tokenizer(text)["input_ids"]
+        if len(ids) > WINDOW:
+            raise DecisionInputError(
+                name,
+                f"instructions and criteria take {len(ids)} tokens; "
+                f"Von's context window holds {WINDOW}",
+            )
+        markers = [t for t, token in enumerate(ids) if token == model.mask_id]
+        if len(markers) != len(options):
+            raise DecisionInputError(name, "criteria could not be packed as separate options")
+        return Row(ids, markers)
+
+    def run(self, batch: Sequence[VonPrepared]) -> list[Decision]:
+        if not batch:
+            return []
+        checkpoints = {prepared.checkpoint for prepared in batch}
+        if len(checkpoints) > 1:
+            raise ValueError("a Von batch must hold jobs of one checkpoint")
+        model = self._model(batch[0].checkpoint)
+        rows = [row for prepared in batch for row in prepared.rows]
+        with torch.inference_mode():
+            logits = model.logits(rows) if rows else []
+            decisions = []
+            start = 0
+            for prepared in batch:
+                job_logits = logits[start : start + len(prepared.rows)]
+                start += len(prepared.rows)
+                answers = {
+                    plan.name: self._answer(model, plan, job_logits) for plan in prepared.plans
+                }
+                decisions.append(Decision(prepared.checkpoint, answers, prepared.input_tokens))
+        return decisions
+
+    @staticmethod
+    def _answer(model: VonModel, plan: _Plan, logits: list[torch.Tensor]) -> Answer:
+        question = plan.question
+        if plan.row is None:
+            return readout.empty_answer(isinstance(question, ChoiceQuestion))
+        calibration = model.calibration
+        row_logits = logits[plan.row]
+        if plan.null_row is not None:
+            row_logits = readout.debias(row_logits, logits[plan.null_row], calibration)
+        probs = readout.probabilities(row_logits, plan.state_tokens, calibration)
+        if isinstance(question, ChoiceQuestion):
+            return readout.choice_answer(list(question.criteria), row_logits, probs)
+        if isinstance(question, ScoreQuestion):
+            return readout.score_answer(question.criteria, probs)
+        return readout.noul_answer(probs)
+
+
+def create(spec: EngineSpec) -> VonEngine:
+    """The worker's entry point (`providers.von.engine:create`)."""
+    return VonEngine(spec)
