@@ -1,0 +1,223 @@
+"""The client for CLM's OpenAI-compatible embeddings endpoint (gateway side, no torch).
+
+Only the operator's configured URL is ever contacted. Inputs are de-duplicated and sent in
+chunks of `MAX_INPUTS_PER_CALL`, one call at a time, asking for base64 float32 (float lists
+are accepted too). Every vector must have exactly `width` finite values. Timeouts, refused
+connections and 5xx/429 answers are retried with backoff for up to `retry_seconds`; anything
+else fails at once. Every failure surfaces as `ProviderUnavailable` with a fixed message.
+Candidate vectors may be cached (TTL + LRU, keyed by model and text); state vectors never are.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import logging
+import math
+import sys
+from array import array
+from collections.abc import Sequence
+from typing import Annotated, Self
+
+import cachetools
+import httpx
+import msgspec
+from tenacity import AsyncRetrying, retry_if_exception, stop_before_delay, wait_exponential
+
+from decidealot.config import Settings
+from decidealot.errors import ProviderUnavailable
+
+logger = logging.getLogger(__name__)
+
+MAX_INPUTS_PER_CALL = 32
+"""Upstream's chunk size, and TEI's default client batch limit."""
+
+
+def embeddings_endpoint(url: str) -> str:
+    """`…/embeddings` is used as given; `…/v1` gets `/embeddings`; else `/v1/embeddings`."""
+    base = url.rstrip("/")
+    if base.endswith("/embeddings"):
+        return base
+    if base.endswith("/v1"):
+        return f"{base}/embeddings"
+    return f"{base}/v1/embeddings"
+
+
+class _Embedding(msgspec.Struct):
+    index: int
+    embedding: str | list[float]
+
+
+class _Usage(msgspec.Struct):
+    prompt_tokens: Annotated[int, msgspec.Meta(ge=0)] | None = None
+
+
+class _EmbeddingsResponse(msgspec.Struct):
+    data: list[_Embedding]
+    usage: _Usage | None = None
+
+
+class _EncoderFailure(Exception):
+    """Why one call failed, in words safe to log; `transient` failures are retried."""
+
+    def __init__(self, reason: str, *, transient: bool):
+        super().__init__(reason)
+        self.reason = reason
+        self.transient = transient
+
+
+def _is_transient(exc: BaseException) -> bool:
+    return isinstance(exc, _EncoderFailure) and exc.transient
+
+
+class Embedded(msgspec.Struct, frozen=True):
+    rows: list[bytes]
+    """One float32 row (host byte order) per input text, in input order."""
+    prompt_tokens: int
+    """The encoder's reported usage for the calls actually made (0 when all were cached)."""
+
+
+class EncoderClient:
+    """One shared `httpx.AsyncClient` to the configured endpoint, plus the candidate cache."""
+
+    def __init__(
+        self,
+        url: str,
+        model: str,
+        *,
+        width: int,
+        api_key: str | None = None,
+        timeout_seconds: float = 30.0,
+        retry_seconds: float = 10.0,
+        cache_size: int = 4096,
+        cache_ttl_seconds: float = 3600.0,
+    ):
+        self._endpoint = embeddings_endpoint(url)
+        self._model = model
+        self._width = width
+        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._timeout = httpx.Timeout(timeout_seconds)
+        self._retry_seconds = retry_seconds
+        self._cache: cachetools.TTLCache[tuple[str, str], bytes] | None = (
+            cachetools.TTLCache(maxsize=cache_size, ttl=cache_ttl_seconds) if cache_size else None
+        )
+        self._client: httpx.AsyncClient | None = None
+
+    @classmethod
+    def from_settings(cls, settings: Settings, *, width: int) -> Self:
+        if settings.clm_embeddings_url is None:
+            raise ValueError("CLM needs DECIDEALOT_CLM_EMBEDDINGS_URL")
+        return cls(
+            settings.clm_embeddings_url,
+            settings.clm_embeddings_model,
+            width=width,
+            api_key=settings.clm_embeddings_api_key,
+            timeout_seconds=settings.clm_encoder_timeout_seconds,
+            retry_seconds=settings.clm_encoder_retry_seconds,
+            cache_size=settings.clm_cache_size,
+            cache_ttl_seconds=settings.clm_cache_ttl_seconds,
+        )
+
+    def __repr__(self) -> str:  # never shows the key
+        return f"EncoderClient(model={self._model!r}, width={self._width})"
+
+    @property
+    def width(self) -> int:
+        return self._width
+
+    async def start(self) -> None:
+        if self._client is None:
+            self._client = httpx.AsyncClient(headers=self._headers, timeout=self._timeout)
+
+    async def close(self) -> None:
+        if self._client is not None:
+            client, self._client = self._client, None
+            await client.aclose()
+
+    async def embed(self, texts: Sequence[str], *, cache: bool) -> Embedded:
+        """Vectors for `texts`; with `cache`, cached rows are reused and misses stored."""
+        store = self._cache if cache else None
+        found: dict[str, bytes] = {}
+        missing: list[str] = []
+        for text in dict.fromkeys(texts):
+            row = store.get((self._model, text)) if store is not None else None
+            if row is None:
+                missing.append(text)
+            else:
+                found[text] = row
+        tokens = 0
+        for start in range(0, len(missing), MAX_INPUTS_PER_CALL):
+            chunk = missing[start : start + MAX_INPUTS_PER_CALL]
+            rows, spent = await self._fetch(chunk)
+            tokens += spent
+            for text, row in zip(chunk, rows, strict=True):
+                found[text] = row
+                if store is not None:
+                    store[(self._model, text)] = row
+        return Embedded(rows=[found[text] for text in texts], prompt_tokens=tokens)
+
+    async def _fetch(self, texts: list[str]) -> tuple[list[bytes], int]:
+        retrying = AsyncRetrying(
+            stop=stop_before_delay(self._retry_seconds),
+            wait=wait_exponential(multiplier=0.1, max=2.0),
+            retry=retry_if_exception(_is_transient),
+            reraise=True,
+        )
+        try:
+            return await retrying(self._call, texts)
+        except _EncoderFailure as failure:
+            logger.warning("CLM encoder call failed: %s", failure.reason)
+            raise ProviderUnavailable() from None
+
+    async def _call(self, texts: list[str]) -> tuple[list[bytes], int]:
+        await self.start()
+        assert self._client is not None
+        body = {"model": self._model, "input": texts, "encoding_format": "base64"}
+        try:
+            response = await self._client.post(self._endpoint, json=body)
+        except httpx.TimeoutException:
+            raise _EncoderFailure("timed out", transient=True) from None
+        except httpx.TransportError as exc:  # refused, reset, protocol errors
+            reason = f"transport error ({type(exc).__name__})"
+            raise _EncoderFailure(reason, transient=True) from None
+        except httpx.RequestError as exc:  # e.g. an undecodable body: retrying will not help
+            reason = f"request error ({type(exc).__name__})"
+            raise _EncoderFailure(reason, transient=False) from None
+        status = response.status_code
+        if status != 200:
+            transient = status >= 500 or status == 429
+            raise _EncoderFailure(f"answered status {status}", transient=transient)
+        return self._decode(response.content, len(texts))
+
+    def _decode(self, content: bytes, count: int) -> tuple[list[bytes], int]:
+        try:
+            parsed = msgspec.json.decode(content, type=_EmbeddingsResponse)
+        except msgspec.DecodeError:
+            raise _EncoderFailure("malformed response body", transient=False) from None
+        if sorted(item.index for item in parsed.data) != list(range(count)):
+            raise _EncoderFailure("response does not index every input once", transient=False)
+        rows: list[bytes] = [b""] * count
+        for item in parsed.data:
+            rows[item.index] = self._row(item.embedding)
+        tokens = parsed.usage.prompt_tokens if parsed.usage else None
+        return rows, tokens or 0
+
+    def _row(self, embedding: str | list[float]) -> bytes:
+        if isinstance(embedding, str):
+            try:
+                raw = base64.b64decode(embedding, validate=True)
+            except binascii.Error:
+                raise _EncoderFailure("malformed base64 embedding", transient=False) from None
+            if len(raw) != self._width * 4:
+                raise _EncoderFailure(f"embedding is not {self._width} float32", transient=False)
+            row = array("f")
+            row.frombytes(raw)
+            if sys.byteorder == "big":  # the wire is little-endian
+                row.byteswap()
+        else:
+            if len(embedding) != self._width:
+                raise _EncoderFailure(f"embedding is not {self._width} floats", transient=False)
+            row = array("f", embedding)
+        if not all(map(math.isfinite, row)):  # float32 overflow shows up here as inf
+            raise _EncoderFailure("embedding has non-finite values", transient=False)
+        return row.tobytes()

@@ -1,0 +1,196 @@
+"""`decidealot encoder`: a local OpenAI-compatible `/v1/embeddings` server for CLM.
+
+It serves a sentence-transformers encoder with last-token pooling, the vectors the CLM head
+was trained on (Qwen/Qwen3-8B by default; any local path or hub id with `--model`), unit
+normalised like vLLM's pooler. `encoding_format` may be `float` or `base64` (little-endian
+float32); `usage.prompt_tokens` counts the tokens each input actually used. Inputs longer than
+`--max-tokens` lose their head, keeping the tail (CLM puts the question last); the gateway
+bounds texts in bytes before it ever calls. Requests naming another model get 404.
+
+Importing this module is cheap and torch-free: the model loads inside the server's worker.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+from functools import partial
+from typing import TYPE_CHECKING, Any, Literal
+
+import msgspec
+from litestar import Litestar, get, post
+from litestar.datastructures import State
+from litestar.response import Response
+
+if TYPE_CHECKING:
+    import numpy as np
+
+DEFAULT_MODEL = "Qwen/Qwen3-8B"
+DEFAULT_SERVED_NAME = "qwen3-8b"
+
+
+class EncoderOptions(msgspec.Struct, frozen=True):
+    model: str = DEFAULT_MODEL
+    served_name: str = DEFAULT_SERVED_NAME
+    device: str = "auto"
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """`auto`: bfloat16 on CUDA (as the reference encoder runs), float32 on CPU."""
+    max_tokens: int = 2048
+    batch_size: int = 32
+
+
+class LastTokenEncoder:
+    """The sentence-transformers pipeline: transformer, last-token pooling, unit norm."""
+
+    def __init__(self, options: EncoderOptions):
+        import torch
+        from sentence_transformers import SentenceTransformer
+        from sentence_transformers.sentence_transformer.modules import (
+            Normalize,
+            Pooling,
+            Transformer,
+        )
+
+        device = options.device
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        dtype = options.dtype
+        if dtype == "auto":
+            dtype = "bfloat16" if device == "cuda" else "float32"
+        transformer = Transformer(
+            options.model,
+            max_seq_length=options.max_tokens,
+            model_kwargs={"dtype": getattr(torch, dtype)},
+        )
+        transformer.tokenizer.truncation_side = "left"
+        width = transformer.get_embedding_dimension()
+        self._model = SentenceTransformer(
+            modules=[transformer, Pooling(width, pooling_mode="lasttoken"), Normalize()],
+            device=device,
+        )
+        self._batch_size = options.batch_size
+        self.width = width
+
+    def encode(self, texts: list[str]) -> tuple[np.ndarray, list[int]]:
+        """-> ([n, width] float32 unit vectors, tokens used per text)."""
+        import numpy as np
+
+        features = self._model.preprocess(texts)
+        tokens = [int(n) for n in features["attention_mask"].sum(dim=1).tolist()]
+        vectors = self._model.encode(
+            texts, batch_size=self._batch_size, convert_to_numpy=True, show_progress_bar=False
+        )
+        return np.asarray(vectors, dtype=np.float32), tokens
+
+
+class EmbeddingsRequest(msgspec.Struct):
+    """OpenAI's request; fields it does not use (`user`, …) are ignored."""
+
+    input: str | list[str]
+    model: str | None = None
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = None
+
+
+def _error(status: int, message: str, kind: str) -> Response[dict[str, Any]]:
+    return Response({"error": {"message": message, "type": kind}}, status_code=status)
+
+
+@post("/v1/embeddings", status_code=200)
+async def embeddings(data: EmbeddingsRequest, state: State) -> Response[dict[str, Any]]:
+    encoder: LastTokenEncoder = state.encoder
+    served: str = state.served_name
+    if data.model is not None and data.model != served:
+        return _error(404, f"model {data.model!r} is not served here; use {served!r}", "NotFound")
+    if data.dimensions is not None and data.dimensions != encoder.width:
+        return _error(400, f"dimensions must be {encoder.width} for this model", "BadRequest")
+    texts = [data.input] if isinstance(data.input, str) else data.input
+    if not texts:
+        return _error(400, "input must not be empty", "BadRequest")
+    async with state.lock:  # one forward pass at a time
+        vectors, tokens = await asyncio.to_thread(encoder.encode, texts)
+    items = []
+    for index, vector in enumerate(vectors):
+        if data.encoding_format == "base64":
+            embedding: Any = base64.b64encode(vector.astype("<f4").tobytes()).decode()
+        else:
+            embedding = vector.tolist()
+        items.append({"object": "embedding", "index": index, "embedding": embedding})
+    used = sum(tokens)
+    return Response(
+        {
+            "object": "list",
+            "data": items,
+            "model": served,
+            "usage": {"prompt_tokens": used, "total_tokens": used},
+        }
+    )
+
+
+@get("/v1/models")
+async def models(state: State) -> dict[str, Any]:
+    model = {"id": state.served_name, "object": "model", "owned_by": "decidealot"}
+    return {"object": "list", "data": [model]}
+
+
+@get("/health")
+async def health() -> dict[str, str]:
+    return {"status": "ok"}
+
+
+def create_app(options: EncoderOptions) -> Litestar:
+    """Load the model, then build the app (called in the server's worker process)."""
+    encoder = LastTokenEncoder(options)
+    state = State({"encoder": encoder, "served_name": options.served_name, "lock": asyncio.Lock()})
+    return Litestar([embeddings, models, health], state=state)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="decidealot encoder",
+        description="Serve an OpenAI-compatible /v1/embeddings endpoint for CLM.",
+    )
+    parser.add_argument("--model", default=DEFAULT_MODEL, help="local path or hub id")
+    parser.add_argument(
+        "--served-model-name", default=DEFAULT_SERVED_NAME, help="the model name requests must use"
+    )
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8090)
+    parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    parser.add_argument(
+        "--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16")
+    )
+    parser.add_argument(
+        "--max-tokens", type=int, default=2048, help="longer inputs keep their last tokens"
+    )
+    parser.add_argument("--batch-size", type=int, default=32)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    options = EncoderOptions(
+        model=args.model,
+        served_name=args.served_model_name,
+        device=args.device,
+        dtype=args.dtype,
+        max_tokens=args.max_tokens,
+        batch_size=args.batch_size,
+    )
+    from granian.constants import Interfaces
+    from granian.server import Server
+
+    server = Server(
+        target="providers.clm.encoder_server:create_app",
+        address=args.host,
+        port=args.port,
+        interface=Interfaces.ASGI,
+        workers=1,
+    )
+    server.serve(target_loader=partial(create_app, options), wrap_loader=False)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

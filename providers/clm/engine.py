@@ -1,0 +1,162 @@
+"""CLM's worker engine: projection heads over the vectors the gateway sends, and the readout.
+
+The gateway embeds texts (the encoder is a separate HTTP service) and sends each job's raw
+vectors in `Job.vectors`: float32 in the host's byte order (gateway and worker share a host),
+row-major [rows, width], where for each question in order come its state row, then one row per
+option in answer order (`render.option_keys`). The engine L2-normalises every row (in numpy, with
+upstream's exact float32 operations: at scale 100 and low temperatures a last-bit difference
+in the norm shows in the probabilities), projects state rows with the state head and option
+rows with the action head, and reads out `softmax(scale * cos / temperature)` exactly as
+upstream `contrastive-lm` 0.1.0 does.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from decidealot.contract import (
+    Answer,
+    ChoiceAnswer,
+    ChoiceQuestion,
+    NoulAnswer,
+    Question,
+    ScoreAnswer,
+    ScoreQuestion,
+)
+from providers.clm.head import HeadFileError, HeadPair, load_heads
+from providers.clm.render import option_keys, score_legend
+from providers.engine import Decision, EngineSpec, Job
+
+FLOAT32_BYTES = 4
+_NORM_EPS = 1e-12  # upstream's l2: v / (|v| + 1e-12)
+
+
+@dataclass(frozen=True)
+class PreparedJob:
+    """One job's rows, checked against its questions, waiting for a pass."""
+
+    cost: int
+    """Rows (vectors) this job adds to a pass."""
+    group: str
+    """The checkpoint key: jobs of one head share a pass."""
+    job: Job
+    rows: torch.Tensor
+    """Unit-length float32 rows, in the job's layout."""
+    option_counts: list[int]
+
+
+def softmax(logits: list[float]) -> list[float]:
+    """In float64 with the maximum subtracted, as upstream."""
+    top = max(logits)
+    weights = [math.exp(v - top) for v in logits]
+    total = sum(weights)
+    return [w / total for w in weights]
+
+
+def confidence(probs: list[float]) -> float:
+    """Top probability minus the mean of the others, clamped to [0, 1]; 1 for one option."""
+    if len(probs) < 2:
+        return 1.0
+    best = max(range(len(probs)), key=probs.__getitem__)
+    rest = [p for i, p in enumerate(probs) if i != best]
+    return max(0.0, min(1.0, probs[best] - sum(rest) / len(rest)))
+
+
+def answer(question: Question, logits: list[float]) -> Answer:
+    """Upstream's readout; nothing is rounded."""
+    keys = option_keys(question)
+    probs = softmax(logits)
+    dist = dict(zip(keys, probs, strict=True))
+    if isinstance(question, ChoiceQuestion):
+        best = max(range(len(probs)), key=probs.__getitem__)  # first maximum wins
+        return ChoiceAnswer(choice=keys[best], confidence=confidence(probs), probabilities=dist)
+    if isinstance(question, ScoreQuestion):
+        return ScoreAnswer(
+            score=sum(level * p for level, p in enumerate(probs)),
+            confidence=confidence(probs),
+            legend=score_legend(question),
+            probabilities=dist,
+        )
+    return NoulAnswer(noul=dist["true"])
+
+
+class ClmEngine:
+    """Serves one or more head files by checkpoint key; every head loads at creation."""
+
+    def __init__(self, heads: dict[str, HeadPair], device: str):
+        self._heads = heads
+        self._device = device
+
+    def prepare(self, job: Job) -> PreparedJob:
+        heads = self._heads.get(job.checkpoint)
+        if heads is None:
+            raise ValueError(f"unknown CLM checkpoint {job.checkpoint!r}")
+        counts = [len(option_keys(q)) for q in job.questions.values()]
+        width = heads.cfg.hidden_size
+        rows = len(counts) + sum(counts)
+        if len(job.vectors) != rows * width * FLOAT32_BYTES:
+            raise ValueError(
+                f"CLM job carries {len(job.vectors)} vector bytes; its questions need "
+                f"{rows} rows of {width} float32"
+            )
+        raw = np.frombuffer(job.vectors, dtype=np.float32).reshape(rows, width)
+        unit = raw / (np.linalg.norm(raw, axis=-1, keepdims=True) + _NORM_EPS)
+        return PreparedJob(rows, job.checkpoint, job, torch.from_numpy(unit), counts)
+
+    @torch.inference_mode()
+    def run(self, batch: Sequence[PreparedJob]) -> list[Decision]:
+        """Each job's rows go through the towers as one pass of their own: the heads are tiny,
+        and a job's answers then match upstream's, and its own answers alone, to the bit."""
+        heads = self._heads[batch[0].group]
+        return [self._decide(heads, prepared) for prepared in batch]
+
+    def _decide(self, heads: HeadPair, prepared: PreparedJob) -> Decision:
+        unit = prepared.rows.to(self._device)
+        is_state = self._state_mask(prepared.option_counts).to(self._device)
+        states = heads.state(unit[is_state])
+        options = heads.action(unit[~is_state])
+        temperature = float(prepared.job.config.get("temperature", 1.0))
+        answers: dict[str, Answer] = {}
+        option_at = 0
+        for state_at, ((name, question), count) in enumerate(
+            zip(prepared.job.questions.items(), prepared.option_counts, strict=True)
+        ):
+            cos = options[option_at : option_at + count] @ states[state_at]
+            # float32 like upstream, then a float64 softmax
+            logits = (heads.scale * cos / temperature).tolist()
+            answers[name] = answer(question, logits)
+            option_at += count
+        return Decision(model=prepared.group, answers=answers, input_tokens=0)
+
+    @staticmethod
+    def _state_mask(option_counts: list[int]) -> torch.Tensor:
+        mask: list[bool] = []
+        for count in option_counts:
+            mask += [True] + [False] * count
+        return torch.tensor(mask, dtype=torch.bool)
+
+
+def create(spec: EngineSpec) -> ClmEngine:
+    """Load every head weights-only; a head whose input width is not the encoder's fails here.
+
+    `options["width"]` is the encoder width the gateway enforces (4096 for Qwen3-8B). The
+    engine reports `input_tokens=0`: the head reads vectors, and the gateway adds the
+    encoder's prompt tokens itself.
+    """
+    width = int(spec.options["width"])
+    heads: dict[str, HeadPair] = {}
+    for key, path in spec.checkpoints.items():
+        pair = load_heads(Path(path), spec.device)
+        if pair.cfg.hidden_size != width:
+            raise HeadFileError(
+                f"CLM head {Path(path).name} expects {pair.cfg.hidden_size}-wide vectors; "
+                f"the encoder gives {width}"
+            )
+        heads[key] = pair
+    return ClmEngine(heads, spec.device)

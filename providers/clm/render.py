@@ -1,0 +1,124 @@
+"""CLM's encoder inputs, rendered exactly as upstream `contrastive-lm` 0.1.0 renders them.
+
+Pure Python and gateway-safe: the provider renders and bounds every text before the encoder
+is called, and the engine reads option keys and legends from the same functions, so the two
+sides cannot disagree on a question's layout.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from decidealot.contract import ChoiceQuestion, Json, Loc, NoulQuestion, Question, ScoreQuestion
+
+NOUL_KEYS = ("false", "true")
+
+
+def to_text(value: Json, indent: int = 0) -> str:
+    """Upstream's prose rendering: the heads were trained on `key: value` text, not JSON.
+
+    Top-level object fields are separated by a blank line, nested ones indented by two
+    spaces; arrays become `- item` lines. Key order is kept and strings are not stripped.
+    """
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return str(value)
+    pad = " " * indent
+    parts: list[str] = []
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if isinstance(item, dict | list) and item:
+                parts.append(f"{pad}{key}:\n{to_text(item, indent + 2)}")
+            else:
+                parts.append(f"{pad}{key}: {to_text(item)}")
+        return ("\n\n" if indent == 0 else "\n").join(parts)
+    for item in value:
+        if isinstance(item, dict | list) and item:
+            parts.append(f"{pad}-\n{to_text(item, indent + 2)}")
+        else:
+            parts.append(f"{pad}- {to_text(item)}")
+    return "\n".join(parts)
+
+
+def state_text(state: Json, instructions: Json) -> str:
+    """Context first, question last: the layout the state head was trained on."""
+    context, question = to_text(state).strip(), to_text(instructions).strip()
+    return f"{context}\n\n{question}" if context and question else (context or question)
+
+
+def _absent(value: Json) -> bool:
+    return value is None or value == ""
+
+
+class Candidate(msgspec.Struct, frozen=True):
+    text: str
+    loc: Loc
+    """Where the text came from, relative to the question, for a 422 naming the field."""
+
+
+class RenderedQuestion(msgspec.Struct, frozen=True):
+    state_text: str
+    keys: list[str]
+    """Option keys in answer order; one candidate per key."""
+    candidates: list[Candidate]
+
+
+def option_keys(question: Question) -> list[str]:
+    """A question's options in answer order (the order of its candidate vectors)."""
+    if isinstance(question, ChoiceQuestion):
+        return list(question.criteria)
+    if isinstance(question, ScoreQuestion):
+        return [str(level) for level in range(len(question.criteria))]
+    return list(NOUL_KEYS)
+
+
+def _candidates(question: Question) -> list[Candidate]:
+    if isinstance(question, ChoiceQuestion):
+        # The option's own description, else its key; nothing is prefixed.
+        return [
+            Candidate(key if _absent(desc) else to_text(desc), ["criteria", key])
+            for key, desc in question.criteria.items()
+        ]
+    if isinstance(question, ScoreQuestion):
+        return [
+            Candidate(to_text(level), ["criteria", position])
+            for position, level in enumerate(question.criteria)
+        ]
+    return _noul_candidates(question)
+
+
+def _noul_candidates(question: NoulQuestion) -> list[Candidate]:
+    """`false: …`/`true: …`; a missing side defaults to a yes/no restatement of the question."""
+    statement = to_text(question.instructions).strip()
+    criteria = question.criteria or {}
+    defaults = {"false": "No. This is false: ", "true": "Yes. This is true: "}
+    rendered: list[Candidate] = []
+    for key in NOUL_KEYS:
+        desc = criteria.get(key)
+        loc: Loc = ["criteria", key]
+        if _absent(desc):
+            desc = defaults[key] + statement if statement else key
+            loc = ["instructions"] if statement else loc
+        rendered.append(Candidate(f"{key}: {to_text(desc)}", loc))
+    return rendered
+
+
+def render_question(state: Json, question: Question) -> RenderedQuestion:
+    return RenderedQuestion(
+        state_text=state_text(state, question.instructions),
+        keys=option_keys(question),
+        candidates=_candidates(question),
+    )
+
+
+def score_legend(question: ScoreQuestion) -> dict[str, Json]:
+    """Each level as the caller wrote it when a string, else its rendered text."""
+    return {
+        str(position): level if isinstance(level, str) else to_text(level)
+        for position, level in enumerate(question.criteria)
+    }
