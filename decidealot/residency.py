@@ -7,9 +7,9 @@ an eviction, nothing behind it is admitted, so the runtimes holding slots drain 
 slot, Laya and Von take turns instead of one starving the other. Decisions for a resident
 runtime are otherwise admitted at once, which is what lets its worker batch them together.
 
-A lane is a second, independent gate: runtimes registered with the same lane key (all local
-models on CUDA; CLM with them unless told otherwise) take turns holding it, any number of one
-runtime's decisions at a time, so their forward passes never overlap.
+A lane is a second, independent gate: runtimes registered on the same lane take turns holding
+it by group, any number of one group's decisions at a time, so passes of different groups
+never overlap. `providers.local.lane_for` says which lane and group each provider takes.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ log = logging.getLogger("decidealot.residency")
 class _Slot:
     runtime: LocalRuntime
     lane: str | None
+    group: str
     active: int = 0
     last_used: float = field(default_factory=time.monotonic)
     transition: asyncio.Task[None] | None = None
@@ -105,10 +106,13 @@ class Residency:
         self._reaper: asyncio.Task[None] | None = None
         self._closed = False
 
-    def register(self, runtime: LocalRuntime, lane: str | None = None) -> None:
+    def register(
+        self, runtime: LocalRuntime, lane: str | None = None, group: str | None = None
+    ) -> None:
+        """`group` (default: the runtime's name) says who may hold `lane` together."""
         if runtime.name in self._slots:
             raise ValueError(f"runtime {runtime.name!r} is already registered")
-        self._slots[runtime.name] = _Slot(runtime, lane)
+        self._slots[runtime.name] = _Slot(runtime, lane, group or runtime.name)
         if lane is not None:
             self._lanes.setdefault(lane, _Lane())
 
@@ -158,7 +162,7 @@ class Residency:
             if lane is None:
                 yield
             else:
-                await lane.acquire(runtime.name)
+                await lane.acquire(slot.group)
                 try:
                     yield
                 finally:

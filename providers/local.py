@@ -70,6 +70,21 @@ _CUDA_PROBE = "import torch; print('cuda' if torch.cuda.is_available() else 'cpu
 _CUDA_PROBE_TIMEOUT_SECONDS = 120.0
 
 
+def lane_for(name: str, device: str, settings: Settings) -> tuple[str | None, str]:
+    """The residency lane and group of a local provider (see `decidealot.residency`).
+
+    On CUDA every provider is its own group on lane "cuda": one provider's passes at a time on
+    the device. On CPU, Laya and Von share group "models" on lane "local", so with two slots
+    they overlap, while CLM (encoder calls included) is group "clm" and overlaps neither, as
+    the contract asks, unless DECIDEALOT_CLM_PARALLEL_WITH_LOCAL_MODELS frees it of any lane.
+    """
+    if name == "clm" and settings.clm_parallel_with_local_models:
+        return None, name
+    if device == "cuda":
+        return "cuda", name
+    return "local", "clm" if name == "clm" else "models"
+
+
 def resolve_device(settings: Settings) -> str:
     """`cpu` or `cuda` for `DECIDEALOT_DEVICE`; `auto` is cuda when torch can use a GPU.
 

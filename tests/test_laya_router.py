@@ -211,10 +211,10 @@ class FakeRunner:
 
 class FakeResidency:
     def __init__(self) -> None:
-        self.registered: list[tuple[Any, str | None]] = []
+        self.registered: list[tuple[Any, str | None, str | None]] = []
 
-    def register(self, runtime: Any, lane: str | None = None) -> None:
-        self.registered.append((runtime, lane))
+    def register(self, runtime: Any, lane: str | None = None, group: str | None = None) -> None:
+        self.registered.append((runtime, lane, group))
 
 
 def _request(model: str, state: Any, names: list[str]) -> SystemOneRequest:
@@ -274,8 +274,8 @@ def test_from_settings_registers_a_worker_runtime(tmp_path: Path) -> None:
     )
     residency = FakeResidency()
     provider = LayaProvider.from_settings(settings, residency)  # type: ignore[arg-type]
-    ((runtime, lane),) = residency.registered
-    assert runtime.name == "laya" and lane is None and not runtime.loaded
+    ((runtime, lane, group),) = residency.registered
+    assert runtime.name == "laya" and (lane, group) == ("local", "models") and not runtime.loaded
     spec = runtime._spec
     assert spec.factory == "providers.laya.engine:create"
     assert spec.checkpoints == {

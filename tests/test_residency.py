@@ -177,3 +177,21 @@ async def test_closed_residency_refuses():
     await residency.close()
     with pytest.raises(ProviderUnavailable):
         await decide(residency, rt["laya"], [])
+
+
+async def test_lane_groups_overlap_within_and_exclude_across():
+    """CPU lanes: Laya and Von (one group) overlap; CLM (another group) overlaps neither."""
+    log: list[str] = []
+    residency = Residency(Settings(max_resident_providers=3))
+    rt = {name: FakeRuntime(name, log) for name in ("laya", "von", "clm")}
+    residency.register(rt["laya"], "local", "models")
+    residency.register(rt["von"], "local", "models")
+    residency.register(rt["clm"], "local", "clm")
+    trace: list[str] = []
+    await asyncio.gather(
+        decide(residency, rt["laya"], trace, 0.05),
+        decide(residency, rt["von"], trace, 0.05),
+        decide(residency, rt["clm"], trace, 0.05),
+    )
+    assert trace[:2] == ["start laya", "start von"]
+    assert trace.index("start clm") > max(trace.index("end laya"), trace.index("end von"))

@@ -44,7 +44,7 @@ class LayaProvider:
         lane on CUDA). Nothing is preloaded: the worker loads a checkpoint on its first job, so
         a deployment that only ever routes to one never holds the other two in memory."""
         from decidealot.bundles import checkpoint_path
-        from providers.local import ResidentRunner, WorkerRuntime
+        from providers.local import ResidentRunner, WorkerRuntime, lane_for
 
         spec = EngineSpec(
             factory=ENGINE_FACTORY,
@@ -54,7 +54,7 @@ class LayaProvider:
             torch_threads=settings.torch_threads,
         )
         runtime = WorkerRuntime(cls.name, spec, settings)
-        residency.register(runtime, lane="cuda" if runtime.device == "cuda" else None)
+        residency.register(runtime, *lane_for(cls.name, runtime.device, settings))
         return cls(ResidentRunner(runtime, residency), runtime)
 
     async def start(self) -> None:
