@@ -41,6 +41,21 @@ class UnsupportedEncoding(DecidealotError):
     message = "Content-Encoding must be identity, gzip or zstd"
 
 
+class MalformedBody(DecidealotError):
+    """The body cannot be decoded as declared (e.g. corrupt gzip or zstd data)."""
+
+    status, code, message = 400, "MALFORMED_BODY", "the request body could not be decoded"
+
+
+class RequestTimeout(DecidealotError):
+    status, code, message = 408, "REQUEST_TIMEOUT", "the request body was not received in time"
+
+
+class UnsupportedMediaType(DecidealotError):
+    status, code = 415, "UNSUPPORTED_MEDIA_TYPE"
+    message = "Content-Type must be application/json"
+
+
 class ProviderUnavailable(DecidealotError):
     """A provider cannot answer now: not ready, crashed, timed out, or answered badly."""
 

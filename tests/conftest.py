@@ -7,3 +7,125 @@ os.environ.setdefault("MKL_NUM_THREADS", "1")
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+# -- the gateway over real HTTP (tests/server.py with fake providers) -------------------------
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+_ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class RunningServer:
+    """A `python -m tests.server` subprocess on a loopback port."""
+
+    url: str
+    process: subprocess.Popen[bytes]
+    events_file: Path
+    jev_catalog: Path
+    log_file: Path
+
+    def events(self) -> list[dict[str, object]]:
+        if not self.events_file.exists():
+            return []
+        return [json.loads(line) for line in self.events_file.read_text().splitlines()]
+
+    def log_lines(self) -> list[str]:
+        return self.log_file.read_text().splitlines()
+
+    def stop(self, timeout: float = 20) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        return self.process.wait(timeout)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def start_server(folder: Path, **env: str) -> RunningServer:
+    """Start the gateway with DECIDEALOT_* overrides in `env`; waits until /health answers."""
+    folder.mkdir(parents=True, exist_ok=True)
+    port = _free_port()
+    events, catalog, log = folder / "events.jsonl", folder / "jev.json", folder / "server.log"
+    catalog.write_text(json.dumps(["jev-latest", "jev-1.13.0", "von"]))
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("DECIDEALOT_")} | {
+        "DECIDEALOT_HOST": "127.0.0.1",
+        "DECIDEALOT_PORT": str(port),
+        "DECIDEALOT_TEST_EVENTS": str(events),
+        "DECIDEALOT_TEST_JEV_CATALOG": str(catalog),
+        "DECIDEALOT_MODEL_DIR": str(folder / "models"),
+        "DECIDEALOT_LOG_FORMAT": "json",
+        **env,
+    }
+    with log.open("wb") as log_out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "tests.server"],
+            cwd=_ROOT,
+            env=full_env,
+            stdout=log_out,
+            stderr=subprocess.STDOUT,
+        )
+    server = RunningServer(f"http://127.0.0.1:{port}", process, events, catalog, log)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"test server exited: {log.read_text()[-2000:]}")
+        try:
+            httpx.get(server.url + "/health", timeout=1)
+            return server
+        except httpx.TransportError:
+            time.sleep(0.05)
+    server.stop()
+    raise RuntimeError("test server did not start")
+
+
+ALL_FAKES = {
+    "DECIDEALOT_CLM_EMBEDDINGS_URL": "http://127.0.0.1:9/v1",
+    "DECIDEALOT_TYPESAFE_API_KEY": "upstream-key",
+}
+
+
+@pytest.fixture(scope="session")
+def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    """Laya, Von, CLM and Jev fakes; batches capped at 8 items, 2 concurrent calls."""
+    server = start_server(
+        tmp_path_factory.mktemp("gateway"),
+        **ALL_FAKES,
+        DECIDEALOT_MAX_BATCH_REQUESTS="8",
+        DECIDEALOT_MAX_BATCH_CONCURRENCY="2",
+        DECIDEALOT_MAX_RESIDENT_PROVIDERS="3",
+    )
+    yield server
+    assert server.stop() == 0
+
+
+@pytest.fixture
+def launch(tmp_path: Path) -> Iterator[Callable[..., RunningServer]]:
+    """Start extra servers with their own settings; each is stopped after the test."""
+    started: list[RunningServer] = []
+
+    def start(**env: str) -> RunningServer:
+        server = start_server(tmp_path / f"server{len(started)}", **env)
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        if server.process.poll() is None:
+            server.process.kill()
+            server.process.wait()

@@ -1,0 +1,5 @@
+import sys
+
+from decidealot.cli import main
+
+sys.exit(main())

@@ -1,0 +1,122 @@
+"""The Litestar app: routes over the service, error envelopes, wrapped in the gateway layer."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import msgspec
+from litestar import Litestar, Request, Response, get, post
+from litestar.exceptions import HTTPException
+
+from decidealot import logs
+from decidealot.contract import ErrorBody, ValidationErrorBody
+from decidealot.errors import DecidealotError, ProviderUnavailable, RequestInvalid
+from decidealot.http import openapi
+from decidealot.http.body import read_body
+from decidealot.http.middleware import ASGIApp, Gateway, error_body
+from decidealot.mcp.http import McpEndpoint
+from decidealot.service import Service
+from decidealot.validation import parse_json, validate_batch, validate_request
+
+log = logging.getLogger("decidealot.http")
+
+_JSON = "application/json"
+_HTTP_CODES = {404: "NOT_FOUND", 405: "METHOD_NOT_ALLOWED"}
+_DOCS_PAGE = """<!doctype html><html><head><title>Decidealot API</title>
+<meta charset="utf-8"><link rel="stylesheet"
+href="https://unpkg.com/swagger-ui-dist@5/swagger-ui.css"></head><body><div id="ui"></div>
+<script src="https://unpkg.com/swagger-ui-dist@5/swagger-ui-bundle.js"></script>
+<script>SwaggerUIBundle({url: "/openapi.json", dom_id: "#ui"});</script></body></html>"""
+
+
+def _json(value: Any, status: int = 200) -> Response[bytes]:
+    return Response(msgspec.json.encode(value), status_code=status, media_type=_JSON)
+
+
+def _on_error(_: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:
+    if isinstance(exc, RequestInvalid):
+        return _json(ValidationErrorBody(exc.issues), 422)
+    if isinstance(exc, DecidealotError):
+        return Response(error_body(exc), status_code=exc.status, media_type=_JSON)
+    if isinstance(exc, HTTPException):
+        fallback = "BAD_REQUEST" if exc.status_code < 500 else "INTERNAL_ERROR"
+        code = _HTTP_CODES.get(exc.status_code, fallback)
+        return _json(ErrorBody(code, str(exc.detail)), exc.status_code)
+    logs.log_failure(log, exc, "a route")
+    return Response(error_body(DecidealotError()), status_code=500, media_type=_JSON)
+
+
+def create_app(service: Service) -> ASGIApp:
+    """The ASGI app for `service`: REST routes and the `/mcp` mount, behind the gateway layer
+    (request ids, auth, admission) like any route."""
+    settings = service.settings
+    mcp = McpEndpoint(service)
+    schema = msgspec.json.encode(openapi.build(settings))
+
+    async def body_of(request: Request[Any, Any, Any]) -> Any:
+        return parse_json(
+            await read_body(request.receive, dict(request.scope["headers"]), settings)
+        )
+
+    @get("/health", sync_to_thread=False)
+    def health() -> Response[bytes]:
+        if service.draining:
+            raise ProviderUnavailable("the service is shutting down")
+        return _json(service.health())
+
+    @get("/v1/models")
+    async def models() -> Response[bytes]:
+        return _json(await service.models())
+
+    @post("/v1/systemone")
+    async def systemone(request: Request[Any, Any, Any]) -> Response[bytes]:
+        try:  # answered here, not raised: rejections are the hot path under bad clients
+            validated = await validate_request(await body_of(request), service.catalog)
+            return _json(await service.executor.decide(validated))
+        except DecidealotError as exc:
+            return _on_error(request, exc)
+
+    @post("/v1/systemone/batch")
+    async def systemone_batch(request: Request[Any, Any, Any]) -> Response[bytes]:
+        try:
+            batch = await validate_batch(
+                await body_of(request), service.catalog, settings.max_batch_requests
+            )
+            return _json(await service.executor.decide_batch(batch))
+        except DecidealotError as exc:
+            return _on_error(request, exc)
+
+    @post("/v1/models/unload")
+    async def unload() -> Response[bytes]:
+        return _json(await service.executor.unload())
+
+    @get("/openapi.json", sync_to_thread=False)
+    def openapi_json() -> Response[bytes]:
+        return Response(schema, media_type=_JSON)
+
+    @get("/docs", sync_to_thread=False)
+    def docs() -> Response[str]:
+        return Response(_DOCS_PAGE, media_type="text/html")
+
+    app = Litestar(
+        route_handlers=[
+            health,
+            models,
+            systemone,
+            systemone_batch,
+            unload,
+            openapi_json,
+            docs,
+            mcp.route,
+        ],
+        lifespan=[mcp.running()],
+        exception_handlers={Exception: _on_error},
+        on_startup=[service.start],
+        on_shutdown=[service.close],
+        openapi_config=None,
+        request_max_body_size=None,
+        debug=False,
+        logging_config=None,
+    )
+    return Gateway(app, service)

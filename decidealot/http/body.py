@@ -1,0 +1,126 @@
+"""Request bodies: media type, size limit while reading, and bounded decompression.
+
+The limit applies to the bytes on the wire (Content-Length is refused up front, chunked bodies
+as soon as they pass it) and again to the decoded bytes, which are produced in bounded pieces,
+so neither a huge upload nor a zip bomb is ever held in memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import zlib
+
+import zstandard
+from litestar.types import Receive
+
+from decidealot.config import Settings
+from decidealot.errors import (
+    MalformedBody,
+    RequestTimeout,
+    RequestTooLarge,
+    UnsupportedEncoding,
+    UnsupportedMediaType,
+)
+
+_PIECE = 64 * 1024
+
+Headers = dict[bytes, bytes]
+
+
+def check_media_type(headers: Headers) -> None:
+    """JSON only. A missing Content-Type is read as JSON (FastAPI's leniency; curl -d sends a
+    form type, so that one is refused with a message that says what to send)."""
+    raw = headers.get(b"content-type")
+    if raw is None:
+        return
+    media_type = raw.split(b";", 1)[0].strip().lower()
+    if media_type == b"application/json" or (
+        media_type.startswith(b"application/") and media_type.endswith(b"+json")
+    ):
+        return
+    if media_type == b"multipart/form-data":
+        raise UnsupportedMediaType(
+            "multipart/form-data bodies (image assets) are not supported by these models; "
+            "send application/json"
+        )
+    raise UnsupportedMediaType()
+
+
+def _encoding(headers: Headers) -> str | None:
+    raw = headers.get(b"content-encoding", b"").strip().lower()
+    if raw in (b"", b"identity"):
+        return None
+    if raw in (b"gzip", b"x-gzip"):
+        return "gzip"
+    if raw == b"zstd":
+        return "zstd"
+    raise UnsupportedEncoding()
+
+
+async def read_body(receive: Receive, headers: Headers, settings: Settings) -> bytes:
+    """The decoded body; raises 408, 413, 415 or 400."""
+    check_media_type(headers)
+    encoding = _encoding(headers)
+    limit = settings.max_request_bytes
+    length = headers.get(b"content-length")
+    if length is not None and length.strip().isdigit() and int(length) > limit:
+        raise RequestTooLarge()
+    try:
+        async with asyncio.timeout(settings.request_read_timeout_seconds):
+            raw = await _receive_all(receive, limit)
+    except TimeoutError:
+        raise RequestTimeout() from None
+    if encoding == "gzip":
+        return _gunzip(raw, limit)
+    if encoding == "zstd":
+        return _unzstd(raw, limit)
+    return raw
+
+
+async def _receive_all(receive: Receive, limit: int) -> bytes:
+    chunks: list[bytes] = []
+    total = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise MalformedBody("the client disconnected before sending the whole body")
+        chunk = message.get("body", b"")
+        if chunk:
+            total += len(chunk)
+            if total > limit:
+                raise RequestTooLarge()
+            chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+def _gunzip(data: bytes, limit: int) -> bytes:
+    out = bytearray()
+    while data:
+        decoder = zlib.decompressobj(wbits=zlib.MAX_WBITS | 16)
+        try:
+            while data:
+                out += decoder.decompress(data, limit + 1 - len(out))
+                if len(out) > limit:
+                    raise RequestTooLarge("the decoded request body exceeds the size limit")
+                data = decoder.unconsumed_tail
+        except zlib.error:
+            raise MalformedBody("the gzip body is corrupt") from None
+        if not decoder.eof:
+            raise MalformedBody("the gzip body is truncated")
+        data = decoder.unused_data  # another gzip member follows
+    return bytes(out)
+
+
+def _unzstd(data: bytes, limit: int) -> bytes:
+    out = bytearray()
+    reader = zstandard.ZstdDecompressor().stream_reader(io.BytesIO(data), read_across_frames=True)
+    try:
+        while piece := reader.read(_PIECE):
+            out += piece
+            if len(out) > limit:
+                raise RequestTooLarge("the decoded request body exceeds the size limit")
+    except zstandard.ZstdError:
+        raise MalformedBody("the zstd body is corrupt") from None
+    return bytes(out)

@@ -1,0 +1,115 @@
+"""The ASGI layer in front of every route (404s and mounted apps such as /mcp included):
+request ids, bearer auth, admission while draining, an access line, and a last-resort 500.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import re
+import time
+import uuid
+
+import msgspec
+from litestar.types import ASGIApp, Message, Receive, Scope, Send
+
+from decidealot import logs
+from decidealot.contract import ErrorBody
+from decidealot.errors import DecidealotError, ProviderUnavailable, Unauthorized
+from decidealot.service import Service
+
+log = logging.getLogger("decidealot.http")
+
+PUBLIC_PATHS = frozenset({"/health"})
+_REQUEST_ID = re.compile(
+    r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
+    r"|[0-7][0-9A-HJKMNP-TV-Za-hjkmnp-tv-z]{25}"
+)
+
+
+def request_id_from(value: bytes | None) -> str:
+    """Echo a caller's UUID or ULID; anything else gets a fresh UUID."""
+    if value is not None:
+        text = value.decode("latin-1").strip()
+        if _REQUEST_ID.fullmatch(text):
+            return text
+    return str(uuid.uuid4())
+
+
+def error_body(error: DecidealotError) -> bytes:
+    return msgspec.json.encode(ErrorBody(error.code, error.message, error.details))
+
+
+async def send_error(send: Send, error: DecidealotError, extra: list[tuple[bytes, bytes]]) -> None:
+    body = error_body(error)
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        *extra,
+    ]
+    await send({"type": "http.response.start", "status": error.status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+class Gateway:
+    """Wraps the Litestar app so that nothing (404s and /mcp included) bypasses these rules."""
+
+    def __init__(self, app: ASGIApp, service: Service) -> None:
+        self._app = app
+        self._service = service
+        key = service.settings.api_key
+        self._key = key.encode() if key is not None else None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self._app(scope, receive, send)
+            return
+        headers = dict(scope["headers"])
+        request_id = request_id_from(headers.get(b"x-request-id"))
+        token = logs.request_id.set(request_id)
+        stamp = request_id.encode()
+        id_headers = [(b"x-request-id", stamp), (b"x-typesafe-request-id", stamp)]
+        status = 0
+        started = time.perf_counter()
+
+        async def send_with_id(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                message = {**message, "headers": [*message.get("headers", ()), *id_headers]}
+            await send(message)
+
+        path = scope["path"]
+        try:
+            if path in PUBLIC_PATHS:
+                await self._app(scope, receive, send_with_id)
+            elif self._key is not None and not self._authorized(headers):
+                await send_error(send_with_id, Unauthorized(), [(b"www-authenticate", b"Bearer")])
+            elif not self._service.enter():
+                await send_error(
+                    send_with_id, ProviderUnavailable("the service is shutting down"), []
+                )
+            else:
+                try:
+                    await self._app(scope, receive, send_with_id)
+                finally:
+                    self._service.leave()
+        except Exception as exc:
+            logs.log_failure(log, exc, path)
+            if not status:
+                await send_error(send_with_id, DecidealotError(), [])
+        finally:
+            log.info(
+                "%s %s %d %.1fms",
+                scope["method"],
+                path,
+                status,
+                (time.perf_counter() - started) * 1000,
+            )
+            logs.request_id.reset(token)
+
+    def _authorized(self, headers: dict[bytes, bytes]) -> bool:
+        assert self._key is not None
+        scheme, _, token = headers.get(b"authorization", b"").partition(b" ")
+        # compare_digest runs in time independent of where the bytes differ
+        return scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self._key)
