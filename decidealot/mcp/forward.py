@@ -1,0 +1,81 @@
+"""A `Backend` that forwards tool calls to a running Decidealot over its HTTP API.
+
+`decidealot mcp --url` uses it so that many IDE sessions share one server and its loaded
+models instead of each starting providers of its own. Arguments go upstream untouched: the
+server's validator answers, so errors are the server's own envelopes, byte for byte.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import httpx
+import msgspec
+
+from decidealot.contract import Json
+from decidealot.errors import ProviderUnavailable
+from decidealot.mcp.server import Arguments, ToolFailure, failure_of
+
+log = logging.getLogger("decidealot.mcp")
+
+
+class ForwardingBackend:
+    """Calls `base_url`'s /v1 routes; `api_key` is sent as the bearer token when given."""
+
+    def __init__(self, base_url: str, api_key: str | None, timeout: httpx.Timeout) -> None:
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._client = httpx.AsyncClient(
+            base_url=base_url.rstrip("/"), headers=headers, timeout=timeout
+        )
+
+    async def close(self) -> None:
+        await self._client.aclose()
+
+    async def system_one(self, arguments: Arguments) -> Json:
+        return await self._call("POST", "/v1/systemone", arguments)
+
+    async def system_one_batch(self, arguments: Arguments) -> Json:
+        return await self._call("POST", "/v1/systemone/batch", arguments)
+
+    async def list_models(self) -> Json:
+        return await self._call("GET", "/v1/models", None)
+
+    async def unload_models(self) -> Json:
+        return await self._call("POST", "/v1/models/unload", None)
+
+    async def _call(self, method: str, path: str, body: Arguments | None) -> Json:
+        content = msgspec.json.encode(body) if body is not None else None
+        headers = {"Content-Type": "application/json"} if content is not None else {}
+        try:
+            response = await self._client.request(method, path, content=content, headers=headers)
+        except httpx.HTTPError as exc:
+            log.warning("the --url server is unreachable: %s", type(exc).__name__)
+            raise _unreachable() from None
+        try:
+            answer = msgspec.json.decode(response.content)
+        except msgspec.DecodeError:
+            answer = None
+        if response.is_success and isinstance(answer, dict):
+            return answer
+        if not response.is_success and _is_envelope(answer):
+            raise ToolFailure(response.status_code, answer)
+        log.warning(
+            "the --url server answered %s %s with status %d and no Decidealot body",
+            method,
+            path,
+            response.status_code,
+        )
+        raise _unreachable()
+
+
+def _is_envelope(answer: Json) -> bool:
+    """The server's 422 `{"detail": [...]}` or its `{"code", "message", ...}` envelope."""
+    if not isinstance(answer, dict):
+        return False
+    if "detail" in answer:
+        return isinstance(answer["detail"], list)
+    return isinstance(answer.get("code"), str) and isinstance(answer.get("message"), str)
+
+
+def _unreachable() -> ToolFailure:
+    return failure_of(ProviderUnavailable("the Decidealot server is unreachable"))

@@ -1,0 +1,93 @@
+"""MCP over streamable HTTP, mounted at `/mcp` in the Litestar app next to the REST API.
+
+`McpEndpoint` is the mount plus the SDK's session manager, whose lifetime the app ties to its
+own. The gateway in front of the app (bearer auth, request ids, admission) wraps the mount
+like any route. Sessions are stateless: every POST is served on its own, so replicas behind a
+load balancer need no session affinity (the tools never call back into the client).
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractAsyncContextManager
+
+from litestar import asgi
+from litestar.types import Receive, Scope, Send
+from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+from mcp.server.transport_security import TransportSecuritySettings
+
+from decidealot.mcp.server import ServiceBackend, build_server
+from decidealot.service import Service
+
+MCP_PATH = "/mcp"
+
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "[::1]")
+"""Host names /mcp accepts when DECIDEALOT_MCP_ALLOWED_HOSTS is unset (any port)."""
+
+_FRAMING_BYTES = 64 * 1024
+"""Room for the JSON-RPC envelope around arguments that may be DECIDEALOT_MAX_REQUEST_BYTES."""
+
+
+def transport_security(allowed_hosts: tuple[str, ...]) -> TransportSecuritySettings:
+    """DNS-rebinding protection: the Host (and any browser Origin) must name an allowed host.
+
+    An entry without a port allows any port; `*` turns the check off for deployments that
+    are reached under names they cannot list (the bearer key still guards them).
+    """
+    hosts = allowed_hosts or LOOPBACK_HOSTS
+    if "*" in hosts:
+        return TransportSecuritySettings(enable_dns_rebinding_protection=False)
+    host_patterns: list[str] = []
+    origin_patterns: list[str] = []
+    for host in hosts:
+        variants = [host] if _has_port(host) else [host, f"{host}:*"]
+        host_patterns += variants
+        origin_patterns += [f"{scheme}://{v}" for scheme in ("http", "https") for v in variants]
+    return TransportSecuritySettings(
+        enable_dns_rebinding_protection=True,
+        allowed_hosts=host_patterns,
+        allowed_origins=origin_patterns,
+    )
+
+
+def _has_port(host: str) -> bool:
+    if host.startswith("["):  # [v6] or [v6]:port
+        return "]:" in host
+    return ":" in host
+
+
+def _session_manager(service: Service) -> StreamableHTTPSessionManager:
+    settings = service.settings
+    return StreamableHTTPSessionManager(
+        app=build_server(ServiceBackend(service)),
+        stateless=True,
+        security_settings=transport_security(settings.mcp_allowed_hosts),
+        max_request_body_size=settings.max_request_bytes + _FRAMING_BYTES,
+    )
+
+
+class McpEndpoint:
+    """The `/mcp` mount for one service: `route` goes into the app, `running()` around it.
+
+    Wiring, in `decidealot.http.app.create_app`:
+
+        mcp = McpEndpoint(service)
+        Litestar(route_handlers=[mcp.route, ...], lifespan=[mcp.running()], ...)
+
+    Litestar enters lifespan managers before `on_startup` and leaves them before
+    `on_shutdown`, so MCP sessions stop before the service closes. `running()` can be
+    entered once; requests reach the route only while it is.
+    """
+
+    def __init__(self, service: Service) -> None:
+        self._manager = _session_manager(service)
+        manager = self._manager
+
+        @asgi(MCP_PATH, is_mount=True, copy_scope=True)
+        async def mcp_endpoint(scope: Scope, receive: Receive, send: Send) -> None:
+            await manager.handle_request(scope, receive, send)  # type: ignore[arg-type]
+
+        self.route = mcp_endpoint
+
+    def running(self) -> AbstractAsyncContextManager[None]:
+        """The session manager's lifetime: its task group serves every MCP request."""
+        return self._manager.run()

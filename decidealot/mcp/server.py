@@ -1,0 +1,211 @@
+"""The MCP server: the HTTP API's four operations as tools, over any `Backend`.
+
+A tool call returns exactly what the HTTP API returns, as structured content (plus the same
+JSON as text for clients that read only text). A failure is a tool error (`isError`) carrying
+the HTTP API's envelope: `{"detail": [...]}` for 422, `{"code", "message", "details"}` for the
+rest. The server itself holds no state; `ServiceBackend` runs decisions in this process, and
+`decidealot.mcp.forward.ForwardingBackend` sends them to a running Decidealot.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any, Protocol
+
+import msgspec
+from mcp.server.context import ServerRequestContext
+from mcp.server.lowlevel import Server
+from mcp.shared.exceptions import MCPError
+from mcp_types import (
+    INVALID_PARAMS,
+    CallToolRequestParams,
+    CallToolResult,
+    ListToolsResult,
+    PaginatedRequestParams,
+    TextContent,
+)
+
+from decidealot import __version__, logs
+from decidealot.contract import ErrorBody, Json, ValidationErrorBody, ValidationIssue
+from decidealot.errors import DecidealotError, ProviderUnavailable, RequestInvalid, RequestTooLarge
+from decidealot.mcp.tools import (
+    INSTRUCTIONS,
+    LIST_MODELS,
+    SYSTEM_ONE,
+    SYSTEM_ONE_BATCH,
+    TOOLS,
+    UNLOAD_MODELS,
+)
+from decidealot.service import Service
+from decidealot.validation import validate_batch, validate_request
+
+log = logging.getLogger("decidealot.mcp")
+
+Arguments = dict[str, Json]
+
+
+class ToolFailure(Exception):
+    """A call that failed the way the HTTP API would have: `envelope` is its response body."""
+
+    def __init__(self, status: int, envelope: dict[str, Json]) -> None:
+        super().__init__(f"tool call failed with status {status}")
+        self.status = status
+        self.envelope = envelope
+
+
+class Backend(Protocol):
+    """Where tool calls go. Each method returns the HTTP response body or raises ToolFailure."""
+
+    async def system_one(self, arguments: Arguments) -> Json: ...
+
+    async def system_one_batch(self, arguments: Arguments) -> Json: ...
+
+    async def list_models(self) -> Json: ...
+
+    async def unload_models(self) -> Json: ...
+
+
+def failure_of(error: DecidealotError) -> ToolFailure:
+    """The envelope the HTTP API answers `error` with."""
+    body: msgspec.Struct
+    if isinstance(error, RequestInvalid):
+        body = ValidationErrorBody(error.issues)
+    else:
+        body = ErrorBody(error.code, error.message, error.details)
+    return ToolFailure(error.status, msgspec.to_builtins(body))
+
+
+def _reject_arguments(arguments: Arguments) -> None:
+    """Tools without parameters reject any, as the validator rejects unknown body fields."""
+    if arguments:
+        raise failure_of(
+            RequestInvalid(
+                [
+                    ValidationIssue(
+                        ["body", name], "Extra inputs are not permitted", "extra_forbidden", value
+                    )
+                    for name, value in arguments.items()
+                ]
+            )
+        )
+
+
+def _check_size(arguments: Arguments, limit: int) -> None:
+    """The HTTP body limit, applied to the arguments as the JSON body they stand for."""
+    if len(msgspec.json.encode(arguments)) > limit:
+        raise failure_of(RequestTooLarge())
+
+
+class ServiceBackend:
+    """Runs tool calls on this process's `Service`, through the HTTP API's validator."""
+
+    def __init__(self, service: Service) -> None:
+        self._service = service
+
+    async def system_one(self, arguments: Arguments) -> Json:
+        async with self._admitted():
+            _check_size(arguments, self._service.settings.max_request_bytes)
+            request = await validate_request(arguments, self._service.catalog)
+            return msgspec.to_builtins(await self._service.executor.decide(request))
+
+    async def system_one_batch(self, arguments: Arguments) -> Json:
+        async with self._admitted():
+            settings = self._service.settings
+            _check_size(arguments, settings.max_request_bytes)
+            batch = await validate_batch(
+                arguments, self._service.catalog, settings.max_batch_requests
+            )
+            return msgspec.to_builtins(await self._service.executor.decide_batch(batch))
+
+    async def list_models(self) -> Json:
+        async with self._admitted():
+            return msgspec.to_builtins(await self._service.models())
+
+    async def unload_models(self) -> Json:
+        async with self._admitted():
+            return msgspec.to_builtins(await self._service.executor.unload())
+
+    @asynccontextmanager
+    async def _admitted(self) -> AsyncIterator[None]:
+        """Admission as for HTTP requests; every error becomes the HTTP API's envelope."""
+        if not self._service.enter():
+            raise failure_of(ProviderUnavailable("the service is shutting down"))
+        try:
+            yield
+        except DecidealotError as error:
+            raise failure_of(error) from None
+        except ToolFailure:
+            raise
+        except Exception as exc:
+            logs.log_failure(log, exc, "an MCP tool call")
+            raise failure_of(DecidealotError()) from None
+        finally:
+            self._service.leave()
+
+
+def build_server(backend: Backend) -> Server[Any]:
+    """A low-level MCP server whose tools are `TOOLS`, answered by `backend`."""
+    _quiet_sdk_logs()
+    operations: dict[str, Callable[[Arguments], Awaitable[Json]]] = {
+        SYSTEM_ONE: backend.system_one,
+        SYSTEM_ONE_BATCH: backend.system_one_batch,
+        LIST_MODELS: _without_arguments(backend.list_models),
+        UNLOAD_MODELS: _without_arguments(backend.unload_models),
+    }
+
+    async def list_tools(
+        ctx: ServerRequestContext[Any], params: PaginatedRequestParams | None
+    ) -> ListToolsResult:
+        return ListToolsResult(tools=list(TOOLS.values()))
+
+    async def call_tool(
+        ctx: ServerRequestContext[Any], params: CallToolRequestParams
+    ) -> CallToolResult:
+        operation = operations.get(params.name)
+        if operation is None:
+            raise MCPError(code=INVALID_PARAMS, message=f"unknown tool {params.name!r}")
+        try:
+            result = await operation(params.arguments or {})
+        except ToolFailure as failure:
+            log.info("tool %s failed with status %d", params.name, failure.status)
+            return _tool_result(failure.envelope, is_error=True)
+        return _tool_result(result, is_error=False)
+
+    def input_schema(name: str) -> dict[str, Any] | None:
+        tool = TOOLS.get(name)
+        return tool.input_schema if tool is not None else None
+
+    return Server(
+        "decidealot",
+        version=__version__,
+        title="Decidealot",
+        instructions=INSTRUCTIONS,
+        get_tool_input_schema=input_schema,
+        on_list_tools=list_tools,
+        on_call_tool=call_tool,
+    )
+
+
+def _quiet_sdk_logs() -> None:
+    """The SDK logs every stateless HTTP request at INFO; keep its lines for debug runs."""
+    if not logging.getLogger().isEnabledFor(logging.DEBUG):
+        logging.getLogger("mcp").setLevel(logging.WARNING)
+
+
+def _without_arguments(
+    operation: Callable[[], Awaitable[Json]],
+) -> Callable[[Arguments], Awaitable[Json]]:
+    async def call(arguments: Arguments) -> Json:
+        _reject_arguments(arguments)
+        return await operation()
+
+    return call
+
+
+def _tool_result(body: Json, *, is_error: bool) -> CallToolResult:
+    text = msgspec.json.encode(body).decode()
+    return CallToolResult(
+        content=[TextContent(text=text)], structured_content=body, is_error=is_error
+    )

@@ -1,0 +1,110 @@
+"""`decidealot mcp`: the MCP tools over stdio, for IDEs and desktop clients.
+
+Without `--url` this process is a Decidealot of its own: it prepares the enabled bundles,
+starts the configured providers and runs decisions itself. With `--url` it forwards every tool
+call to a running Decidealot (its key from DECIDEALOT_API_KEY), so any number of IDE sessions
+share one server and one set of loaded models. stdout carries only MCP messages; logs go to
+stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import sys
+from collections.abc import Sequence
+
+import httpx
+from mcp.server.stdio import stdio_server
+
+from decidealot import logs
+from decidealot.config import ConfigError, Settings, from_env
+from decidealot.mcp.forward import ForwardingBackend
+from decidealot.mcp.server import Backend, ServiceBackend, build_server
+from decidealot.service import Service
+
+log = logging.getLogger("decidealot.mcp")
+
+_CONNECT_SECONDS = 10.0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Serve MCP on stdin/stdout until the client closes it; the exit status."""
+    args = _parser().parse_args(argv)
+    try:
+        settings = from_env()
+    except ConfigError as exc:
+        print(f"decidealot mcp: {exc}", file=sys.stderr)
+        return 2
+    logs.configure(settings.log_level, settings.log_format)
+    if args.url is None:
+        from decidealot.bundles import BundleError, prepare  # huggingface_hub: only when needed
+
+        try:
+            prepare(settings, progress=False)
+        except BundleError as exc:
+            print(f"decidealot mcp: {exc}", file=sys.stderr)
+            return 1
+    # Clients end the server by closing stdin (then SIGTERM to the process group, which
+    # reaches provider workers too); Ctrl-C in a terminal is a normal end as well.
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(_serve(settings, args.url))
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="decidealot mcp",
+        description="Serve Decidealot's MCP tools over stdio.",
+    )
+    parser.add_argument(
+        "--url",
+        type=_base_url,
+        help="forward tool calls to the Decidealot at this base URL (e.g. http://127.0.0.1:8080) "
+        "instead of running providers here; its key is read from DECIDEALOT_API_KEY",
+    )
+    return parser
+
+
+def _base_url(raw: str) -> str:
+    try:
+        url = httpx.URL(raw.strip())
+    except httpx.InvalidURL:
+        url = httpx.URL()
+    if url.scheme not in ("http", "https") or not url.host:
+        raise argparse.ArgumentTypeError("expected an http:// or https:// URL")
+    if url.userinfo:  # credentials belong in DECIDEALOT_API_KEY, never in argv or logs
+        raise argparse.ArgumentTypeError("put the key in DECIDEALOT_API_KEY, not in the URL")
+    return str(url).rstrip("/")
+
+
+async def _serve(settings: Settings, url: str | None) -> None:
+    if url is not None:
+        forwarding = ForwardingBackend(url, settings.api_key, _forward_timeout(settings))
+        log.info("MCP over stdio, forwarding to %s", url)
+        try:
+            await _run(forwarding)
+        finally:
+            await forwarding.close()
+        return
+    service = Service(settings)
+    await service.start()
+    log.info("MCP over stdio, providers: %s", ", ".join(settings.providers) or "none")
+    try:
+        await _run(ServiceBackend(service))
+    finally:
+        await service.close()
+
+
+async def _run(backend: Backend) -> None:
+    server = build_server(backend)
+    async with stdio_server() as (read_stream, write_stream):
+        await server.run(read_stream, write_stream, server.create_initialization_options())
+
+
+def _forward_timeout(settings: Settings) -> httpx.Timeout:
+    """Long enough for the server to start a provider and answer; it bounds both itself."""
+    answer = settings.provider_start_timeout_seconds + settings.provider_timeout_seconds
+    return httpx.Timeout(answer, connect=_CONNECT_SECONDS)
