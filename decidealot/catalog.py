@@ -16,7 +16,7 @@ from providers.base import Provider
 
 _LAYA_DATE = "2026-09-23"
 _VON_DATE = "2026-09-22"
-_CLM_DATE = "2026-09-24"
+_CLM_DATE = "2026-09-19"  # contrastive-lm 0.1.0 dates its models so (clm.engine.RELEASE)
 
 LOCAL_MODELS: dict[str, tuple[ModelInfo, ...]] = {
     "laya": (
