@@ -12,9 +12,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Sequence
 
-from decidealot import logs
+from decidealot import logs, metrics
 from decidealot.catalog import Catalog
 from decidealot.contract import (
     BatchRequest,
@@ -80,9 +81,12 @@ class Executor:
                     )
                 ]
             )
+        outcome = "cancelled"
+        started = time.perf_counter()
         try:
             response = await route.provider.decide(route.selector, request)
         except DecisionInputError as exc:
+            outcome = "invalid"
             raise RequestInvalid(
                 [
                     ValidationIssue(
@@ -94,11 +98,19 @@ class Executor:
                 ]
             ) from None
         except DecidealotError:
+            outcome = "unavailable"
             raise
         except Exception as exc:
+            outcome = "error"
             logs.log_failure(log, exc, f"provider {route.provider.name} on {route.selector}")
             raise ProviderUnavailable() from None
-        _check_response(request, response, route.provider.name)
+        else:
+            outcome = "error"
+            _check_response(request, response, route.provider.name)
+            outcome = "ok"
+        finally:
+            tokens = response.usage.input_tokens if outcome == "ok" else 0
+            _record(route.provider.name, request.model, outcome, started, tokens)
         return response
 
     async def decide_batch(self, batch: BatchRequest) -> BatchResponse:
@@ -145,6 +157,13 @@ class Executor:
         return UnloadResponse(
             providers=[UnloadedProvider(name, loaded) for name, loaded in was_loaded.items()]
         )
+
+
+def _record(provider: str, model: str, outcome: str, started: float, tokens: int) -> None:
+    metrics.DECISIONS.inc(provider=provider, model=model, outcome=outcome)
+    metrics.DECISION_DURATION.observe(time.perf_counter() - started, provider=provider)
+    if isinstance(tokens, int) and tokens > 0:
+        metrics.INPUT_TOKENS.inc(tokens, provider=provider)
 
 
 def _check_response(request: SystemOneRequest, response: object, provider: str) -> None:

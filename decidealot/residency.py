@@ -22,6 +22,7 @@ from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
+from decidealot import metrics
 from decidealot.config import Settings
 from decidealot.contract import UnloadedProvider
 from decidealot.errors import ProviderBusy, ProviderUnavailable
@@ -146,6 +147,9 @@ class Residency:
                 future.set_exception(ProviderUnavailable("the service is shutting down"))
         transitions = [s.transition for s in self._slots.values() if s.transition is not None]
         await asyncio.gather(*transitions, return_exceptions=True)
+        for slot in self._slots.values():
+            if slot.runtime.loaded:
+                metrics.PROVIDER_UNLOADS.inc(provider=slot.runtime.name, reason="shutdown")
         await asyncio.gather(
             *(s.runtime.unload() for s in self._slots.values()), return_exceptions=True
         )
@@ -224,13 +228,20 @@ class Residency:
         try:
             if victim is not None:
                 log.info("unloading %s to make room for %s", victim.runtime.name, slot.runtime.name)
+                metrics.PROVIDER_UNLOADS.inc(provider=victim.runtime.name, reason="evicted")
                 try:
                     await victim.runtime.unload()
                 finally:
                     victim.transition = None
             log.info("loading %s", slot.runtime.name)
+            started = time.monotonic()
             await slot.runtime.load()
+            metrics.PROVIDER_LOADS.inc(provider=slot.runtime.name, result="ok")
+            metrics.PROVIDER_LOAD_DURATION.observe(
+                time.monotonic() - started, provider=slot.runtime.name
+            )
         except Exception as exc:
+            metrics.PROVIDER_LOADS.inc(provider=slot.runtime.name, result="failed")
             error = exc if isinstance(exc, ProviderUnavailable) else ProviderUnavailable()
             if not isinstance(exc, ProviderUnavailable):
                 log.exception("loading %s failed", slot.runtime.name)
@@ -255,12 +266,13 @@ class Residency:
         tasks = []
         for slot in slots:
             if slot.runtime.loaded:
-                slot.transition = asyncio.create_task(self._unload(slot))
+                slot.transition = asyncio.create_task(self._unload(slot, "unload_all"))
                 tasks.append(slot.transition)
         await asyncio.gather(*tasks)
         return report
 
-    async def _unload(self, slot: _Slot) -> None:
+    async def _unload(self, slot: _Slot, reason: str) -> None:
+        metrics.PROVIDER_UNLOADS.inc(provider=slot.runtime.name, reason=reason)
         try:
             await slot.runtime.unload()
         finally:
@@ -283,4 +295,4 @@ class Residency:
                     log.info(
                         "unloading %s after %.0f s idle", slot.runtime.name, self._idle_seconds
                     )
-                    slot.transition = asyncio.create_task(self._unload(slot))
+                    slot.transition = asyncio.create_task(self._unload(slot, "idle"))

@@ -2,8 +2,10 @@
 
 Each frame is a 4-byte big-endian length followed by one msgspec msgpack message. The gateway
 writes `Start` once, then `Submit` per job; the worker answers `Ready` or `Failed` once, then
-exactly one of `Result`, `InputError` or `JobFailed` per submitted job id. No frame carries
-an exception message: those may quote the state, and frames' errors end up in logs.
+exactly one of `Result`, `InputError` or `JobFailed` per submitted job id, and, when `Start`
+asked for them, one `Pass` before the results of each forward pass (for the gateway's metrics).
+No frame carries an exception message: those may quote the state, and frames' errors end up
+in logs.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ class Start(msgspec.Struct, tag="start", frozen=True):
 
     spec: EngineSpec
     batch_token_budget: int
+    report_passes: bool = False
+    """Send a `Pass` frame per forward pass."""
 
 
 class Submit(msgspec.Struct, tag="submit", frozen=True):
@@ -68,8 +72,17 @@ class JobFailed(msgspec.Struct, tag="job_failed", frozen=True):
     error: str
 
 
+class Pass(msgspec.Struct, tag="pass", frozen=True):
+    """One forward pass that answered: how many jobs it held, their summed token cost, and how
+    long `engine.run` took. Sent before that pass's results."""
+
+    size: int
+    tokens: int
+    seconds: float
+
+
 ToWorker: TypeAlias = Start | Submit
-FromWorker: TypeAlias = Ready | Failed | Result | InputError | JobFailed
+FromWorker: TypeAlias = Ready | Failed | Result | InputError | JobFailed | Pass
 
 _encoder = msgspec.msgpack.Encoder()
 _to_worker = msgspec.msgpack.Decoder(ToWorker)

@@ -21,17 +21,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import functools
 import itertools
 import logging
 import os
 import subprocess
 import sys
+from collections.abc import Coroutine
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import msgspec
 
+from decidealot import logs, metrics
 from decidealot.config import Settings
 from decidealot.errors import DecisionInputError, ProviderUnavailable
 from providers.engine import Decision, EngineSpec, Job
@@ -40,6 +43,7 @@ from providers.frames import (
     FrameError,
     InputError,
     JobFailed,
+    Pass,
     Ready,
     Result,
     Start,
@@ -126,12 +130,20 @@ def _worker_environment() -> dict[str, str]:
     return env
 
 
+def _background(work: Coroutine[object, object, None]) -> asyncio.Task[None]:
+    """A task for the worker's lifetime, outside the context of the request that started it,
+    so its log lines do not carry that request's id."""
+    return asyncio.create_task(work, context=contextvars.Context())
+
+
 class _Worker:
     """One worker process and the jobs in flight on it; discarded once it stops."""
 
     def __init__(self, process: asyncio.subprocess.Process) -> None:
         self.process = process
         self.inflight: dict[int, asyncio.Future[Decision]] = {}
+        self.request_ids: dict[int, str] = {}
+        """The request id each job in flight came with, for its failure's log line."""
         self.alive = True
         self.progress_at = asyncio.get_running_loop().time()
         self.write_lock = asyncio.Lock()
@@ -168,6 +180,8 @@ class WorkerRuntime:
         self._lifecycle = asyncio.Lock()
         self._job_ids = itertools.count(1)
         self._log = log.getChild(name)
+        self._lost = False
+        """A worker died, hung or sent garbage; the next start is a restart."""
 
     @property
     def loaded(self) -> bool:
@@ -210,6 +224,7 @@ class WorkerRuntime:
         if not worker.inflight:
             worker.progress_at = loop.time()  # the timeout counts from here when it was idle
         worker.inflight[job_id] = future
+        worker.request_ids[job_id] = logs.request_id.get()
         try:
             async with worker.write_lock:
                 worker.process.stdin.write(frame)  # type: ignore[union-attr]
@@ -220,6 +235,7 @@ class WorkerRuntime:
             return await self._answer(worker, future)
         finally:
             worker.inflight.pop(job_id, None)
+            worker.request_ids.pop(job_id, None)
 
     async def _answer(self, worker: _Worker, future: asyncio.Future[Decision]) -> Decision:
         """Wait for the job's frame, killing the worker if it stops making progress."""
@@ -234,6 +250,7 @@ class WorkerRuntime:
                     worker.process.pid,
                 )
                 self._forget(worker)
+                self._lose("timeout")
                 worker.abandon(TIMED_OUT)
                 break
             await asyncio.wait({future}, timeout=remaining)
@@ -255,9 +272,10 @@ class WorkerRuntime:
             )
         except OSError as exc:
             self._log.error("cannot start a worker with %s (%s)", self._python, exc.strerror)
+            metrics.WORKER_FAILURES.inc(provider=self.name, reason="start_failed")
             raise ProviderUnavailable(START_FAILED) from None
         worker = _Worker(process)
-        worker.tasks.append(asyncio.create_task(self._forward_stderr(process)))
+        worker.tasks.append(_background(self._forward_stderr(process)))
         self._log.info("starting worker (pid %d) on %s", process.pid, self.device)
         try:
             ready = await asyncio.wait_for(
@@ -275,15 +293,20 @@ class WorkerRuntime:
         if not isinstance(ready, Ready):
             if isinstance(ready, Failed):
                 self._log.error("worker failed to start (%s)", ready.error)
+            metrics.WORKER_FAILURES.inc(provider=self.name, reason="start_failed")
             await self._stop(worker, kill=True)
             raise ProviderUnavailable(START_FAILED)
         self._log.info("worker ready (pid %d, %s)", process.pid, ready.device)
-        worker.tasks.append(asyncio.create_task(self._read_answers(worker)))
+        metrics.WORKER_STARTS.inc(provider=self.name)
+        if self._lost:
+            self._lost = False
+            metrics.WORKER_RESTARTS.inc(provider=self.name)
+        worker.tasks.append(_background(self._read_answers(worker)))
         return worker
 
     async def _handshake(self, process: asyncio.subprocess.Process) -> Ready | Failed | None:
         """Send the start frame and read the worker's first answer; None if it went away."""
-        start = Start(self._spec, self._settings.batch_token_budget)
+        start = Start(self._spec, self._settings.batch_token_budget, report_passes=True)
         try:
             process.stdin.write(encode(start))  # type: ignore[union-attr]
             await process.stdin.drain()  # type: ignore[union-attr]
@@ -329,15 +352,26 @@ class WorkerRuntime:
         if self._worker is worker:
             self._worker = None
 
+    def _lose(self, reason: str) -> None:
+        """Count a worker lost while loaded; its replacement will count as a restart."""
+        self._lost = True
+        metrics.WORKER_FAILURES.inc(provider=self.name, reason=reason)
+
     async def _read_answers(self, worker: _Worker) -> None:
         """Deliver each answer frame to its job's future until the worker's stdout ends."""
         stdout = worker.process.stdout
         assert stdout is not None
         loop = asyncio.get_running_loop()
+        malformed = False
         try:
             while (payload := await read_payload_async(stdout)) is not None:
                 frame = decode_from_worker(payload)
                 worker.progress_at = loop.time()
+                if isinstance(frame, Pass):
+                    metrics.FORWARD_PASS.observe(frame.seconds, provider=self.name)
+                    metrics.BATCH_SIZE.observe(frame.size, provider=self.name)
+                    metrics.BATCH_TOKENS.observe(frame.tokens, provider=self.name)
+                    continue
                 if not isinstance(frame, Result | InputError | JobFailed):
                     raise FrameError(f"unexpected {type(frame).__name__} frame")
                 future = worker.inflight.pop(frame.id, None)
@@ -350,13 +384,17 @@ class WorkerRuntime:
                         DecisionInputError(frame.question, frame.msg, frame.loc, frame.input)
                     )
                 else:
-                    self._log.error("worker failed a job (%s)", frame.error)
+                    token = logs.request_id.set(worker.request_ids.get(frame.id, "-"))
+                    self._log.error("worker failed job %d (%s)", frame.id, frame.error)
+                    logs.request_id.reset(token)
                     future.set_exception(ProviderUnavailable(FAILED_JOB))
         except FrameError as exc:
             self._log.error("worker sent a malformed frame (%s); killing it", exc)
+            malformed = True
         unexpected = worker.alive
         if unexpected:
             self._forget(worker)
+            self._lose("malformed" if malformed else "exited")
             worker.abandon(STOPPED)
         code = await worker.process.wait()
         if unexpected:

@@ -26,6 +26,7 @@ import queue
 import signal
 import sys
 import threading
+import time
 import traceback
 from collections import deque
 from collections.abc import Sequence
@@ -42,6 +43,7 @@ from providers.frames import (
     FromWorker,
     InputError,
     JobFailed,
+    Pass,
     Ready,
     Result,
     Start,
@@ -112,10 +114,13 @@ class FrameWriter:
 class Host:
     """Runs one engine's jobs: prepares them on one thread, batches them on another."""
 
-    def __init__(self, engine: Engine, writer: FrameWriter, token_budget: int) -> None:
+    def __init__(
+        self, engine: Engine, writer: FrameWriter, token_budget: int, report_passes: bool = False
+    ) -> None:
         self._engine = engine
         self._writer = writer
         self._token_budget = token_budget
+        self._report_passes = report_passes
         self._incoming: queue.SimpleQueue[Submit] = queue.SimpleQueue()
         self._pending: deque[Pending] = deque()
         self._pending_changed = threading.Condition()
@@ -156,6 +161,7 @@ class Host:
             self._run(batch)
 
     def _run(self, batch: Sequence[Pending]) -> None:
+        started = time.perf_counter()
         try:
             decisions = self._engine.run([item.prepared for item in batch])
             if len(decisions) != len(batch):
@@ -167,6 +173,9 @@ class Host:
                 for item in batch:
                     self._run([item])
             return
+        if self._report_passes:
+            tokens = int(sum(item.prepared.cost for item in batch))
+            self._writer.write(Pass(len(batch), tokens, time.perf_counter() - started))
         for item, decision in zip(batch, decisions, strict=True):
             self._send(item.id, Result(item.id, decision))
 
@@ -246,7 +255,7 @@ def main() -> int:
         log.exception("engine %s failed to start", start.spec.factory)
         writer.write(Failed(type(exc).__name__))
         return 1
-    host = Host(engine, writer, start.batch_token_budget)
+    host = Host(engine, writer, start.batch_token_budget, start.report_passes)
     writer.write(Ready(start.spec.device))
     threading.Thread(target=host.read_jobs, args=(frames_in,), name="reader", daemon=True).start()
     threading.Thread(target=host.prepare_jobs, name="prepare", daemon=True).start()

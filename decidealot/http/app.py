@@ -9,13 +9,13 @@ import msgspec
 from litestar import Litestar, Request, Response, get, post
 from litestar.exceptions import HTTPException
 
-from decidealot import logs
+from decidealot import logs, metrics
 from decidealot.contract import ErrorBody, ValidationErrorBody
 from decidealot.errors import DecidealotError, ProviderUnavailable, RequestInvalid
 from decidealot.http import openapi
 from decidealot.http.body import read_body
 from decidealot.http.middleware import ASGIApp, Gateway, error_body
-from decidealot.mcp.http import McpEndpoint
+from decidealot.mcp.http import MCP_PATH, McpEndpoint
 from decidealot.service import Service
 from decidealot.validation import parse_json, validate_batch, validate_request
 
@@ -99,6 +99,14 @@ def create_app(service: Service) -> ASGIApp:
     def docs() -> Response[str]:
         return Response(_DOCS_PAGE, media_type="text/html")
 
+    @get("/metrics", sync_to_thread=False)
+    def metrics_text() -> Response[bytes]:
+        residency = service.residency
+        for name in residency.names:
+            metrics.PROVIDER_RESIDENT.set(float(residency.loaded(name)), provider=name)
+        # Litestar appends "; charset=utf-8" to text media types
+        return Response(metrics.REGISTRY.render().encode(), media_type=metrics.MEDIA_TYPE)
+
     app = Litestar(
         route_handlers=[
             health,
@@ -108,6 +116,7 @@ def create_app(service: Service) -> ASGIApp:
             unload,
             openapi_json,
             docs,
+            metrics_text,
             mcp.route,
         ],
         lifespan=[mcp.running()],
@@ -119,4 +128,5 @@ def create_app(service: Service) -> ASGIApp:
         debug=False,
         logging_config=None,
     )
-    return Gateway(app, service)
+    routes = {route.path for route in app.routes} - {MCP_PATH}
+    return Gateway(app, service, routes=routes, mounts=[MCP_PATH])

@@ -9,11 +9,12 @@ import logging
 import re
 import time
 import uuid
+from collections.abc import Collection
 
 import msgspec
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
-from decidealot import logs
+from decidealot import logs, metrics
 from decidealot.contract import ErrorBody
 from decidealot.errors import DecidealotError, ProviderUnavailable, Unauthorized
 from decidealot.service import Service
@@ -21,6 +22,9 @@ from decidealot.service import Service
 log = logging.getLogger("decidealot.http")
 
 PUBLIC_PATHS = frozenset({"/health"})
+UNADMITTED_PATHS = frozenset({"/metrics"})
+"""Behind auth, but answered while draining too: a scrape can watch the drain."""
+_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 _REQUEST_ID = re.compile(
     r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
     r"|[0-7][0-9A-HJKMNP-TV-Za-hjkmnp-tv-z]{25}"
@@ -54,11 +58,29 @@ async def send_error(send: Send, error: DecidealotError, extra: list[tuple[bytes
 class Gateway:
     """Wraps the Litestar app so that nothing (404s and /mcp included) bypasses these rules."""
 
-    def __init__(self, app: ASGIApp, service: Service) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        service: Service,
+        routes: Collection[str] = (),
+        mounts: Collection[str] = (),
+    ) -> None:
+        """`routes` and `mounts` (path prefixes) are the metrics' `route` label values."""
         self._app = app
         self._service = service
         key = service.settings.api_key
         self._key = key.encode() if key is not None else None
+        self._routes = frozenset(routes)
+        self._mounts = tuple(mounts)
+
+    def _route(self, path: str) -> str:
+        """The route a path belongs to, so metric labels stay a small fixed set."""
+        if path in self._routes:
+            return path
+        for mount in self._mounts:
+            if path == mount or path.startswith(mount + "/"):
+                return mount
+        return "other"
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -80,11 +102,14 @@ class Gateway:
             await send(message)
 
         path = scope["path"]
+        metrics.HTTP_IN_FLIGHT.inc()
         try:
             if path in PUBLIC_PATHS:
                 await self._app(scope, receive, send_with_id)
             elif self._key is not None and not self._authorized(headers):
                 await send_error(send_with_id, Unauthorized(), [(b"www-authenticate", b"Bearer")])
+            elif path in UNADMITTED_PATHS:
+                await self._app(scope, receive, send_with_id)
             elif not self._service.enter():
                 await send_error(
                     send_with_id, ProviderUnavailable("the service is shutting down"), []
@@ -99,13 +124,13 @@ class Gateway:
             if not status:
                 await send_error(send_with_id, DecidealotError(), [])
         finally:
-            log.info(
-                "%s %s %d %.1fms",
-                scope["method"],
-                path,
-                status,
-                (time.perf_counter() - started) * 1000,
-            )
+            seconds = time.perf_counter() - started
+            log.info("%s %s %d %.1fms", scope["method"], path, status, seconds * 1000)
+            route = self._route(path)
+            method = scope["method"] if scope["method"] in _METHODS else "other"
+            metrics.HTTP_IN_FLIGHT.dec()
+            metrics.HTTP_REQUESTS.inc(route=route, method=method, status=str(status))
+            metrics.HTTP_DURATION.observe(seconds, route=route)
             logs.request_id.reset(token)
 
     def _authorized(self, headers: dict[bytes, bytes]) -> bool:

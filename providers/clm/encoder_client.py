@@ -24,6 +24,7 @@ import httpx
 import msgspec
 from tenacity import AsyncRetrying, retry_if_exception, stop_before_delay, wait_exponential
 
+from decidealot import metrics
 from decidealot.config import Settings
 from decidealot.errors import ProviderUnavailable
 
@@ -58,12 +59,14 @@ class _EmbeddingsResponse(msgspec.Struct):
 
 
 class _EncoderFailure(Exception):
-    """Why one call failed, in words safe to log; `transient` failures are retried."""
+    """Why one call failed, in words safe to log; `transient` failures are retried. `kind` is
+    the metric reason: timeout, connection, status or invalid_reply."""
 
-    def __init__(self, reason: str, *, transient: bool):
+    def __init__(self, reason: str, *, transient: bool, kind: str = "invalid_reply"):
         super().__init__(reason)
         self.reason = reason
         self.transient = transient
+        self.kind = kind
 
 
 def _is_transient(exc: BaseException) -> bool:
@@ -167,6 +170,7 @@ class EncoderClient:
             return await retrying(self._call, texts)
         except _EncoderFailure as failure:
             logger.warning("CLM encoder call failed: %s", failure.reason)
+            metrics.ENCODER_FAILURES.inc(reason=failure.kind)
             raise ProviderUnavailable() from None
 
     async def _call(self, texts: list[str]) -> tuple[list[bytes], int]:
@@ -176,17 +180,17 @@ class EncoderClient:
         try:
             response = await self._client.post(self._endpoint, json=body)
         except httpx.TimeoutException:
-            raise _EncoderFailure("timed out", transient=True) from None
+            raise _EncoderFailure("timed out", transient=True, kind="timeout") from None
         except httpx.TransportError as exc:  # refused, reset, protocol errors
             reason = f"transport error ({type(exc).__name__})"
-            raise _EncoderFailure(reason, transient=True) from None
+            raise _EncoderFailure(reason, transient=True, kind="connection") from None
         except httpx.RequestError as exc:  # e.g. an undecodable body: retrying will not help
             reason = f"request error ({type(exc).__name__})"
-            raise _EncoderFailure(reason, transient=False) from None
+            raise _EncoderFailure(reason, transient=False, kind="connection") from None
         status = response.status_code
         if status != 200:
             transient = status >= 500 or status == 429
-            raise _EncoderFailure(f"answered status {status}", transient=transient)
+            raise _EncoderFailure(f"answered status {status}", transient=transient, kind="status")
         return self._decode(response.content, len(texts))
 
     def _decode(self, content: bytes, count: int) -> tuple[list[bytes], int]:

@@ -28,7 +28,7 @@ from tenacity import (
     stop_before_delay,
 )
 
-from decidealot import __version__
+from decidealot import __version__, metrics
 from decidealot.errors import ProviderUnavailable
 from providers.jev.wire import InvalidReply
 
@@ -126,6 +126,7 @@ class TypeSafeClient:
         http = self._http
         if http is None:
             log.warning("TypeSafe %s %s: the client is not started", method, path)
+            metrics.UPSTREAM_FAILURES.inc(provider="jev", route=path, reason="not_started")
             raise ProviderUnavailable()
         headers, content = _body_headers(body)
         retrying = AsyncRetrying(
@@ -146,12 +147,18 @@ class TypeSafeClient:
                     response = await http.request(method, path, content=content, headers=headers)
                     _raise_for_status(response)
         except (_Refused, _Transient, httpx.HTTPError) as error:
-            _fail(method, path, _reason(error, attempts), getattr(error, "request_id", None))
+            _fail(
+                method,
+                path,
+                _reason(error, attempts),
+                getattr(error, "request_id", None),
+                _kind(error),
+            )
         assert response is not None  # the loop either produced a success or raised
         try:
             return decode(response.content)
         except InvalidReply as error:
-            _fail(method, path, f"invalid reply: {error}", _request_id(response))
+            _fail(method, path, f"invalid reply: {error}", _request_id(response), "invalid_reply")
 
 
 def _body_headers(body: bytes | None) -> tuple[dict[str, str], bytes | None]:
@@ -219,6 +226,17 @@ def _reason(error: Exception, attempts: int) -> str:
     return f"{type(error).__name__} after {attempts} attempt(s)"
 
 
+def _kind(error: Exception) -> str:
+    """The failure's metric reason: a small fixed set, unlike `_reason`'s words."""
+    if isinstance(error, _Refused):
+        return "key_rejected" if error.status in (401, 403) else "refused"
+    if isinstance(error, _Transient):
+        return "unavailable"
+    if isinstance(error, httpx.TimeoutException):
+        return "timeout"
+    return "connection"
+
+
 def _request_id(response: httpx.Response | None) -> str | None:
     return None if response is None else response.headers.get(_REQUEST_ID_HEADER)
 
@@ -231,7 +249,8 @@ def _log_retry(method: str, path: str, state: RetryCallState) -> None:
     log.info("TypeSafe %s %s: %s, retry %d in %.2f s", method, path, what, attempt, delay)
 
 
-def _fail(method: str, path: str, reason: str, request_id: str | None) -> NoReturn:
+def _fail(method: str, path: str, reason: str, request_id: str | None, kind: str) -> NoReturn:
+    metrics.UPSTREAM_FAILURES.inc(provider="jev", route=path, reason=kind)
     request_id = request_id or "-"
     log.warning("TypeSafe %s %s failed: %s (request id %s)", method, path, reason, request_id)
     raise ProviderUnavailable() from None
