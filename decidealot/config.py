@@ -50,7 +50,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     provider_start_timeout_seconds: float = 600.0
     device: Device = "auto"
     torch_threads: int = 0  # 0: torch's own default
-    batch_token_budget: int = 32768
+    batch_token_budget: int = 0  # 0: by device, see providers.local.token_budget
     worker_python: str | None = None  # None: the gateway's own interpreter
 
     # Laya.
@@ -198,6 +198,15 @@ def _hosts(name: str, raw: str) -> tuple[str, ...]:
     return hosts
 
 
+def _token_budget(name: str, raw: str) -> int:
+    value = _int(name, raw, low=0)
+    if 0 < value < 512:
+        raise ConfigError(
+            f"{name}: expected 0 (by device) or an integer of at least 512, got {value}"
+        )
+    return value
+
+
 def _port(name: str, raw: str) -> int:
     return _int(name, raw, low=1, high=65535)
 
@@ -230,7 +239,7 @@ def from_env(environ: Mapping[str, str] | None = None) -> Settings:
     read("provider_start_timeout_seconds", _seconds)
     read("device", _choice(("auto", "cpu", "cuda")))
     read("torch_threads", lambda n, r: _int(n, r, low=0, high=1024))
-    read("batch_token_budget", lambda n, r: _int(n, r, low=512))
+    read("batch_token_budget", _token_budget)
     read("worker_python", _file)
     read("laya_enabled", _bool)
     read("laya_english_checkpoint", _dir)

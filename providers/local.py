@@ -74,6 +74,19 @@ _CUDA_PROBE = "import torch; print('cuda' if torch.cuda.is_available() else 'cpu
 _CUDA_PROBE_TIMEOUT_SECONDS = 120.0
 
 
+CPU_TOKEN_BUDGET = 4096
+CUDA_TOKEN_BUDGET = 32768
+
+
+def token_budget(settings: Settings, device: str) -> int:
+    """Padded tokens per engine run. On CPU a pass costs the same per token at any batch size,
+    so big batches only delay every answer in them (and risk the pass timeout): small ones keep
+    answers flowing while the next batch forms. On CUDA large batches are what pays."""
+    if settings.batch_token_budget:
+        return settings.batch_token_budget
+    return CUDA_TOKEN_BUDGET if device == "cuda" else CPU_TOKEN_BUDGET
+
+
 def lane_for(name: str, device: str, settings: Settings) -> tuple[str | None, str]:
     """The residency lane and group of a local provider (see `decidealot.residency`).
 
@@ -306,7 +319,7 @@ class WorkerRuntime:
 
     async def _handshake(self, process: asyncio.subprocess.Process) -> Ready | Failed | None:
         """Send the start frame and read the worker's first answer; None if it went away."""
-        start = Start(self._spec, self._settings.batch_token_budget, report_passes=True)
+        start = Start(self._spec, token_budget(self._settings, self.device), report_passes=True)
         try:
             process.stdin.write(encode(start))  # type: ignore[union-attr]
             await process.stdin.drain()  # type: ignore[union-attr]

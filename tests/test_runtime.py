@@ -494,3 +494,15 @@ def test_the_gateway_never_imports_torch() -> None:
         check=True,
     )
     assert result.stdout.strip() == "none"
+
+
+def test_token_budget_follows_the_device_unless_set() -> None:
+    from decidealot.config import ConfigError, from_env
+    from providers.local import token_budget
+
+    assert token_budget(Settings(), "cpu") == 4096
+    assert token_budget(Settings(), "cuda") == 32768
+    assert token_budget(Settings(batch_token_budget=1000), "cuda") == 1000
+    assert from_env({"DECIDEALOT_BATCH_TOKEN_BUDGET": "0"}).batch_token_budget == 0
+    with pytest.raises(ConfigError, match="DECIDEALOT_BATCH_TOKEN_BUDGET"):
+        from_env({"DECIDEALOT_BATCH_TOKEN_BUDGET": "100"})
