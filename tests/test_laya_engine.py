@@ -125,6 +125,26 @@ def test_huge_batches_split_into_passes_with_equal_answers(
             assert got == pytest.approx(expected, abs=BATCH_TOLERANCE)
 
 
+def test_cpu_passes_hold_rows_of_similar_length(
+    engine: LayaEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    prepared = [engine.prepare(job) for job in _jobs("english", 8, seed=3)]
+    passes: list[list[int]] = []
+    forward = engine._forward
+
+    def recording_forward(checkpoint: object, rows: list[object]) -> list[list[float]]:
+        passes.append([len(row.ids) for row in rows])  # type: ignore[attr-defined]
+        return forward(checkpoint, rows)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(engine, "_forward", recording_forward)
+    engine.run(prepared)
+    lengths = [n for one_pass in passes for n in one_pass]
+    assert lengths == sorted(len(row.ids) for job in prepared for row in job.rows)
+    assert len(passes) > 1
+    for one_pass in passes:
+        assert max(one_pass) * len(one_pass) - sum(one_pass) <= engine_module.CPU_PASS_COST
+
+
 def test_prepare_reports_cost_and_group(engine: LayaEngine) -> None:
     job = _job(
         "multilingual",

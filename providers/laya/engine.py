@@ -1,9 +1,9 @@
 """The Laya worker engine: jobs -> encoder rows -> shared padded forward passes -> answers.
 
 `prepare` tokenises one job (its state once, one row per question) on the worker's preparing
-thread; `run` packs the rows of every job in a batch into one padded pass (more only past
-`PASS_TOKEN_LIMIT` padded tokens) and splits the answers back per job. Rows never see each
-other (padding is masked), so a job's answers do not depend on what it was batched with.
+thread; `run` sorts the rows of every job in a batch by length, packs them into padded passes
+(see `_passes`) and splits the answers back per job. Rows never see each other (padding is
+masked), so a job's answers do not depend on what it was batched with.
 """
 
 from __future__ import annotations
@@ -24,6 +24,10 @@ from providers.laya.render import Row, render_rows
 CHECKPOINT_KEYS = ("english", "multilingual", "typed-decisions")
 PASS_TOKEN_LIMIT = 262_144
 """Padded tokens (rows x longest row) above which a batch is split into several passes."""
+CPU_PASS_COST = 64
+"""A pass's fixed cost on CPU in tokens' worth of compute (measured on the tiny test checkpoint;
+less on larger models). A CPU pass costs the same per padded token at any batch size, so padding
+is pure waste there: a batch is split wherever that saves more padding than this."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,9 +90,15 @@ class LayaEngine:
         key = groups.pop()
         checkpoint = self._checkpoint(key)
         rows = [row for job in batch for row in job.rows]
-        logits: list[list[float]] = []
-        for start, stop in _passes(rows):
-            logits.extend(self._forward(checkpoint, rows[start:stop]))
+        order = sorted(range(len(rows)), key=lambda i: len(rows[i].ids))
+        by_length = [rows[i] for i in order]
+        # On CUDA a pass is worth a large batch: split only past the token limit.
+        pass_cost = CPU_PASS_COST if self._device.type == "cpu" else PASS_TOKEN_LIMIT
+        logits: list[list[float]] = [[] for _ in rows]
+        for start, stop in _passes(by_length, pass_cost):
+            computed = self._forward(checkpoint, by_length[start:stop])
+            for i, values in zip(order[start:stop], computed, strict=True):
+                logits[i] = values
         decisions: list[Decision] = []
         offset = 0
         for job in batch:
@@ -139,16 +149,17 @@ class LayaEngine:
         return torch.autocast(device_type="cuda", dtype=checkpoint.amp_dtype)
 
 
-def _passes(rows: Sequence[Row]) -> list[tuple[int, int]]:
-    """Split rows into consecutive passes whose padded size stays under `PASS_TOKEN_LIMIT`."""
+def _passes(rows: Sequence[Row], pass_cost: int) -> list[tuple[int, int]]:
+    """Split rows sorted by length into consecutive passes: a pass ends before the row that
+    would take its padding past `pass_cost` tokens or its padded size past `PASS_TOKEN_LIMIT`."""
     bounds: list[tuple[int, int]] = []
-    start, longest = 0, 0
+    start, real = 0, 0
     for i, row in enumerate(rows):
-        widest = max(longest, len(row.ids))
-        if i > start and widest * (i - start + 1) > PASS_TOKEN_LIMIT:
+        padded = len(row.ids) * (i - start + 1)
+        real += len(row.ids)
+        if i > start and (padded - real > pass_cost or padded > PASS_TOKEN_LIMIT):
             bounds.append((start, i))
-            start, widest = i, len(row.ids)
-        longest = widest
+            start, real = i, len(row.ids)
     if start < len(rows):
         bounds.append((start, len(rows)))
     return bounds

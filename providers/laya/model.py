@@ -36,11 +36,18 @@ class HeadAttention(nn.Module):
         self.in_proj_bias = nn.Parameter(torch.empty(3 * d))
         self.out_proj = nn.Linear(d, d)
 
-    def forward(self, x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
-        q, k, v = (
-            part.unflatten(-1, (self.heads, -1)).transpose(1, 2)
-            for part in F.linear(x, self.in_proj_weight, self.in_proj_bias).chunk(3, dim=-1)
-        )
+    def forward(
+        self, x: torch.Tensor, keep: torch.Tensor, queries: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Attention over all of `x`; outputs only at `queries` (`[rows, K, d]`) when given."""
+        if queries is None:
+            projected = F.linear(x, self.in_proj_weight, self.in_proj_bias).chunk(3, dim=-1)
+        else:
+            d = x.size(-1)
+            q = F.linear(queries, self.in_proj_weight[:d], self.in_proj_bias[:d])
+            kv = F.linear(x, self.in_proj_weight[d:], self.in_proj_bias[d:]).chunk(2, dim=-1)
+            projected = (q, *kv)
+        q, k, v = (part.unflatten(-1, (self.heads, -1)).transpose(1, 2) for part in projected)
         attended = F.scaled_dot_product_attention(q, k, v, attn_mask=keep)
         return self.out_proj(attended.transpose(1, 2).flatten(-2))
 
@@ -56,8 +63,17 @@ class HeadLayer(nn.Module):
         self.norm1 = nn.LayerNorm(d, eps=LAYER_NORM_EPS)
         self.norm2 = nn.LayerNorm(d, eps=LAYER_NORM_EPS)
 
-    def forward(self, h: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
-        h = h + self.self_attn(self.norm1(h), keep)
+    def forward(
+        self, h: torch.Tensor, keep: torch.Tensor, index: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """The layer's output at every position, or only at `index` (`[rows, K, d]` gather
+        positions): each position's output depends on the others only through attention's keys
+        and values, so computing a subset is exact and skips most of the layer's work."""
+        y = self.norm1(h)
+        if index is None:
+            h = h + self.self_attn(y, keep)
+        else:
+            h = torch.gather(h, 1, index) + self.self_attn(y, keep, torch.gather(y, 1, index))
         return h + self.linear2(F.relu(self.linear1(self.norm2(h))))
 
 
@@ -92,12 +108,16 @@ class DecisionModel(nn.Module):
         """Option logits `[rows, K]` in fp32; padded marker slots hold -1e4."""
         h = self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
         h = h + self.type_emb(qtype)[:, None, :]
-        if self.head is not None:
-            keep = attention_mask.bool()[:, None, None, :]
-            for layer in self.head.layers:
-                h = layer(h, keep)
         index = marker_pos[:, :, None].expand(-1, -1, h.size(-1))
-        logits = self.scorer(torch.gather(h, 1, index)).squeeze(-1).float()
+        if self.head is None:
+            markers = torch.gather(h, 1, index)
+        else:
+            keep = attention_mask.bool()[:, None, None, :]
+            *inner, last = self.head.layers
+            for layer in inner:
+                h = layer(h, keep)
+            markers = last(h, keep, index)  # only the markers are read out
+        logits = self.scorer(markers).squeeze(-1).float()
         return logits.masked_fill(~marker_mask, MASKED_LOGIT)
 
 

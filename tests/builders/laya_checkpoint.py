@@ -97,6 +97,22 @@ HIDDEN = 64
 HEAD_LAYERS = 2
 N_ACT = 2
 
+SIZES = ("tiny", "base")
+_BASE = {
+    "hidden_size": 768,
+    "intermediate_size": 1152,
+    "num_hidden_layers": 22,
+    "num_attention_heads": 12,
+    "global_attn_every_n_layers": 3,
+    "local_attention": 128,
+    "initializer_range": 0.02,
+}
+"""ModernBERT-base's encoder shape, for benchmarks. Its embedding table has ModernBERT's real
+vocabulary size (50,368 rows) while the tokenizer stays the tiny BPE, so only ids below ~400 occur:
+the compute per token is the real model's, the text-to-token ratio is not."""
+BASE_VOCAB_SIZE = 50368
+BASE_BUDGET = {"max_len": 512, "head_max_len": 192}
+
 
 def _build_tokenizer(variant: dict, out: Path) -> PreTrainedTokenizerFast:
     roles = variant["roles"]
@@ -121,18 +137,25 @@ def _build_tokenizer(variant: dict, out: Path) -> PreTrainedTokenizerFast:
     return tok
 
 
-def _encoder_config(tok: PreTrainedTokenizerFast, rope: tuple[float, float]) -> ModernBertConfig:
+def _encoder_config(
+    tok: PreTrainedTokenizerFast, rope: tuple[float, float], size: str
+) -> ModernBertConfig:
     full, sliding = rope
+    shape = {
+        "hidden_size": HIDDEN,
+        "intermediate_size": 2 * HIDDEN,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "global_attn_every_n_layers": 2,
+        "local_attention": 32,
+        "initializer_range": 0.5,
+    }
+    if size == "base":
+        shape = _BASE
     return ModernBertConfig(
-        vocab_size=len(tok),
-        hidden_size=HIDDEN,
-        intermediate_size=2 * HIDDEN,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        global_attn_every_n_layers=2,
-        local_attention=32,
+        vocab_size=BASE_VOCAB_SIZE if size == "base" else len(tok),
+        **shape,
         max_position_embeddings=8192,
-        initializer_range=0.5,
         pad_token_id=tok.pad_token_id,
         cls_token_id=tok.cls_token_id,
         sep_token_id=tok.sep_token_id,
@@ -175,14 +198,19 @@ def _random_weights(config: ModernBertConfig) -> dict[str, torch.Tensor]:
     return weights
 
 
-def build_laya_checkpoint(path: Path, variant: str, *, seed: int = 0) -> Path:
-    """Write a tiny random `variant` checkpoint into `path` (created) and return `path`."""
+def build_laya_checkpoint(path: Path, variant: str, *, seed: int = 0, size: str = "tiny") -> Path:
+    """Write a random `variant` checkpoint into `path` (created) and return `path`.
+
+    `size` "tiny" is the test checkpoint; "base" has ModernBERT-base's encoder shape and the
+    shipped english budgets (512 / 192), for benchmarks only (about 330 MB on disk)."""
     if variant not in _VARIANT:
         raise ValueError(f"unknown Laya variant {variant!r}; expected one of {VARIANTS}")
-    spec = _VARIANT[variant]
+    if size not in SIZES:
+        raise ValueError(f"unknown Laya checkpoint size {size!r}; expected one of {SIZES}")
+    spec = _VARIANT[variant] if size == "tiny" else {**_VARIANT[variant], **BASE_BUDGET}
     path.mkdir(parents=True, exist_ok=True)
     tok = _build_tokenizer(spec, path / "tokenizer")
-    config = _encoder_config(tok, spec["rope"])
+    config = _encoder_config(tok, spec["rope"], size)
     config.save_pretrained(str(path / "encoder"))
     torch.manual_seed(seed)
     weights = _random_weights(config)

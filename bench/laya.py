@@ -1,0 +1,508 @@
+"""Laya: Decidealot against upstream `laya-serve` on the same random checkpoint, side by side.
+
+Both servers run at once on the same english checkpoint, with the same torch thread count, and
+take turns (the order alternates every round) under closed-loop load at 1, 8 and 32 clients.
+Every request is distinct (a numbered state of 100-300 tokens before the checkpoint's row
+budget) and asks three questions: a choice with four options, a score with three levels and a
+noul. A decision here is one request. Besides throughput and latency, each point reports the
+servers' CPU time per decision, which other load on a shared machine disturbs far less.
+
+Checkpoints are random (tests/builders/laya_checkpoint.py): `tiny` (hidden 64, 2 layers, rows
+cut to 128 tokens) shows serving overhead; `base` has ModernBERT-base's encoder shape and the
+shipped 512-token budget, and shows compute. The last table
+is Decidealot's HTTP overhead: the same requests through `LayaEngine.prepare`/`run` in this
+process, one at a time, against HTTP at one client.
+
+    .venv/bin/python bench/laya.py            # full run (about 15 minutes on 2 cores)
+    .venv/bin/python bench/laya.py --quick    # about a minute, tiny checkpoint only
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import random
+import statistics
+import sys
+import time
+import urllib.parse
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.loadgen import LoadResult, drive, drive_raw, free_port, python, server, table
+
+DECIDEALOT = "decidealot"
+UPSTREAM = "laya-serve"
+VARIANTS = ("english", "multilingual", "typed-decisions")
+
+QUESTIONS = {
+    "category": {
+        "type": "choice",
+        "instructions": "Which team should handle this ticket?",
+        "criteria": {
+            "billing": "Payments, refunds, invoices and duplicate charges.",
+            "technical": "Software failures, errors and outages.",
+            "sales": "New purchases, upgrades and quotes.",
+            "other": None,
+        },
+    },
+    "priority": {
+        "type": "score",
+        "instructions": "How urgent is this ticket?",
+        "criteria": [
+            "Routine, answer in the normal queue.",
+            "Important, answer soon.",
+            "Urgent, interrupt the on-call queue.",
+        ],
+    },
+    "refund": {"type": "noul", "instructions": "The customer asks for a refund."},
+}
+
+_SENTENCES = [
+    "The customer says the invoice was charged twice this month.",
+    "They ask whether the duplicate payment can be refunded to the original card.",
+    "The dashboard shows an error after the latest update and reports fail to load.",
+    "A manager wants a quote for upgrading forty seats to the enterprise plan.",
+    "The order arrived late and one of the items was damaged in transit.",
+    "Support already restarted the service but the outage continues for some users.",
+    "The account owner changed and billing emails go to the wrong address.",
+    "They mention a deadline on Friday and sound frustrated with the delay.",
+    "Logs show timeouts from the payment gateway during checkout.",
+    "The customer would like to cancel the subscription unless the issue is fixed.",
+]
+
+
+def build_checkpoints(cache: Path, size: str) -> Path:
+    """The english checkpoint of `size` (plus tiny multilingual/typed siblings, which Decidealot
+    needs configured but never loads here); built once into `cache`."""
+    from tests.builders.laya_checkpoint import build_laya_checkpoint
+
+    folder = cache / size
+    for variant in VARIANTS:
+        target = folder / variant
+        variant_size = size if variant == "english" else "tiny"
+        if not (target / "rl_agent_config.json").exists():
+            print(f"building {variant_size} {variant} checkpoint in {target}", file=sys.stderr)
+            build_laya_checkpoint(target, variant, size=variant_size)
+    return folder
+
+
+def make_states(checkpoint: Path, count: int, seed: int = 7) -> list[str]:
+    """`count` states of 100-300 tokens (under this checkpoint's tokenizer), before the request
+    number `Bodies` puts in front of each."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(checkpoint / "tokenizer" / "tokenizer.json"))
+    rng = random.Random(seed)
+    states: list[str] = []
+    for _ in range(count):
+        target = rng.randint(100, 300)
+        text = "Ticket 1000:"
+        while True:
+            longer = text + " " + rng.choice(_SENTENCES)
+            if len(tokenizer.encode(longer, add_special_tokens=False).ids) > target:
+                break
+            text = longer
+        states.append(text.removeprefix("Ticket 1000:"))
+    return states
+
+
+class Bodies:
+    """Request bodies per server: the same state sequence, each server's model name. Every
+    index gets its own state text (numbered), so no request repeats an earlier one."""
+
+    def __init__(self, states: list[str]) -> None:
+        self.states = states
+        self.offset = 0
+
+    def state(self, index: int) -> str:
+        return f"Ticket {index}:" + self.states[index % len(self.states)]
+
+    def body(self, index: int, model: str) -> bytes:
+        state = self.state(index)
+        return json.dumps({"model": model, "state": state, "questions": QUESTIONS}).encode()
+
+    def next_run(self, model: str) -> Callable[[int], bytes]:
+        """Bodies for one load run; runs start at different states."""
+        start = self.offset
+        self.offset += 997
+        return lambda i: self.body(start + i, model)
+
+
+def _parent(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as stat:
+        return int(stat.read().rsplit(")", 1)[1].split()[1])
+
+
+def _cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def process_tree(root: int) -> list[int]:
+    """`root` and its live descendants (Decidealot's gateway and its worker)."""
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                parents[int(entry)] = _parent(int(entry))
+            except (OSError, IndexError, ValueError):
+                continue
+    tree = [root]
+    for pid in tree:
+        tree += [child for child, parent in parents.items() if parent == pid]
+    return tree
+
+
+def tree_cpu_seconds(root: int) -> float:
+    """User + system CPU seconds used so far by `root` and its live descendants."""
+    total = 0.0
+    for pid in process_tree(root):
+        try:
+            total += _cpu_seconds(pid)
+        except (OSError, IndexError, ValueError):
+            continue
+    return total
+
+
+def server_root(marker: str) -> int:
+    """The pid of this process's child whose command line contains `marker`."""
+    me = os.getpid()
+    for pid in process_tree(me)[1:]:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+                if marker.encode() in cmdline.read() and _parent(pid) == me:
+                    return pid
+        except OSError:
+            continue
+    raise RuntimeError(f"no server process matching {marker!r}")
+
+
+@contextmanager
+def servers(
+    folder: Path, threads: int, logs: Path, decidealot_env: dict[str, str]
+) -> Iterator[dict[str, tuple[str, str]]]:
+    """Both servers, up and warm; yields {name: (decision URL, model name)}."""
+    common = {
+        "HF_HUB_OFFLINE": "1",
+        "OMP_NUM_THREADS": str(threads),
+        "MKL_NUM_THREADS": str(threads),
+        "TOKENIZERS_PARALLELISM": "false",
+    }
+    ours_port, theirs_port = free_port(), free_port()
+    ours_env = {
+        **common,
+        "DECIDEALOT_PORT": str(ours_port),
+        "DECIDEALOT_DEVICE": "cpu",
+        "DECIDEALOT_TORCH_THREADS": str(threads),
+        "DECIDEALOT_VON_ENABLED": "false",
+        "DECIDEALOT_PROVIDER_TIMEOUT_SECONDS": "900",
+        "DECIDEALOT_LAYA_ENGLISH_CHECKPOINT": str(folder / "english"),
+        "DECIDEALOT_LAYA_MULTILINGUAL_CHECKPOINT": str(folder / "multilingual"),
+        "DECIDEALOT_LAYA_TYPED_DECISIONS_CHECKPOINT": str(folder / "typed-decisions"),
+        **decidealot_env,
+    }
+    theirs_env = {
+        **common,
+        "LAYA_HOST": "127.0.0.1",
+        "LAYA_PORT": str(theirs_port),
+        "LAYA_DEVICE": "cpu",
+        "LAYA_THREADS": str(threads),
+        "LAYA_MODELS": "english",
+        "LAYA_EXTRA_MODELS": json.dumps({"english": str(folder / "english")}),
+        "LAYA_MAX_CONCURRENT": "64",
+    }
+    upstream_bin = str(Path(python()).with_name("laya-serve"))
+    with ExitStack() as stack:
+        ours = stack.enter_context(
+            server(
+                [python(), "-m", "decidealot", "serve"],
+                port=ours_port,
+                env=ours_env,
+                log_path=logs / f"{DECIDEALOT}.log",
+            )
+        )
+        theirs = stack.enter_context(
+            server([upstream_bin], port=theirs_port, env=theirs_env, log_path=logs / "laya.log")
+        )
+        yield {
+            DECIDEALOT: (ours + "/v1/systemone", "laya-english", server_root("decidealot")),
+            UPSTREAM: (theirs + "/v1/systemone", "english", server_root("laya-serve")),
+        }
+
+
+def check_same_answers(urls: dict[str, tuple[str, str, int]], bodies: Bodies) -> int:
+    """Both servers answer a sample request with the same probabilities (this also loads
+    Decidealot's worker); returns that request's input tokens."""
+    answers: dict[str, list[float]] = {}
+    tokens: dict[str, int] = {}
+    for name, (url, model, _) in urls.items():
+        response = httpx.post(url, content=bodies.body(0, model), timeout=900.0)
+        response.raise_for_status()
+        payload = response.json()
+        answers[name] = [
+            p for a in payload["answers"].values() for p in a.get("probabilities", {}).values()
+        ]
+        tokens[name] = payload["usage"]["input_tokens"]
+    ours, theirs = answers[DECIDEALOT], answers[UPSTREAM]
+    same = len(ours) == len(theirs) and all(
+        abs(a - b) <= 1e-3 for a, b in zip(ours, theirs, strict=True)
+    )
+    if not same:
+        raise SystemExit(f"servers disagree on the same request: {answers}")
+    if tokens[DECIDEALOT] != tokens[UPSTREAM]:
+        raise SystemExit(f"servers count input tokens differently: {tokens}")
+    return tokens[DECIDEALOT]
+
+
+def load_points(
+    urls: dict[str, tuple[str, str, int]],
+    bodies: Bodies,
+    clients: list[int],
+    seconds: float,
+    rounds: int,
+    warmup: int,
+    driver: Callable[..., LoadResult],
+) -> tuple[list[LoadResult], dict[tuple[str, int], float], dict[int, list[float]]]:
+    """Each client count against both servers in turn, `rounds` times (the order alternates),
+    `seconds` each. Returns per server and client count the rounds combined (requests and
+    seconds summed, p50 and p99 the median over rounds), server CPU milliseconds per decision
+    (robust to other load on the machine, unlike throughput), and each round's throughput
+    ratio (ours / theirs), whose spread shows how noisy the machine was."""
+    runs: dict[tuple[str, int], list[LoadResult]] = {}
+    cpu_seconds: dict[tuple[str, int], float] = {}
+    ratios: dict[int, list[float]] = {}
+    turn = 0
+    for n in clients:
+        for _ in range(rounds):
+            order = [DECIDEALOT, UPSTREAM] if turn % 2 == 0 else [UPSTREAM, DECIDEALOT]
+            turn += 1
+            for name in order:
+                url, model, pid = urls[name]
+                run_bodies = bodies.next_run(model)
+                if warmup:
+                    driver(name, url, run_bodies, clients=n, seconds=0, warmup=warmup)
+                before = tree_cpu_seconds(pid)
+                result = driver(name, url, run_bodies, clients=n, seconds=seconds, warmup=0)
+                used = tree_cpu_seconds(pid) - before
+                cpu_seconds[(name, n)] = cpu_seconds.get((name, n), 0.0) + used
+                runs.setdefault((name, n), []).append(result)
+                print(
+                    f"  {name:>10} {n:>2} clients: {result.rps:7.2f} req/s  "
+                    f"p50 {result.p50_ms:8.1f} ms  p99 {result.p99_ms:8.1f} ms  "
+                    f"cpu {1000 * used / max(1, result.requests):7.2f} ms/req  "
+                    f"({result.requests} requests, {result.errors} errors)",
+                    file=sys.stderr,
+                )
+            ours, theirs = runs[(DECIDEALOT, n)][-1], runs[(UPSTREAM, n)][-1]
+            ratios.setdefault(n, []).append(ours.rps / theirs.rps if theirs.rps else float("nan"))
+    results = [
+        LoadResult(
+            name,
+            n,
+            sum(r.requests for r in parts),
+            sum(r.errors for r in parts),
+            sum(r.seconds for r in parts),
+            statistics.median(r.p50_ms for r in parts),
+            statistics.median(r.p99_ms for r in parts),
+        )
+        for (name, n), parts in runs.items()
+    ]
+    cpu_ms = {
+        key: 1000 * cpu_seconds[key] / max(1, r.requests)
+        for key, r in zip(runs, results, strict=True)
+    }
+    return results, cpu_ms, ratios
+
+
+def summary(
+    results: list[LoadResult],
+    cpu_ms: dict[tuple[str, int], float],
+    ratios: dict[int, list[float]],
+) -> str:
+    """Per client count: throughput, latency and server CPU per decision of both servers, and
+    Decidealot's ratios (throughput: ours / theirs; CPU: theirs / ours, so > 1 favours ours)."""
+    by_key = {(r.name, r.clients): r for r in results}
+    lines = [
+        "| clients | decidealot dec/s | laya-serve dec/s | throughput ratio | "
+        "p50 ms (ours / theirs) | p99 ms (ours / theirs) | "
+        "per-round throughput ratios | server CPU ms/dec (ours / theirs) | "
+        "CPU efficiency ratio |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for n in sorted({r.clients for r in results}):
+        ours, theirs = by_key[(DECIDEALOT, n)], by_key[(UPSTREAM, n)]
+        ratio = ours.rps / theirs.rps if theirs.rps else float("nan")
+        cpu_ours, cpu_theirs = cpu_ms[(DECIDEALOT, n)], cpu_ms[(UPSTREAM, n)]
+        lines.append(
+            f"| {n} | {ours.rps:.2f} | {theirs.rps:.2f} | **{ratio:.2f}x** | "
+            f"{ours.p50_ms:.0f} / {theirs.p50_ms:.0f} | {ours.p99_ms:.0f} / {theirs.p99_ms:.0f} | "
+            f"{', '.join(f'{r:.2f}' for r in ratios[n])} | "
+            f"{cpu_ours:.1f} / {cpu_theirs:.1f} | {cpu_theirs / cpu_ours:.2f}x |"
+        )
+    return "\n".join(lines)
+
+
+def http_overhead(
+    folder: Path, url: str, bodies: Bodies, threads: int, requests: int, block: int
+) -> dict[str, float]:
+    """Milliseconds per request: in-process `prepare`+`run` vs HTTP at one client, the same
+    requests, in alternating blocks of `block` so background load hits both alike."""
+    import msgspec
+    import torch
+
+    from decidealot.contract import Question
+    from providers.engine import EngineSpec, Job
+    from providers.laya.engine import create
+
+    torch.set_num_threads(threads)
+    engine = create(
+        EngineSpec(
+            factory="providers.laya.engine:create",
+            checkpoints={"english": str(folder / "english")},
+            preload=("english",),
+            device="cpu",
+            torch_threads=threads,
+        )
+    )
+    questions = msgspec.convert(QUESTIONS, dict[str, Question])
+    parsed = urllib.parse.urlsplit(url)
+    connection = http.client.HTTPConnection(parsed.hostname or "127.0.0.1", parsed.port)
+    local: list[float] = []
+    remote: list[float] = []
+
+    def post(index: int) -> None:
+        connection.request(
+            "POST",
+            parsed.path,
+            body=bodies.body(index, "laya-english"),
+            headers={"content-type": "application/json"},
+        )
+        response = connection.getresponse()
+        response.read()
+        if response.status != 200:
+            raise SystemExit(f"Decidealot answered {response.status}")
+
+    def timed(call: Callable[[], object]) -> float:
+        started = time.perf_counter()
+        call()
+        return (time.perf_counter() - started) * 1000
+
+    def in_process(index: int) -> None:
+        state = bodies.state(index)
+        engine.run([engine.prepare(Job(checkpoint="english", state=state, questions=questions))])
+
+    try:
+        in_process(0)  # warm both paths
+        post(0)
+        for first in range(0, requests, block):
+            indices = range(first, min(first + block, requests))
+            local += [timed(lambda i=i: in_process(i)) for i in indices]
+            remote += [timed(lambda i=i: post(i)) for i in indices]
+    finally:
+        connection.close()
+    return {
+        "requests": len(local),
+        "in_process_p50": statistics.median(local),
+        "http_p50": statistics.median(remote),
+        "in_process_mean": statistics.fmean(local),
+        "http_mean": statistics.fmean(remote),
+        "overhead_p50": statistics.median(remote) - statistics.median(local),
+    }
+
+
+def overhead_table(rows: dict[str, dict[str, float]]) -> str:
+    lines = [
+        "| checkpoint | requests | in-process p50 ms | HTTP p50 ms | overhead (p50 difference) "
+        "ms | in-process mean ms | HTTP mean ms |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for size, o in rows.items():
+        lines.append(
+            f"| {size} | {o['requests']:.0f} | {o['in_process_p50']:.2f} | {o['http_p50']:.2f} | "
+            f"{o['overhead_p50']:.2f} | {o['in_process_mean']:.2f} | {o['http_mean']:.2f} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="short tiny-only run")
+    parser.add_argument("--sizes", default=None, help="comma list of tiny,base")
+    parser.add_argument("--clients", default="1,8,32")
+    parser.add_argument("--seconds", type=float, default=None, help="per point, tiny checkpoint")
+    parser.add_argument("--base-seconds", type=float, default=30.0, help="per point, base")
+    parser.add_argument(
+        "--rounds", type=int, default=None, help="rounds per point, tiny (default 3; base: 1)"
+    )
+    parser.add_argument("--threads", type=int, default=1, help="torch threads for both servers")
+    parser.add_argument(
+        "--client",
+        choices=("raw", "httpx"),
+        default="raw",
+        help="load generator: minimal HTTP/1.1 (default) or httpx (costs ~2 ms CPU per request)",
+    )
+    parser.add_argument(
+        "--decidealot-env",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra setting for Decidealot (repeatable), e.g. DECIDEALOT_BATCH_TOKEN_BUDGET=4096",
+    )
+    parser.add_argument("--cache", type=Path, default=Path("/tmp/decidealot-bench-laya"))
+    args = parser.parse_args()
+    sizes = (args.sizes or ("tiny" if args.quick else "tiny,base")).split(",")
+    clients = [int(n) for n in args.clients.split(",")]
+    tiny_seconds = args.seconds or 5.0
+    tiny_rounds = args.rounds or (1 if args.quick else 3)
+    extra_env = dict(item.split("=", 1) for item in args.decidealot_env)
+    args.cache.mkdir(parents=True, exist_ok=True)
+
+    report: list[str] = [
+        f"Torch threads: {args.threads} for both servers; laya-serve LAYA_MAX_CONCURRENT=64; "
+        "Decidealot: DECIDEALOT_PROVIDER_TIMEOUT_SECONDS=900 (a base-sized batch on CPU can "
+        f"outlast the 120 s default), other settings: {extra_env or 'defaults'}. "
+        f"Load generator: {args.client}. "
+        f"{os.cpu_count()} CPUs. Command: `{' '.join(['bench/laya.py', *sys.argv[1:]])}`",
+    ]
+    overheads: dict[str, dict[str, float]] = {}
+    for size in sizes:
+        folder = build_checkpoints(args.cache, size)
+        bodies = Bodies(make_states(folder / "english", 512))
+        seconds = tiny_seconds if size == "tiny" else args.base_seconds
+        rounds = tiny_rounds if size == "tiny" else 1
+        warmup = 3 if size == "tiny" else 1
+        print(f"{size}: {seconds:g} s per point", file=sys.stderr)
+        with servers(folder, args.threads, args.cache, extra_env) as urls:
+            tokens = check_same_answers(urls, bodies)
+            driver = drive_raw if args.client == "raw" else drive
+            results, cpu_ms, ratios = load_points(
+                urls, bodies, clients, seconds, rounds, warmup, driver
+            )
+            count, block = (6, 3) if size == "base" else (40, 20) if args.quick else (200, 25)
+            overheads[size] = http_overhead(
+                folder, urls[DECIDEALOT][0], bodies, args.threads, count, block
+            )
+        report += [
+            f"\n### {size} checkpoint ({rounds} x {seconds:g} s per point and server; sample "
+            f"request: 3 questions, {tokens} input tokens)\n",
+            summary(results, cpu_ms, ratios),
+            "",
+            table(results, UPSTREAM),
+        ]
+    report += ["\n### Decidealot HTTP overhead over an in-process call (1 client)\n"]
+    report.append(overhead_table(overheads))
+    print("\n".join(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
