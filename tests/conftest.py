@@ -57,12 +57,19 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def start_server(folder: Path, **env: str) -> RunningServer:
-    """Start the gateway with DECIDEALOT_* overrides in `env`; waits until /health answers."""
+def start_server(
+    folder: Path,
+    *,
+    launcher: str = "tests.server",
+    hosted: tuple[str, ...] = ("jev-latest", "jev-1.13.0", "von"),
+    **env: str,
+) -> RunningServer:
+    """Start `python -m <launcher>` (the production server over test providers) with
+    DECIDEALOT_* overrides in `env` and the fake TypeSafe catalog `hosted`; waits for /health."""
     folder.mkdir(parents=True, exist_ok=True)
     port = _free_port()
     events, catalog, log = folder / "events.jsonl", folder / "jev.json", folder / "server.log"
-    catalog.write_text(json.dumps(["jev-latest", "jev-1.13.0", "von"]))
+    catalog.write_text(json.dumps(list(hosted)))
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("DECIDEALOT_")} | {
         "DECIDEALOT_HOST": "127.0.0.1",
         "DECIDEALOT_PORT": str(port),
@@ -74,7 +81,7 @@ def start_server(folder: Path, **env: str) -> RunningServer:
     }
     with log.open("wb") as log_out:
         process = subprocess.Popen(
-            [sys.executable, "-m", "tests.server"],
+            [sys.executable, "-m", launcher],
             cwd=_ROOT,
             env=full_env,
             stdout=log_out,
@@ -84,14 +91,15 @@ def start_server(folder: Path, **env: str) -> RunningServer:
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise RuntimeError(f"test server exited: {log.read_text()[-2000:]}")
+            raise RuntimeError(f"{launcher} exited: {log.read_text()[-2000:]}")
         try:
             httpx.get(server.url + "/health", timeout=1)
             return server
         except httpx.TransportError:
             time.sleep(0.05)
-    server.stop()
-    raise RuntimeError("test server did not start")
+    process.kill()
+    process.wait()
+    raise RuntimeError(f"{launcher} did not start")
 
 
 ALL_FAKES = {

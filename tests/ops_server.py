@@ -12,16 +12,8 @@ engine (`{"sleep": s}`, `{"crash": "run"}`, ...; see tests/engines/arith.py).
 
 from __future__ import annotations
 
-import json
-import os
-import socket
-import subprocess
-import sys
-import time
 from pathlib import Path
 from typing import Self
-
-import httpx
 
 from decidealot import config, logs
 from decidealot.catalog import LOCAL_MODELS
@@ -33,7 +25,7 @@ from decidealot.service import Service
 from providers.base import Provider
 from providers.engine import EngineSpec, Job
 from providers.local import ResidentRunner, WorkerRuntime
-from tests.conftest import RunningServer
+from tests.conftest import RunningServer, start_server
 from tests.test_providers import FakeProvider
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -85,44 +77,10 @@ def build(settings: Settings, residency: Residency) -> list[Provider]:
 
 
 def start(folder: Path, **env: str) -> RunningServer:
-    """Start `python -m tests.ops_server` with DECIDEALOT_* overrides; waits for /health."""
-    folder.mkdir(parents=True, exist_ok=True)
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = int(sock.getsockname()[1])
-    events, catalog, log = folder / "events.jsonl", folder / "jev.json", folder / "server.log"
-    catalog.write_text(json.dumps(["jev-latest"]))
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith("DECIDEALOT_")} | {
-        "DECIDEALOT_HOST": "127.0.0.1",
-        "DECIDEALOT_PORT": str(port),
-        "DECIDEALOT_DEVICE": "cpu",
-        "DECIDEALOT_TEST_EVENTS": str(events),
-        "DECIDEALOT_TEST_JEV_CATALOG": str(catalog),
-        "DECIDEALOT_MODEL_DIR": str(folder / "models"),
-        "DECIDEALOT_LOG_FORMAT": "json",
-        **env,
-    }
-    with log.open("wb") as log_out:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "tests.ops_server"],
-            cwd=ROOT,
-            env=full_env,
-            stdout=log_out,
-            stderr=subprocess.STDOUT,
-        )
-    server = RunningServer(f"http://127.0.0.1:{port}", process, events, catalog, log)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"ops server exited: {log.read_text()[-2000:]}")
-        try:
-            httpx.get(server.url + "/health", timeout=1)
-            return server
-        except httpx.TransportError:
-            time.sleep(0.05)
-    process.kill()
-    process.wait()
-    raise RuntimeError("ops server did not start")
+    """Start `python -m tests.ops_server` on the CPU with DECIDEALOT_* overrides."""
+    return start_server(
+        folder, launcher="tests.ops_server", hosted=("jev-latest",), DECIDEALOT_DEVICE="cpu", **env
+    )
 
 
 def children(pid: int) -> set[int]:
