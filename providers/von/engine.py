@@ -117,7 +117,7 @@ class VonEngine:
             row = len(rows) - 1
             null_row = None
             if isinstance(question, NoulQuestion) and not noul_options(question)[1]:
-                rows.append(self._row(model, name, "", instructions, options))
+                rows.append(self._row(model, name, "", instructions, options, shared=True))
                 null_row = len(rows) - 1
             if calibration.calibration_map is not None and fitted not in fitted_tokens:
                 fitted_ids = tokenizer(fitted, add_special_tokens=False)["input_ids"]
@@ -133,7 +133,15 @@ class VonEngine:
         return VonPrepared(job.checkpoint, rows, plans, input_tokens, cost, job.checkpoint)
 
     @staticmethod
-    def _row(model: VonModel, name: str, state: str, instructions: str, options: list[str]) -> Row:
+    def _row(
+        model: VonModel,
+        name: str,
+        state: str,
+        instructions: str,
+        options: list[str],
+        *,
+        shared: bool = False,
+    ) -> Row:
         text = pack(
             model.tokenizer, state, instructions, options, digit_split=model.calibration.digit_split
         )
@@ -147,7 +155,7 @@ class VonEngine:
         markers = [t for t, token in enumerate(ids) if token == model.mask_id]
         if len(markers) != len(options):
             raise DecisionInputError(name, "criteria could not be packed as separate options")
-        return Row(ids, markers)
+        return Row(ids, markers, shared)
 
     def run(self, batch: Sequence[VonPrepared]) -> list[Decision]:
         if not batch:

@@ -2,14 +2,16 @@
 
 The encoder is built from `config.json` without random initialisation and filled once from
 `option_marker.pt` (the full state dict); `model.safetensors` holds the same encoder and is not
-read. Rows of a batch are padded on the right and scored in one pass; each row keeps its own
-masks and position ids, so a row's logits do not depend on what it is batched with.
+read. Rows of a batch are sorted by length and scored in passes of similar-length rows, padded
+on the right; each row keeps its own masks and position ids, so a row's logits do not depend on
+what it is batched with.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections import OrderedDict
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +24,16 @@ WINDOW = 8192
 """Upstream forces `max_position_embeddings` to this; it bounds a packed sequence."""
 
 _MAP_FEATURES = ("bias", "entropy", "log_tokens", "n_options")
+
+CPU_PASS_TOKENS = 1024
+"""Padded tokens per forward pass on CPU. There, a row of a few hundred tokens already keeps
+the matrix units busy, while one large padded pass spends its time on padding, on [B, L, L]
+masks and on activations that no longer fit in cache (bench/von.py: 2-3x slower per row).
+Elsewhere the whole batch is one pass."""
+
+SHARED_CACHE_ROWS = 4096
+"""State-free rows (the zero-shot noul's debias row) whose logits are kept, least recently
+used first out: they depend only on the question, so requests asking it again reuse them."""
 
 
 class CheckpointError(ValueError):
@@ -114,6 +126,25 @@ class Row:
 
     ids: list[int]
     markers: list[int]
+    shared: bool = False
+    """True for a row that holds no state, so its logits may be cached and reused."""
+
+
+def _passes(rows: Sequence[Row], pass_tokens: int | None) -> Iterator[list[int]]:
+    """Row indices in passes: shortest rows first, each pass as many rows as fit
+    `pass_tokens` padded tokens (at least one); all in one pass when it is None."""
+    order = sorted(range(len(rows)), key=lambda i: len(rows[i].ids))
+    if pass_tokens is None:
+        yield order
+        return
+    chunk: list[int] = []
+    for index in order:
+        if chunk and (len(chunk) + 1) * len(rows[index].ids) > pass_tokens:
+            yield chunk
+            chunk = []
+        chunk.append(index)
+    if chunk:
+        yield chunk
 
 
 def _independent_layout(row: Row, length: int) -> tuple[list[int], list[int]]:
@@ -164,6 +195,8 @@ class VonModel:
         self._load_weights(directory / "option_marker.pt")
         self.half_window: int = config.sliding_window
         self.device = device
+        self.pass_tokens: int | None = CPU_PASS_TOKENS if device.type == "cpu" else None
+        self._shared_logits: OrderedDict[tuple[int, ...], torch.Tensor] = OrderedDict()
         self.encoder.to(device).eval()
         self.scorer.to(device).eval()
 
@@ -179,7 +212,29 @@ class VonModel:
         self.scorer.load_state_dict(parts["scorer"], strict=True)
 
     def logits(self, rows: Sequence[Row]) -> list[torch.Tensor]:
-        """Score every row in one padded forward pass; one logit vector per row."""
+        """One logit vector per row: cached for shared rows, else from passes of rows of
+        similar length."""
+        scored: dict[int, torch.Tensor] = {}
+        for index, row in enumerate(rows):
+            if row.shared and (cached := self._shared_logits.get(tuple(row.ids))) is not None:
+                self._shared_logits.move_to_end(tuple(row.ids))
+                scored[index] = cached
+        pending = [index for index in range(len(rows)) if index not in scored]
+        for chunk in _passes([rows[index] for index in pending], self.pass_tokens):
+            indices = [pending[position] for position in chunk]
+            for index, logits in zip(indices, self._pass([rows[i] for i in indices]), strict=True):
+                scored[index] = logits
+                if rows[index].shared:
+                    self._remember(rows[index], logits)
+        return [scored[index] for index in range(len(rows))]
+
+    def _remember(self, row: Row, logits: torch.Tensor) -> None:
+        self._shared_logits[tuple(row.ids)] = logits.clone()
+        if len(self._shared_logits) > SHARED_CACHE_ROWS:
+            self._shared_logits.popitem(last=False)
+
+    def _pass(self, rows: Sequence[Row]) -> list[torch.Tensor]:
+        """Score `rows` in one padded forward pass; one logit vector per row."""
         length = max(len(row.ids) for row in rows)
         ids = torch.full((len(rows), length), self.pad_id, dtype=torch.long)
         valid = torch.zeros((len(rows), length), dtype=torch.bool)

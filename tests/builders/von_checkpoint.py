@@ -29,6 +29,30 @@ _SPECIALS = ["[UNK]", "[CLS]", "[SEP]", "[PAD]", "[MASK]"]
 HIDDEN = 32
 LOCAL_ATTENTION = 16
 
+SIZES = ("tiny", "small")
+_SHAPES: dict[str, dict[str, float]] = {
+    "tiny": {
+        "hidden_size": HIDDEN,
+        "intermediate_size": 48,
+        "num_hidden_layers": 3,
+        "num_attention_heads": 2,
+        "global_attn_every_n_layers": 3,
+        "local_attention": LOCAL_ATTENTION,
+        "initializer_range": 0.1,  # with the scorer's gain: probabilities spread, rarely saturate
+    },
+    "small": {
+        "hidden_size": 384,
+        "intermediate_size": 576,
+        "num_hidden_layers": 6,
+        "num_attention_heads": 6,
+        "global_attn_every_n_layers": 3,
+        "local_attention": 128,
+        "initializer_range": 0.02,
+    },
+}
+"""`tiny` is the test checkpoint; `small` (7.7M parameters, ModernBERT's layer
+pattern and window) is for benchmarks, where the forward pass should dominate a request."""
+
 DEFAULT_CALIBRATION_MAP: dict[str, float] = {
     "bias": 1.2,
     "entropy": 0.5,
@@ -75,17 +99,11 @@ def _build_tokenizer(out: Path) -> PreTrainedTokenizerFast:
     return tok
 
 
-def _encoder_config(tok: PreTrainedTokenizerFast) -> ModernBertConfig:
+def _encoder_config(tok: PreTrainedTokenizerFast, size: str) -> ModernBertConfig:
     return ModernBertConfig(
         vocab_size=len(tok),
-        hidden_size=HIDDEN,
-        intermediate_size=48,
-        num_hidden_layers=3,
-        num_attention_heads=2,
-        global_attn_every_n_layers=3,
-        local_attention=LOCAL_ATTENTION,
+        **_SHAPES[size],
         max_position_embeddings=8192,
-        initializer_range=0.1,  # with the scorer's gain: probabilities spread but rarely saturate
         pad_token_id=tok.pad_token_id,
         cls_token_id=tok.cls_token_id,
         sep_token_id=tok.sep_token_id,
@@ -94,12 +112,12 @@ def _encoder_config(tok: PreTrainedTokenizerFast) -> ModernBertConfig:
     )
 
 
-def _scorer_weights() -> dict[str, torch.Tensor]:
+def _scorer_weights(hidden: int) -> dict[str, torch.Tensor]:
     scorer = {
-        "input_norm": torch.nn.LayerNorm(HIDDEN),
-        "dense": torch.nn.Linear(HIDDEN, HIDDEN // 2),
-        "norm": torch.nn.LayerNorm(HIDDEN // 2),
-        "out_proj": torch.nn.Linear(HIDDEN // 2, 1),
+        "input_norm": torch.nn.LayerNorm(hidden),
+        "dense": torch.nn.Linear(hidden, hidden // 2),
+        "norm": torch.nn.LayerNorm(hidden // 2),
+        "out_proj": torch.nn.Linear(hidden // 2, 1),
     }
     weights = {
         f"scorer.{name}.{k}": v.detach().clone()
@@ -120,20 +138,24 @@ def build_von_checkpoint(
     calibration_map: dict[str, float] | None = DEFAULT_CALIBRATION_MAP,
     noul_prior: dict[str, float] | None = DEFAULT_NOUL_PRIOR,
     temperature: float = 1.0,
+    size: str = "tiny",
 ) -> Path:
-    """Write a tiny random Von checkpoint into `path` (created) and return `path`.
+    """Write a random Von checkpoint of `size` (see `SIZES`) into `path` (created) and return
+    `path`.
 
     `calibration_map=None` / `noul_prior=None` leave those keys out of
     `marker_calibration.json`, so the scalar `temperature` and the 0.7 debias coefficient apply.
     """
+    if size not in SIZES:
+        raise ValueError(f"unknown Von checkpoint size {size!r}; expected one of {SIZES}")
     path.mkdir(parents=True, exist_ok=True)
     tok = _build_tokenizer(path)
-    config = _encoder_config(tok)
+    config = _encoder_config(tok, size)
     torch.manual_seed(seed)
     encoder = ModernBertModel(config)
     encoder.save_pretrained(str(path))
     weights = {"encoder." + k: v.detach().clone() for k, v in encoder.state_dict().items()}
-    weights.update(_scorer_weights())
+    weights.update(_scorer_weights(config.hidden_size))
     torch.save(weights, path / "option_marker.pt")
     calibration: dict[str, object] = {
         "temperature": temperature,
