@@ -98,76 +98,6 @@ def _percentile(values: list[float], q: float) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1]
 
 
-async def _drive(
-    name: str,
-    url: str,
-    bodies: Callable[[int], bytes],
-    *,
-    clients: int,
-    seconds: float,
-    warmup: int,
-    expect: int,
-    headers: Mapping[str, str] | None,
-    method: str,
-) -> LoadResult:
-    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
-    all_headers = {"content-type": "application/json", **(headers or {})}
-    async with httpx.AsyncClient(limits=limits, timeout=600.0) as client:
-        for i in range(warmup):
-            await client.request(method, url, content=bodies(i), headers=all_headers)
-        latencies: list[float] = []
-        errors = 0
-        counter = 0
-        stop_at = time.perf_counter() + seconds
-
-        async def worker() -> None:
-            nonlocal errors, counter
-            while time.perf_counter() < stop_at:
-                counter += 1
-                body = bodies(counter)
-                started = time.perf_counter()
-                response = await client.request(method, url, content=body, headers=all_headers)
-                latencies.append(time.perf_counter() - started)
-                if response.status_code != expect:
-                    errors += 1
-
-        begun = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(clients)))
-        elapsed = time.perf_counter() - begun
-    ms = sorted(x * 1000 for x in latencies)
-    return LoadResult(
-        name, clients, len(ms), errors, elapsed, _percentile(ms, 50), _percentile(ms, 99)
-    )
-
-
-def drive(
-    name: str,
-    url: str,
-    bodies: Callable[[int], bytes],
-    *,
-    clients: int,
-    seconds: float,
-    warmup: int = 3,
-    expect: int = 200,
-    headers: Mapping[str, str] | None = None,
-    method: str = "POST",
-) -> LoadResult:
-    """Closed-loop load: `clients` concurrent callers, each sending its next request at once."""
-    return asyncio.run(
-        _drive(
-            name,
-            url,
-            bodies,
-            clients=clients,
-            seconds=seconds,
-            warmup=warmup,
-            expect=expect,
-            headers=headers,
-            method=method,
-        )
-    )
-
-
 async def _raw_drive(
     name: str,
     url: str,
@@ -251,9 +181,10 @@ def drive_raw(
     headers: Mapping[str, str] | None = None,
     method: str = "POST",
 ) -> LoadResult:
-    """`drive` over a minimal HTTP/1.1 keep-alive client (one connection per client). httpx
-    costs about 2 ms of CPU per request, which on a small machine competes with the servers and
-    adds client-side queueing to the latencies; this costs a small fraction of that. Needs
+    """Closed-loop load: `clients` concurrent callers, each sending its next request at once,
+    over a minimal HTTP/1.1 keep-alive client (one connection per client). httpx costs about
+    2 ms of CPU per request, which on a small machine competes with the servers and adds
+    client-side queueing to the latencies; this costs a small fraction of that. Needs
     `content-length` framed responses."""
     return asyncio.run(
         _raw_drive(

@@ -58,7 +58,7 @@ def main() -> None:
         ) as peer_url,
     ):
         for name, base in (("decidealot", ours_url), ("fastapi+pydantic", peer_url)):
-            check = loadgen.drive(name, base + "/v1/systemone", lambda _: REJECTED,
+            check = loadgen.drive_raw(name, base + "/v1/systemone", lambda _: REJECTED,
                                   clients=1, seconds=0.2, expect=422)  # fmt: skip
             assert check.errors == 0, f"{name} did not answer 422"
         for what, path, method, body, expect in (
@@ -70,7 +70,7 @@ def main() -> None:
                 for name, base in (("decidealot", ours_url), ("fastapi+pydantic", peer_url)):
                     bodies = lambda _, b=body: b  # noqa: E731
                     rows.append(
-                        loadgen.drive(
+                        loadgen.drive_raw(
                             name,
                             base + path,
                             bodies,
