@@ -36,7 +36,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.loadgen import LoadResult, drive, drive_raw, free_port, python, server, table
+from bench.loadgen import LoadResult, drive_raw, free_port, python, server, table
 
 DECIDEALOT = "decidealot"
 UPSTREAM = "laya-serve"
@@ -445,12 +445,6 @@ def main() -> int:
     )
     parser.add_argument("--threads", type=int, default=1, help="torch threads for both servers")
     parser.add_argument(
-        "--client",
-        choices=("raw", "httpx"),
-        default="raw",
-        help="load generator: minimal HTTP/1.1 (default) or httpx (costs ~2 ms CPU per request)",
-    )
-    parser.add_argument(
         "--decidealot-env",
         action="append",
         default=[],
@@ -470,7 +464,6 @@ def main() -> int:
         f"Torch threads: {args.threads} for both servers; laya-serve LAYA_MAX_CONCURRENT=64; "
         "Decidealot: DECIDEALOT_PROVIDER_TIMEOUT_SECONDS=900 (a base-sized batch on CPU can "
         f"outlast the 120 s default), other settings: {extra_env or 'defaults'}. "
-        f"Load generator: {args.client}. "
         f"{os.cpu_count()} CPUs. Command: `{' '.join(['bench/laya.py', *sys.argv[1:]])}`",
     ]
     overheads: dict[str, dict[str, float]] = {}
@@ -483,9 +476,8 @@ def main() -> int:
         print(f"{size}: {seconds:g} s per point", file=sys.stderr)
         with servers(folder, args.threads, args.cache, extra_env) as urls:
             tokens = check_same_answers(urls, bodies)
-            driver = drive_raw if args.client == "raw" else drive
             results, cpu_ms, ratios = load_points(
-                urls, bodies, clients, seconds, rounds, warmup, driver
+                urls, bodies, clients, seconds, rounds, warmup, drive_raw
             )
             count, block = (6, 3) if size == "base" else (40, 20) if args.quick else (200, 25)
             overheads[size] = http_overhead(

@@ -51,6 +51,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     device: Device = "auto"
     torch_threads: int = 0  # 0: torch's own default
     batch_token_budget: int = 0  # 0: by device, see providers.local.token_budget
+    worker_passes: int = 0  # 0: by device, see providers.local.concurrent_passes
     worker_python: str | None = None  # None: the gateway's own interpreter
 
     # Laya.
@@ -240,6 +241,7 @@ def from_env(environ: Mapping[str, str] | None = None) -> Settings:
     read("device", _choice(("auto", "cpu", "cuda")))
     read("torch_threads", lambda n, r: _int(n, r, low=0, high=1024))
     read("batch_token_budget", _token_budget)
+    read("worker_passes", lambda n, r: _int(n, r, low=0, high=64))
     read("worker_python", _file)
     read("laya_enabled", _bool)
     read("laya_english_checkpoint", _dir)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import struct
-from typing import BinaryIO, TypeAlias
+from typing import Annotated, BinaryIO, TypeAlias
 
 import msgspec
 
@@ -31,6 +31,9 @@ class Start(msgspec.Struct, tag="start", frozen=True):
     batch_token_budget: int
     report_passes: bool = False
     """Send a `Pass` frame per forward pass."""
+    concurrent_passes: Annotated[int, msgspec.Meta(ge=1)] = 1
+    """Forward passes the worker runs at once, each on its own compute thread (one per core on
+    CPU, so one-thread passes use every core; 1 on CUDA)."""
 
 
 class Submit(msgspec.Struct, tag="submit", frozen=True):

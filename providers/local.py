@@ -87,6 +87,28 @@ def token_budget(settings: Settings, device: str) -> int:
     return CUDA_TOKEN_BUDGET if device == "cuda" else CPU_TOKEN_BUDGET
 
 
+def concurrent_passes(settings: Settings, device: str) -> int:
+    """Forward passes a worker runs at once. On CUDA one: the device is the serial lane. On
+    CPU a pass costs the same per token at any batch size, so cores, not batches, are what
+    pays: as many passes as `DECIDEALOT_TORCH_THREADS`-thread passes fit on the usable cores
+    (torch's default uses every core, so one)."""
+    if settings.worker_passes:
+        return settings.worker_passes
+    if device == "cuda":
+        return 1
+    cores = _usable_cores()
+    threads = settings.torch_threads or cores
+    return max(1, cores // threads)
+
+
+def _usable_cores() -> int:
+    """The cores this process may run on (its affinity, e.g. a container's cpuset)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
 def lane_for(name: str, device: str, settings: Settings) -> tuple[str | None, str]:
     """The residency lane and group of a local provider (see `decidealot.residency`).
 
@@ -319,7 +341,12 @@ class WorkerRuntime:
 
     async def _handshake(self, process: asyncio.subprocess.Process) -> Ready | Failed | None:
         """Send the start frame and read the worker's first answer; None if it went away."""
-        start = Start(self._spec, token_budget(self._settings, self.device), report_passes=True)
+        start = Start(
+            self._spec,
+            token_budget(self._settings, self.device),
+            report_passes=True,
+            concurrent_passes=concurrent_passes(self._settings, self.device),
+        )
         try:
             process.stdin.write(encode(start))  # type: ignore[union-attr]
             await process.stdin.drain()  # type: ignore[union-attr]

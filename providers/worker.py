@@ -3,13 +3,16 @@
 Torch, transformers and checkpoints live only in this process, so unloading a provider is
 ending it. The gateway sends a `Start` frame, then `Submit` frames on stdin; answers go back
 as frames on stdout, which nothing else may write to (stray prints land on stderr, which the
-gateway forwards to its log). Three threads:
+gateway forwards to its log). Threads:
 
 - reader: receives jobs; at end of stdin (the gateway closed it or died) ends the process;
-- prepare: runs `engine.prepare` (tokenisation) while the current pass runs;
-- compute (main): takes whatever prepared jobs are queued — one group, FIFO, within the token
-  budget — and runs them as one `engine.run`. There is no wait for a batch to fill: a batch
-  is whatever queued while the previous pass ran.
+- prepare: runs `engine.prepare` (tokenisation) while the current passes run;
+- compute (main, plus `Start.concurrent_passes - 1` more): each takes whatever prepared jobs
+  are queued — one group, FIFO, within the token budget — and runs them as one `engine.run`.
+  There is no wait for a batch to fill: a batch is whatever queued while the previous pass
+  ran. Several compute threads let one-thread CPU passes use every core (on CPU a pass costs
+  the same per token at any batch size, so more cores, not bigger batches, is what pays);
+  jobs are independent, so each job's answer is the same whichever thread runs it.
 
 A failing multi-job batch is rerun one job at a time, so an error reaches only the job that
 caused it and every answer is what that job would get alone. Log lines name exception types
@@ -112,15 +115,22 @@ class FrameWriter:
 
 
 class Host:
-    """Runs one engine's jobs: prepares them on one thread, batches them on another."""
+    """Runs one engine's jobs: prepares them on one thread, batches and runs them on
+    `passes` compute threads."""
 
     def __init__(
-        self, engine: Engine, writer: FrameWriter, token_budget: int, report_passes: bool = False
+        self,
+        engine: Engine,
+        writer: FrameWriter,
+        token_budget: int,
+        report_passes: bool = False,
+        passes: int = 1,
     ) -> None:
         self._engine = engine
         self._writer = writer
         self._token_budget = token_budget
         self._report_passes = report_passes
+        self._passes = passes
         self._incoming: queue.SimpleQueue[Submit] = queue.SimpleQueue()
         self._pending: deque[Pending] = deque()
         self._pending_changed = threading.Condition()
@@ -153,12 +163,21 @@ class Host:
                 self._pending_changed.notify()
 
     def compute(self) -> None:
+        """One compute thread's loop; `passes` of them share the pending queue."""
         while True:
             with self._pending_changed:
                 while not self._pending:
                     self._pending_changed.wait()
                 batch = take_batch(self._pending, self._token_budget)
+                if self._pending:
+                    self._pending_changed.notify()  # what this batch left, for an idle thread
             self._run(batch)
+
+    def serve(self) -> None:
+        """Run the compute loops: `passes - 1` threads, and this one."""
+        for index in range(1, self._passes):
+            threading.Thread(target=self.compute, name=f"compute-{index}", daemon=True).start()
+        self.compute()
 
     def _run(self, batch: Sequence[Pending]) -> None:
         started = time.perf_counter()
@@ -255,11 +274,13 @@ def main() -> int:
         log.exception("engine %s failed to start", start.spec.factory)
         writer.write(Failed(type(exc).__name__))
         return 1
-    host = Host(engine, writer, start.batch_token_budget, start.report_passes)
+    host = Host(
+        engine, writer, start.batch_token_budget, start.report_passes, start.concurrent_passes
+    )
     writer.write(Ready(start.spec.device))
     threading.Thread(target=host.read_jobs, args=(frames_in,), name="reader", daemon=True).start()
     threading.Thread(target=host.prepare_jobs, name="prepare", daemon=True).start()
-    host.compute()
+    host.serve()
     return 0
 
 

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import random
 import shutil
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import pytest
@@ -192,6 +196,49 @@ def test_checkpoints_load_lazily_and_preload(checkpoints: dict[str, Path]) -> No
     assert engine.loaded == ("english",)
     engine.prepare(_job("typed-decisions", "x", {"n": {"type": "noul"}}))
     assert engine.loaded == ("english", "typed-decisions")
+
+
+def test_concurrent_runs_answer_as_sequential_runs(engine: LayaEngine) -> None:
+    """A worker may run several passes at once (one per core on CPU): runs from two threads at
+    once give every job what a run of it alone gives."""
+    jobs = _jobs("english", 24, seed=99)
+    batches = [[engine.prepare(job) for job in jobs[i : i + 2]] for i in range(0, len(jobs), 2)]
+    sequential = [engine.run(batch) for batch in batches]
+    start = threading.Barrier(2)
+
+    def run_share(share: list[int]) -> dict[int, list[Any]]:
+        start.wait()
+        return {i: engine.run(batches[i]) for i in share}
+
+    with ThreadPoolExecutor(2) as pool:
+        shares = list(pool.map(run_share, [range(0, len(batches), 2), range(1, len(batches), 2)]))
+    concurrent = {i: decisions for share in shares for i, decisions in share.items()}
+    assert sorted(concurrent) == list(range(len(batches)))
+    for i, expected_batch in enumerate(sequential):
+        for expected, got in zip(expected_batch, concurrent[i], strict=True):
+            assert got.input_tokens == expected.input_tokens
+            for name, answer in expected.answers.items():
+                assert _flat(got.answers[name]) == pytest.approx(_flat(answer), abs=1e-6)
+
+
+def test_a_checkpoint_loads_once_under_concurrent_first_jobs(
+    checkpoints: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    loads: list[str] = []
+    load = engine_module.load_checkpoint
+
+    def slow_load(path: str, device: Any) -> Any:
+        loads.append(path)
+        time.sleep(0.2)  # both threads ask while the first load is under way
+        return load(path, device)
+
+    monkeypatch.setattr(engine_module, "load_checkpoint", slow_load)
+    engine = create(_spec(checkpoints))
+    job = _job("english", "x", {"n": {"type": "noul"}})
+    with ThreadPoolExecutor(2) as pool:
+        prepared = list(pool.map(lambda _: engine.prepare(job), range(2)))
+    assert loads == [str(checkpoints["english"])]
+    assert len(engine.run(prepared)) == 2
 
 
 def test_empty_questions_need_no_pass(engine: LayaEngine) -> None:

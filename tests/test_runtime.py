@@ -506,3 +506,39 @@ def test_token_budget_follows_the_device_unless_set() -> None:
     assert from_env({"DECIDEALOT_BATCH_TOKEN_BUDGET": "0"}).batch_token_budget == 0
     with pytest.raises(ConfigError, match="DECIDEALOT_BATCH_TOKEN_BUDGET"):
         from_env({"DECIDEALOT_BATCH_TOKEN_BUDGET": "100"})
+
+
+def test_concurrent_passes_fill_the_cores_on_cpu_and_stay_serial_on_cuda(monkeypatch) -> None:
+    from providers.local import concurrent_passes
+
+    monkeypatch.setattr(local.os, "sched_getaffinity", lambda pid: set(range(8)))
+    assert concurrent_passes(Settings(torch_threads=1), "cpu") == 8
+    assert concurrent_passes(Settings(torch_threads=2), "cpu") == 4
+    assert concurrent_passes(Settings(torch_threads=3), "cpu") == 2
+    assert concurrent_passes(Settings(torch_threads=16), "cpu") == 1
+    assert concurrent_passes(Settings(), "cpu") == 1  # torch's default threads use every core
+    assert concurrent_passes(Settings(torch_threads=1), "cuda") == 1
+    assert concurrent_passes(Settings(torch_threads=1, worker_passes=3), "cpu") == 3
+    assert concurrent_passes(Settings(worker_passes=2), "cuda") == 2
+
+
+def test_worker_passes_setting_is_validated() -> None:
+    from decidealot.config import ConfigError, from_env
+
+    assert from_env({}).worker_passes == 0
+    assert from_env({"DECIDEALOT_WORKER_PASSES": "64"}).worker_passes == 64
+    for bad in ("-1", "65", "two"):
+        with pytest.raises(ConfigError, match="DECIDEALOT_WORKER_PASSES") as raised:
+            from_env({"DECIDEALOT_WORKER_PASSES": bad})
+        assert "\n" not in str(raised.value)
+
+
+async def test_a_worker_with_two_passes_runs_them_at_once(runtime) -> None:
+    worker = runtime(worker_passes=2)
+    await worker.load()
+    started = time.monotonic()
+    slow = [job("slow one", sleep=1.0), job("slow two", sleep=1.0)]
+    first = asyncio.create_task(worker.submit(slow[0]))
+    await asyncio.sleep(0.2)  # the first pass is under way: the second job cannot join it
+    assert await asyncio.gather(first, worker.submit(slow[1])) == [answer(s) for s in slow]
+    assert time.monotonic() - started < 1.8

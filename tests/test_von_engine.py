@@ -9,6 +9,9 @@ import random
 import shutil
 import subprocess
 import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -135,6 +138,59 @@ def test_batched_jobs_answer_as_they_do_alone(engines: dict[str, VonEngine], mod
                 assert other.choice == answer.choice
             for key, value in _flat(answer).items():
                 assert _flat(other)[key] == pytest.approx(value, abs=1e-5), (name, key)
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_concurrent_runs_answer_as_sequential_runs(von_dirs: dict[str, Path], mode: str) -> None:
+    """A worker may run several passes at once (one per core on CPU): runs from two threads at
+    once, sharing the debias-row cache, give every job what a run of it alone gives."""
+    rng = random.Random(f"von-threads-{mode}")
+    jobs = [_random_job(rng) for _ in range(24)]
+    shared = NoulQuestion(instructions="Is this about a refund?")
+    jobs += [_job(f"ticket {i} about an invoice", {"n": shared}) for i in range(8)]
+    sequential = [_run(_engine(von_dirs[mode]), [job])[0] for job in jobs]
+    engine = _engine(von_dirs[mode])  # fresh cache, so both threads fill it at once
+    start = threading.Barrier(2)
+
+    def run_share(share: range) -> dict[int, Decision]:
+        start.wait()
+        return {i: _run(engine, [jobs[i]])[0] for i in share}
+
+    with ThreadPoolExecutor(2) as pool:
+        shares = list(pool.map(run_share, [range(0, len(jobs), 2), range(1, len(jobs), 2)]))
+    concurrent = {i: decision for share in shares for i, decision in share.items()}
+    assert sorted(concurrent) == list(range(len(jobs)))
+    for i, expected in enumerate(sequential):
+        got = concurrent[i]
+        assert got.input_tokens == expected.input_tokens
+        for name, answer in expected.answers.items():
+            assert _flat(got.answers[name]) == pytest.approx(_flat(answer), abs=1e-6), (i, name)
+
+
+def test_a_checkpoint_loads_once_under_concurrent_first_jobs(
+    von_dirs: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from providers.von import engine as engine_module
+
+    loads: list[Path] = []
+    model_class = engine_module.VonModel
+
+    def slow_model(directory: Path, device: torch.device) -> Any:
+        loads.append(directory)
+        time.sleep(0.2)  # both threads ask while the first load is under way
+        return model_class(directory, device)
+
+    monkeypatch.setattr(engine_module, "VonModel", slow_model)
+    engine = create(
+        EngineSpec(
+            factory="providers.von.engine:create", checkpoints={"von-1.1": str(von_dirs["plain"])}
+        )
+    )
+    job = _job("a state", {"n": {"type": "noul"}})
+    with ThreadPoolExecutor(2) as pool:
+        prepared = list(pool.map(lambda _: engine.prepare(job), range(2)))
+    assert loads == [von_dirs["plain"]]
+    assert len(engine.run(prepared)) == 2
 
 
 def test_answers_are_unrounded_and_legend_echoes_levels(engines: dict[str, VonEngine]) -> None:

@@ -63,7 +63,7 @@ def test_batch_always_takes_one_job_even_over_budget() -> None:
 class WorkerProcess:
     """A worker subprocess driven with the blocking frame helpers."""
 
-    def __init__(self, options: dict[str, object], budget: int = 10_000) -> None:
+    def __init__(self, options: dict[str, object], budget: int = 10_000, passes: int = 1) -> None:
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         self.process = subprocess.Popen(
             [sys.executable, "-m", "providers.worker"],
@@ -73,7 +73,7 @@ class WorkerProcess:
             env=env,
         )
         spec = EngineSpec(factory="tests.engines.arith:create", checkpoints={}, options=options)
-        self.send(Start(spec, budget))
+        self.send(Start(spec, budget, concurrent_passes=passes))
 
     @property
     def stdin(self) -> BinaryIO:
@@ -138,6 +138,40 @@ def test_failures_reach_only_their_own_job_in_a_shared_pass(tmp_path: Path) -> N
     assert "secret" not in stderr  # exception messages may quote the state: never logged
     passes = (tmp_path / "passes").read_text().splitlines()
     assert '"size": 5' in passes[2]  # all but the one that failed to prepare, in one pass
+
+
+def run_slow_pair_then_many(passes: int) -> tuple[float, dict[int, FromWorker | None]]:
+    """Two one-second jobs sent 0.2 s apart, then twenty quick ones: seconds until all are
+    answered, and the answers by id."""
+    worker = WorkerProcess({}, passes=passes)
+    assert isinstance(worker.receive(), Ready)
+    started = time.monotonic()
+    worker.send(Submit(1, job("slow one", sleep=1.0)))
+    time.sleep(0.2)  # the first pass is under way: the second job cannot join it
+    worker.send(Submit(2, job("slow two", sleep=1.0)))
+    for job_id in range(3, 23):
+        worker.send(Submit(job_id, job({"quick": job_id}, sleep=0.01)))
+    frames = [worker.receive() for _ in range(22)]
+    elapsed = time.monotonic() - started
+    assert worker.finish()[0] == 0
+    return elapsed, {frame.id: frame for frame in frames if isinstance(frame, Result)}
+
+
+def test_compute_threads_run_passes_at_once_with_the_same_answers() -> None:
+    one_elapsed, one = run_slow_pair_then_many(passes=1)
+    two_elapsed, two = run_slow_pair_then_many(passes=2)
+    assert one_elapsed >= 2.0  # one pass at a time: the slow jobs run one after the other
+    assert two_elapsed < 1.8  # the second slow job ran while the first one's pass did
+    assert len(one) == 22
+    assert two == one
+
+
+def test_a_start_frame_without_a_compute_thread_is_refused() -> None:
+    worker = WorkerProcess({}, passes=0)
+    assert worker.receive() is None
+    code, stderr = worker.finish()
+    assert code == 2
+    assert "malformed start frame" in stderr
 
 
 def test_a_failing_factory_reports_failed_and_exits() -> None:

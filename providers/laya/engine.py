@@ -41,7 +41,8 @@ class PreparedJob:
 
 
 class LayaEngine:
-    """Serves the three Laya checkpoints; each loads once, at create or on its first job."""
+    """Serves the three Laya checkpoints; each loads once, at create or on its first job.
+    `prepare` and `run` may be called from several threads at once."""
 
     def __init__(self, spec: EngineSpec):
         unknown = set(spec.checkpoints) - set(CHECKPOINT_KEYS)

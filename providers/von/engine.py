@@ -7,6 +7,7 @@ answers out of its own rows, so a job's answers are the same alone or batched.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,7 +67,8 @@ class VonPrepared:
 
 
 class VonEngine:
-    """Serves the checkpoints of one `EngineSpec`; a checkpoint loads on first use."""
+    """Serves the checkpoints of one `EngineSpec`; a checkpoint loads once, on first use.
+    `prepare` and `run` may be called from several threads at once."""
 
     def __init__(self, spec: EngineSpec):
         self._checkpoints = {key: Path(path) for key, path in spec.checkpoints.items()}
@@ -76,16 +78,20 @@ class VonEngine:
             raise ValueError("Von engine option max_state_tokens must be a positive integer")
         self._max_state_tokens = max_state_tokens
         self._models: dict[str, VonModel] = {}
+        self._load_lock = threading.Lock()
         for key in spec.preload:
             self._model(key)
 
     def _model(self, checkpoint: str) -> VonModel:
         model = self._models.get(checkpoint)
-        if model is None:
-            if checkpoint not in self._checkpoints:
-                raise ValueError(f"Von engine has no checkpoint {checkpoint!r}")
-            model = self._models[checkpoint] = VonModel(self._checkpoints[checkpoint], self._device)
-        return model
+        if model is not None:
+            return model
+        if checkpoint not in self._checkpoints:
+            raise ValueError(f"Von engine has no checkpoint {checkpoint!r}")
+        with self._load_lock:
+            if checkpoint not in self._models:
+                self._models[checkpoint] = VonModel(self._checkpoints[checkpoint], self._device)
+            return self._models[checkpoint]
 
     def prepare(self, job: Job) -> VonPrepared:
         model = self._model(job.checkpoint)

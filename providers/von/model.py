@@ -10,6 +10,7 @@ what it is batched with.
 from __future__ import annotations
 
 import json
+import threading
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -33,7 +34,9 @@ Elsewhere the whole batch is one pass."""
 
 SHARED_CACHE_ROWS = 4096
 """State-free rows (the zero-shot noul's debias row) whose logits are kept, least recently
-used first out: they depend only on the question, so requests asking it again reuse them."""
+used first out: they depend only on the question, so requests asking it again reuse them.
+Such a row is scored in a pass of its own, as upstream scores it, so its cached logits are the
+same whichever request, batch or compute thread scored it first."""
 
 
 class CheckpointError(ValueError):
@@ -197,6 +200,8 @@ class VonModel:
         self.device = device
         self.pass_tokens: int | None = CPU_PASS_TOKENS if device.type == "cpu" else None
         self._shared_logits: OrderedDict[tuple[int, ...], torch.Tensor] = OrderedDict()
+        self._shared_lock = threading.Lock()
+        """Guards `_shared_logits`: a worker may run several passes at once."""
         self.encoder.to(device).eval()
         self.scorer.to(device).eval()
 
@@ -212,26 +217,38 @@ class VonModel:
         self.scorer.load_state_dict(parts["scorer"], strict=True)
 
     def logits(self, rows: Sequence[Row]) -> list[torch.Tensor]:
-        """One logit vector per row: cached for shared rows, else from passes of rows of
-        similar length."""
+        """One logit vector per row: shared rows from the cache or a pass of their own, the
+        others from passes of rows of similar length."""
         scored: dict[int, torch.Tensor] = {}
-        for index, row in enumerate(rows):
-            if row.shared and (cached := self._shared_logits.get(tuple(row.ids))) is not None:
-                self._shared_logits.move_to_end(tuple(row.ids))
-                scored[index] = cached
-        pending = [index for index in range(len(rows)) if index not in scored]
-        for chunk in _passes([rows[index] for index in pending], self.pass_tokens):
-            indices = [pending[position] for position in chunk]
+        uncached: dict[tuple[int, ...], list[int]] = {}
+        with self._shared_lock:
+            for index, row in enumerate(rows):
+                if not row.shared:
+                    continue
+                key = tuple(row.ids)
+                if (cached := self._shared_logits.get(key)) is not None:
+                    self._shared_logits.move_to_end(key)
+                    scored[index] = cached
+                else:
+                    uncached.setdefault(key, []).append(index)
+        own = [index for index in range(len(rows)) if not rows[index].shared]
+        for chunk in _passes([rows[index] for index in own], self.pass_tokens):
+            indices = [own[position] for position in chunk]
             for index, logits in zip(indices, self._pass([rows[i] for i in indices]), strict=True):
                 scored[index] = logits
-                if rows[index].shared:
-                    self._remember(rows[index], logits)
+        for key, indices in uncached.items():
+            (logits,) = self._pass([rows[indices[0]]])
+            self._remember(key, logits)
+            for index in indices:
+                scored[index] = logits
         return [scored[index] for index in range(len(rows))]
 
-    def _remember(self, row: Row, logits: torch.Tensor) -> None:
-        self._shared_logits[tuple(row.ids)] = logits.clone()
-        if len(self._shared_logits) > SHARED_CACHE_ROWS:
-            self._shared_logits.popitem(last=False)
+    def _remember(self, key: tuple[int, ...], logits: torch.Tensor) -> None:
+        kept = logits.clone()
+        with self._shared_lock:
+            self._shared_logits[key] = kept
+            if len(self._shared_logits) > SHARED_CACHE_ROWS:
+                self._shared_logits.popitem(last=False)
 
     def _pass(self, rows: Sequence[Row]) -> list[torch.Tensor]:
         """Score `rows` in one padded forward pass; one logit vector per row."""
