@@ -36,47 +36,21 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.loadgen import LoadResult, drive_raw, free_port, python, server, table
+from bench.loadgen import (
+    LoadResult,
+    drive_raw,
+    free_port,
+    python,
+    server,
+    server_root,
+    table,
+    tree_cpu_seconds,
+)
+from bench.workload import QUESTIONS, SENTENCES
 
 DECIDEALOT = "decidealot"
 UPSTREAM = "laya-serve"
 VARIANTS = ("english", "multilingual", "typed-decisions")
-
-QUESTIONS = {
-    "category": {
-        "type": "choice",
-        "instructions": "Which team should handle this ticket?",
-        "criteria": {
-            "billing": "Payments, refunds, invoices and duplicate charges.",
-            "technical": "Software failures, errors and outages.",
-            "sales": "New purchases, upgrades and quotes.",
-            "other": None,
-        },
-    },
-    "priority": {
-        "type": "score",
-        "instructions": "How urgent is this ticket?",
-        "criteria": [
-            "Routine, answer in the normal queue.",
-            "Important, answer soon.",
-            "Urgent, interrupt the on-call queue.",
-        ],
-    },
-    "refund": {"type": "noul", "instructions": "The customer asks for a refund."},
-}
-
-_SENTENCES = [
-    "The customer says the invoice was charged twice this month.",
-    "They ask whether the duplicate payment can be refunded to the original card.",
-    "The dashboard shows an error after the latest update and reports fail to load.",
-    "A manager wants a quote for upgrading forty seats to the enterprise plan.",
-    "The order arrived late and one of the items was damaged in transit.",
-    "Support already restarted the service but the outage continues for some users.",
-    "The account owner changed and billing emails go to the wrong address.",
-    "They mention a deadline on Friday and sound frustrated with the delay.",
-    "Logs show timeouts from the payment gateway during checkout.",
-    "The customer would like to cancel the subscription unless the issue is fixed.",
-]
 
 
 def build_checkpoints(cache: Path, size: str) -> Path:
@@ -106,7 +80,7 @@ def make_states(checkpoint: Path, count: int, seed: int = 7) -> list[str]:
         target = rng.randint(100, 300)
         text = "Ticket 1000:"
         while True:
-            longer = text + " " + rng.choice(_SENTENCES)
+            longer = text + " " + rng.choice(SENTENCES)
             if len(tokenizer.encode(longer, add_special_tokens=False).ids) > target:
                 break
             text = longer
@@ -134,56 +108,6 @@ class Bodies:
         start = self.offset
         self.offset += 997
         return lambda i: self.body(start + i, model)
-
-
-def _parent(pid: int) -> int:
-    with open(f"/proc/{pid}/stat") as stat:
-        return int(stat.read().rsplit(")", 1)[1].split()[1])
-
-
-def _cpu_seconds(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as stat:
-        fields = stat.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def process_tree(root: int) -> list[int]:
-    """`root` and its live descendants (Decidealot's gateway and its worker)."""
-    parents: dict[int, int] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                parents[int(entry)] = _parent(int(entry))
-            except (OSError, IndexError, ValueError):
-                continue
-    tree = [root]
-    for pid in tree:
-        tree += [child for child, parent in parents.items() if parent == pid]
-    return tree
-
-
-def tree_cpu_seconds(root: int) -> float:
-    """User + system CPU seconds used so far by `root` and its live descendants."""
-    total = 0.0
-    for pid in process_tree(root):
-        try:
-            total += _cpu_seconds(pid)
-        except (OSError, IndexError, ValueError):
-            continue
-    return total
-
-
-def server_root(marker: str) -> int:
-    """The pid of this process's child whose command line contains `marker`."""
-    me = os.getpid()
-    for pid in process_tree(me)[1:]:
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
-                if marker.encode() in cmdline.read() and _parent(pid) == me:
-                    return pid
-        except OSError:
-            continue
-    raise RuntimeError(f"no server process matching {marker!r}")
 
 
 @contextmanager

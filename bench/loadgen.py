@@ -222,3 +222,56 @@ def table(results: Sequence[LoadResult], baseline: str) -> str:
 
 def python() -> str:
     return sys.executable
+
+
+# -- CPU used by a server and its worker processes ------------------------------------------
+
+
+def _parent(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as stat:
+        return int(stat.read().rsplit(")", 1)[1].split()[1])
+
+
+def _cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def process_tree(root: int) -> list[int]:
+    """`root` and its live descendants (Decidealot's gateway and its worker)."""
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                parents[int(entry)] = _parent(int(entry))
+            except (OSError, IndexError, ValueError):
+                continue
+    tree = [root]
+    for pid in tree:
+        tree += [child for child, parent in parents.items() if parent == pid]
+    return tree
+
+
+def tree_cpu_seconds(root: int) -> float:
+    """User + system CPU seconds used so far by `root` and its live descendants."""
+    total = 0.0
+    for pid in process_tree(root):
+        try:
+            total += _cpu_seconds(pid)
+        except (OSError, IndexError, ValueError):
+            continue
+    return total
+
+
+def server_root(marker: str) -> int:
+    """The pid of this process's child whose command line contains `marker`."""
+    me = os.getpid()
+    for pid in process_tree(me)[1:]:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+                if marker.encode() in cmdline.read() and _parent(pid) == me:
+                    return pid
+        except OSError:
+            continue
+    raise RuntimeError(f"no server process matching {marker!r}")

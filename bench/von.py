@@ -38,50 +38,23 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.laya import server_root, tree_cpu_seconds
-from bench.loadgen import LoadResult, drive_raw, free_port, python, server, table
+from bench.loadgen import (
+    LoadResult,
+    drive_raw,
+    free_port,
+    python,
+    server,
+    server_root,
+    table,
+    tree_cpu_seconds,
+)
+from bench.workload import QUESTIONS, SENTENCES
 
 DECIDEALOT = "decidealot"
 UPSTREAM = "von-serve"
 MODEL = "von-1.1"
 """Both servers accept this selector; upstream answers every alias with its one model."""
 JSON = {"content-type": "application/json"}
-
-QUESTIONS = {
-    "category": {
-        "type": "choice",
-        "instructions": "Which team should handle this ticket?",
-        "criteria": {
-            "billing": "Payments, refunds, invoices and duplicate charges.",
-            "technical": "Software failures, errors and outages.",
-            "sales": "New purchases, upgrades and quotes.",
-            "other": None,
-        },
-    },
-    "priority": {
-        "type": "score",
-        "instructions": "How urgent is this ticket?",
-        "criteria": [
-            "Routine, answer in the normal queue.",
-            "Important, answer soon.",
-            "Urgent, interrupt the on-call queue.",
-        ],
-    },
-    "refund": {"type": "noul", "instructions": "The customer asks for a refund."},
-}
-
-_SENTENCES = [
-    "The customer says the invoice was charged twice this month.",
-    "They ask whether the duplicate payment can be refunded to the original card.",
-    "The dashboard shows an error after the latest update and reports fail to load.",
-    "A manager wants a quote for upgrading forty seats to the enterprise plan.",
-    "The order arrived late and one of the items was damaged in transit.",
-    "Support already restarted the service but the outage continues for some users.",
-    "The account owner changed and billing emails go to the wrong address.",
-    "They mention a deadline on Friday and sound frustrated with the delay.",
-    "Logs show timeouts from the payment gateway during checkout.",
-    "The customer would like to cancel the subscription unless the issue is fixed.",
-]
 
 
 def build_checkpoint(cache: Path, size: str, mode: str) -> Path:
@@ -106,7 +79,7 @@ def make_states(checkpoint: Path, count: int, seed: int = 7) -> list[str]:
         target = rng.randint(100, 300)
         text = f"Ticket {i}:"
         while True:
-            longer = text + " " + rng.choice(_SENTENCES)
+            longer = text + " " + rng.choice(SENTENCES)
             if len(tokenizer.encode(longer, add_special_tokens=False).ids) > target:
                 break
             text = longer
