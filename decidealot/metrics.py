@@ -75,18 +75,14 @@ class _Metric:
         return header + "".join(line + "\n" for line in self.samples())
 
 
-class Counter(_Metric):
-    """A value that only goes up (`_total` names); reset only by a process restart."""
-
-    kind = "counter"
+class _Scalar(_Metric):
+    """One number per label set: what counters and gauges share."""
 
     def __init__(self, name: str, help: str, labels: Sequence[str] = ()) -> None:
         super().__init__(name, help, labels)
         self._values: dict[LabelValues, float] = {}
 
-    def inc(self, amount: float = 1.0, **labels: str) -> None:
-        if amount < 0:
-            raise ValueError("a counter cannot go down")
+    def _add(self, amount: float, labels: dict[str, str]) -> None:
         key = self._key(labels)
         with self._lock:
             self._values[key] = self._values.get(key, 0.0) + amount
@@ -101,14 +97,21 @@ class Counter(_Metric):
             yield f"{self.name}{_labels(self.label_names, key)} {format_value(value)}"
 
 
-class Gauge(_Metric):
+class Counter(_Scalar):
+    """A value that only goes up (`_total` names); reset only by a process restart."""
+
+    kind = "counter"
+
+    def inc(self, amount: float = 1.0, **labels: str) -> None:
+        if amount < 0:
+            raise ValueError("a counter cannot go down")
+        self._add(amount, labels)
+
+
+class Gauge(_Scalar):
     """A value that goes up and down."""
 
     kind = "gauge"
-
-    def __init__(self, name: str, help: str, labels: Sequence[str] = ()) -> None:
-        super().__init__(name, help, labels)
-        self._values: dict[LabelValues, float] = {}
 
     def set(self, value: float, **labels: str) -> None:
         key = self._key(labels)
@@ -116,21 +119,10 @@ class Gauge(_Metric):
             self._values[key] = value
 
     def inc(self, amount: float = 1.0, **labels: str) -> None:
-        key = self._key(labels)
-        with self._lock:
-            self._values[key] = self._values.get(key, 0.0) + amount
+        self._add(amount, labels)
 
     def dec(self, amount: float = 1.0, **labels: str) -> None:
-        self.inc(-amount, **labels)
-
-    def value(self, **labels: str) -> float:
-        return self._values.get(self._key(labels), 0.0)
-
-    def samples(self) -> Iterable[str]:
-        with self._lock:
-            items = sorted(self._values.items())
-        for key, value in items:
-            yield f"{self.name}{_labels(self.label_names, key)} {format_value(value)}"
+        self._add(-amount, labels)
 
 
 class Histogram(_Metric):
