@@ -112,8 +112,8 @@ class Bodies:
 
 @contextmanager
 def servers(
-    folder: Path, threads: int, logs: Path, decidealot_env: dict[str, str]
-) -> Iterator[dict[str, tuple[str, str]]]:
+    folder: Path, threads: int, device: str, logs: Path, decidealot_env: dict[str, str]
+) -> Iterator[dict[str, tuple[str, str, int]]]:
     """Both servers, up and warm; yields {name: (decision URL, model name)}."""
     common = {
         "HF_HUB_OFFLINE": "1",
@@ -125,7 +125,7 @@ def servers(
     ours_env = {
         **common,
         "DECIDEALOT_PORT": str(ours_port),
-        "DECIDEALOT_DEVICE": "cpu",
+        "DECIDEALOT_DEVICE": device,
         "DECIDEALOT_TORCH_THREADS": str(threads),
         "DECIDEALOT_VON_ENABLED": "false",
         "DECIDEALOT_PROVIDER_TIMEOUT_SECONDS": "900",
@@ -138,7 +138,7 @@ def servers(
         **common,
         "LAYA_HOST": "127.0.0.1",
         "LAYA_PORT": str(theirs_port),
-        "LAYA_DEVICE": "cpu",
+        "LAYA_DEVICE": device,
         "LAYA_THREADS": str(threads),
         "LAYA_MODELS": "english",
         "LAYA_EXTRA_MODELS": json.dumps({"english": str(folder / "english")}),
@@ -276,7 +276,13 @@ def summary(
 
 
 def http_overhead(
-    folder: Path, url: str, bodies: Bodies, threads: int, requests: int, block: int
+    folder: Path,
+    url: str,
+    bodies: Bodies,
+    threads: int,
+    device: str,
+    requests: int,
+    block: int,
 ) -> dict[str, float]:
     """Milliseconds per request: in-process `prepare`+`run` vs HTTP at one client, the same
     requests, in alternating blocks of `block` so background load hits both alike."""
@@ -293,7 +299,7 @@ def http_overhead(
             factory="providers.laya.engine:create",
             checkpoints={"english": str(folder / "english")},
             preload=("english",),
-            device="cpu",
+            device=device,
             torch_threads=threads,
         )
     )
@@ -369,6 +375,9 @@ def main() -> int:
     )
     parser.add_argument("--threads", type=int, default=1, help="torch threads for both servers")
     parser.add_argument(
+        "--device", default="cpu", help="torch device for both servers and the engine, e.g. cuda"
+    )
+    parser.add_argument(
         "--decidealot-env",
         action="append",
         default=[],
@@ -385,7 +394,8 @@ def main() -> int:
     args.cache.mkdir(parents=True, exist_ok=True)
 
     report: list[str] = [
-        f"Torch threads: {args.threads} for both servers; laya-serve LAYA_MAX_CONCURRENT=64; "
+        f"Device: {args.device}. Torch threads: {args.threads} for both servers; "
+        "laya-serve LAYA_MAX_CONCURRENT=64; "
         "Decidealot: DECIDEALOT_PROVIDER_TIMEOUT_SECONDS=900 (a base-sized batch on CPU can "
         f"outlast the 120 s default), other settings: {extra_env or 'defaults'}. "
         f"{os.cpu_count()} CPUs. Command: `{' '.join(['bench/laya.py', *sys.argv[1:]])}`",
@@ -398,14 +408,14 @@ def main() -> int:
         rounds = tiny_rounds if size == "tiny" else 1
         warmup = 3 if size == "tiny" else 1
         print(f"{size}: {seconds:g} s per point", file=sys.stderr)
-        with servers(folder, args.threads, args.cache, extra_env) as urls:
+        with servers(folder, args.threads, args.device, args.cache, extra_env) as urls:
             tokens = check_same_answers(urls, bodies)
             results, cpu_ms, ratios = load_points(
                 urls, bodies, clients, seconds, rounds, warmup, drive_raw
             )
             count, block = (6, 3) if size == "base" else (40, 20) if args.quick else (200, 25)
             overheads[size] = http_overhead(
-                folder, urls[DECIDEALOT][0], bodies, args.threads, count, block
+                folder, urls[DECIDEALOT][0], bodies, args.threads, args.device, count, block
             )
         report += [
             f"\n### {size} checkpoint ({rounds} x {seconds:g} s per point and server; sample "

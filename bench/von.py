@@ -15,8 +15,11 @@ Checkpoints are random (tests/builders/von_checkpoint.py): `tiny` (hidden 32, 3 
 serving overhead; `small` (hidden 384, 6 layers, ModernBERT's window and layer pattern) makes
 the forward pass dominate. `--mode` picks the attention mode: `plain` (joint attention, the
 Von 1.1 weights Decidealot ships) or `independent` (the 1.2/1.3 independent-options mask).
-The last table compares the engines without HTTP, in this process: upstream's backend
-`evaluate` against Decidealot's `VonEngine` one request at a time and in batches of 32.
+On CPU each checkpoint's tables end with the compute bound: the matrix-multiply work of a
+decision (counted by torch for both servers) against this core's fp32 matmul rate, which says
+how far any server could get ahead of upstream at equal CPU. The last table compares the
+engines without HTTP, in this process: upstream's backend `evaluate` against Decidealot's
+`VonEngine` one request at a time and in batches of 32. `--device cuda` runs all of it on a GPU.
 
     .venv/bin/python bench/von.py            # full run (about 6 minutes on 2 cores)
     .venv/bin/python bench/von.py --quick    # under a minute, tiny checkpoint only
@@ -33,6 +36,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
+from typing import Protocol
 
 import httpx
 
@@ -106,7 +110,7 @@ class Bodies:
 
 @contextmanager
 def servers(
-    checkpoint: Path, threads: int, logs: Path, decidealot_env: dict[str, str]
+    checkpoint: Path, threads: int, device: str, logs: Path, decidealot_env: dict[str, str]
 ) -> Iterator[dict[str, tuple[str, int]]]:
     """Both servers, up; yields {name: (decision URL, server pid)}."""
     common = {
@@ -119,7 +123,7 @@ def servers(
     ours_env = {
         **common,
         "DECIDEALOT_PORT": str(ours_port),
-        "DECIDEALOT_DEVICE": "cpu",
+        "DECIDEALOT_DEVICE": device,
         "DECIDEALOT_TORCH_THREADS": str(threads),
         "DECIDEALOT_LAYA_ENABLED": "false",
         "DECIDEALOT_VON_CHECKPOINT": str(checkpoint),
@@ -131,7 +135,7 @@ def servers(
         **common,
         "VON_CHECKPOINT_DIR": str(checkpoint),
         "VON_CHAINS_DIR": "off",
-        "VON_DEVICE": "cpu",
+        "VON_DEVICE": device,
         "VON_NOUL_DECISION": "raw",
     }
     upstream = [
@@ -142,7 +146,7 @@ def servers(
         "--port",
         str(theirs_port),
         "--device",
-        "cpu",
+        device,
         "--no-chains",
         "--noul-decision",
         "raw",
@@ -249,7 +253,25 @@ def summary(results: list[LoadResult], cpu_ms: dict[tuple[str, int], float]) -> 
     return "\n".join(lines)
 
 
-def engine_times(checkpoint: Path, bodies: Bodies, threads: int, requests: int) -> dict[str, float]:
+class UpstreamBackend(Protocol):
+    """What the bench calls on von-sdk's backend."""
+
+    def evaluate(self, state: str, questions: dict[str, dict[str, object]]) -> object: ...
+
+
+def upstream_backend(checkpoint: Path, device: str) -> UpstreamBackend:
+    """von-sdk's option-marker backend on `checkpoint`, configured as its server runs here."""
+    os.environ.update(VON_CHAINS_DIR="off", VON_NOUL_DECISION="raw", HF_HUB_OFFLINE="1")
+    here = Path(__file__).resolve().parent  # this script is named like the upstream package
+    sys.path[:] = [entry for entry in sys.path if Path(entry or ".").resolve() != here]
+    from von.backends.option_marker_backend import OptionMarkerBackend
+
+    return OptionMarkerBackend(checkpoint_dir=str(checkpoint), device=device)
+
+
+def engine_times(
+    checkpoint: Path, bodies: Bodies, threads: int, device: str, requests: int
+) -> dict[str, float]:
     """Milliseconds per request without HTTP: upstream's backend, Decidealot's engine alone
     and in batches of 32; the same states, the three taking turns per 32 requests."""
     import msgspec
@@ -259,19 +281,14 @@ def engine_times(checkpoint: Path, bodies: Bodies, threads: int, requests: int) 
     from providers.engine import EngineSpec, Job
     from providers.von.engine import create
 
-    os.environ.update(VON_CHAINS_DIR="off", VON_NOUL_DECISION="raw", HF_HUB_OFFLINE="1")
-    here = Path(__file__).resolve().parent  # this script is named like the upstream package
-    sys.path[:] = [entry for entry in sys.path if Path(entry or ".").resolve() != here]
-    from von.backends.option_marker_backend import OptionMarkerBackend
-
     torch.set_num_threads(threads)
-    upstream = OptionMarkerBackend(checkpoint_dir=str(checkpoint), device="cpu")
+    upstream = upstream_backend(checkpoint, device)
     engine = create(
         EngineSpec(
             factory="providers.von.engine:create",
             checkpoints={MODEL: str(checkpoint)},
             preload=(MODEL,),
-            device="cpu",
+            device=device,
             torch_threads=threads,
         )
     )
@@ -295,6 +312,83 @@ def engine_times(checkpoint: Path, bodies: Bodies, threads: int, requests: int) 
             run(states)
             spent[name] += time.perf_counter() - began
     return {name: seconds * 1000 / requests for name, seconds in spent.items()}
+
+
+def matmul_flops(checkpoint: Path, bodies: Bodies, requests: int) -> dict[str, float]:
+    """Matrix-multiply GFLOP per request, counted by torch, of upstream's backend and of
+    Decidealot's engine (batched, its debias cache warm). Attention is not counted (torch's
+    counter skips CPU sdpa), so the bound drawn from it is generous to Decidealot."""
+    import msgspec
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from decidealot.contract import Question
+    from providers.engine import EngineSpec, Job
+    from providers.von.engine import create
+
+    upstream = upstream_backend(checkpoint, "cpu")
+    spec = EngineSpec(
+        factory="providers.von.engine:create",
+        checkpoints={MODEL: str(checkpoint)},
+        preload=(MODEL,),
+        device="cpu",
+    )
+    engine = create(spec)
+    questions = msgspec.convert(QUESTIONS, dict[str, Question])
+    states = bodies.states[:requests]
+    engine.run([engine.prepare(Job(MODEL, states[0], questions))])  # debias row cached
+    counted: dict[str, float] = {}
+    with FlopCounterMode(display=False) as counter:
+        for state in states:
+            upstream.evaluate(state, QUESTIONS)
+    counted["upstream"] = counter.get_total_flops() / 1e9 / len(states)
+    with FlopCounterMode(display=False) as counter:
+        engine.run([engine.prepare(Job(MODEL, state, questions)) for state in states])
+    counted["decidealot"] = counter.get_total_flops() / 1e9 / len(states)
+    return counted
+
+
+def matmul_ceiling(checkpoint: Path, threads: int) -> float:
+    """GFLOP/s of one fp32 matrix multiply of this checkpoint's widest shape (1024 tokens
+    through the fused query/key/value projection) on `threads` threads, best of five."""
+    import torch
+
+    hidden = json.loads((checkpoint / "config.json").read_text())["hidden_size"]
+    torch.set_num_threads(threads)
+    a, b = torch.randn(1024, hidden), torch.randn(hidden, 3 * hidden)
+    for _ in range(3):
+        a @ b
+    best = float("inf")
+    for _ in range(5):
+        began = time.perf_counter()
+        for _ in range(5):
+            a @ b
+        best = min(best, (time.perf_counter() - began) / 5)
+    return 2 * 1024 * hidden * 3 * hidden / best / 1e9
+
+
+def ceiling_table(
+    flops: dict[str, float], ceiling: float, threads: int, cpu_ms: dict[tuple[str, int], float]
+) -> str:
+    """Per client count: what each server's CPU per decision achieves in matrix-multiply
+    GFLOP/s, and the most any server doing Decidealot's work at the matmul ceiling could
+    reach over upstream at equal CPU (upstream's CPU per decision over that minimum)."""
+    floor_ms = 1000 * flops["decidealot"] * threads / ceiling
+    lines = [
+        f"Matrix-multiply work per decision: {flops['upstream']:.2f} GFLOP upstream, "
+        f"{flops['decidealot']:.2f} GFLOP Decidealot; one fp32 matmul of this checkpoint's "
+        f"shape runs at {ceiling:.0f} GFLOP/s on {threads} thread(s), so Decidealot's work "
+        f"cannot take less than {floor_ms:.1f} ms of CPU per decision.\n",
+        "| clients | upstream CPU ms/dec | its matmul GFLOP/s per core | ours CPU ms/dec | "
+        "ours GFLOP/s per core | bound on the ratio at equal CPU |",
+        "|---:|---:|---:|---:|---:|---:|",
+    ]
+    for n in sorted({clients for _, clients in cpu_ms}):
+        theirs, ours = cpu_ms[(UPSTREAM, n)], cpu_ms[(DECIDEALOT, n)]
+        lines.append(
+            f"| {n} | {theirs:.1f} | {1000 * flops['upstream'] / theirs:.0f} | {ours:.1f} | "
+            f"{1000 * flops['decidealot'] / ours:.0f} | **{theirs / floor_ms:.2f}x** |"
+        )
+    return "\n".join(lines)
 
 
 def engine_table(rows: dict[str, dict[str, float]]) -> str:
@@ -321,6 +415,9 @@ def main() -> int:
     parser.add_argument("--small-seconds", type=float, default=20.0, help="per point, small")
     parser.add_argument("--threads", type=int, default=1, help="torch threads for both servers")
     parser.add_argument(
+        "--device", default="cpu", help="torch device for both servers and engines, e.g. cuda"
+    )
+    parser.add_argument(
         "--decidealot-env",
         action="append",
         default=[],
@@ -336,10 +433,10 @@ def main() -> int:
     args.cache.mkdir(parents=True, exist_ok=True)
 
     report: list[str] = [
-        f"Attention mode: {args.mode}. Torch threads: {args.threads} for both servers "
-        f"(OMP_NUM_THREADS, and DECIDEALOT_TORCH_THREADS for Decidealot's worker); Decidealot "
-        f"settings beyond the defaults: {extra_env or 'none'}. {os.cpu_count()} CPUs. "
-        f"Command: `{' '.join(['bench/von.py', *sys.argv[1:]])}`",
+        f"Attention mode: {args.mode}. Device: {args.device}. Torch threads: {args.threads} "
+        "for both servers (OMP_NUM_THREADS, and DECIDEALOT_TORCH_THREADS for Decidealot's "
+        f"worker); Decidealot settings beyond the defaults: {extra_env or 'none'}. "
+        f"{os.cpu_count()} CPUs. Command: `{' '.join(['bench/von.py', *sys.argv[1:]])}`",
     ]
     engines: dict[str, dict[str, float]] = {}
     for size in sizes:
@@ -348,11 +445,11 @@ def main() -> int:
         seconds = tiny_seconds if size == "tiny" else args.small_seconds
         warmup = 3 if size == "tiny" else 1
         print(f"{size} ({args.mode}): {seconds:g} s per point", file=sys.stderr)
-        with servers(checkpoint, args.threads, args.cache, extra_env) as urls:
+        with servers(checkpoint, args.threads, args.device, args.cache, extra_env) as urls:
             tokens = check_same_answers(urls, bodies)
             results, cpu_ms = load_points(urls, bodies, clients, seconds, warmup)
         requests = 64 if size == "tiny" and not args.quick else 32
-        engines[size] = engine_times(checkpoint, bodies, args.threads, requests)
+        engines[size] = engine_times(checkpoint, bodies, args.threads, args.device, requests)
         report += [
             f"\n### {size} checkpoint, {args.mode} attention ({seconds:g} s per point; sample "
             f"request: 3 questions, 4 encoder rows, {tokens} input tokens)\n",
@@ -360,6 +457,10 @@ def main() -> int:
             "",
             table(results, UPSTREAM),
         ]
+        if args.device == "cpu":
+            flops = matmul_flops(checkpoint, bodies, 8)
+            ceiling = matmul_ceiling(checkpoint, args.threads)
+            report += ["", ceiling_table(flops, ceiling, args.threads, cpu_ms)]
     report += [f"\n### Engines without HTTP ({args.mode} attention, same requests)\n"]
     report.append(engine_table(engines))
     print("\n".join(report))
