@@ -4,17 +4,24 @@
 own. The gateway in front of the app (bearer auth, request ids, admission) wraps the mount
 like any route. Sessions are stateless: every POST is served on its own, so replicas behind a
 load balancer need no session affinity (the tools never call back into the client).
+
+POST bodies are read under the REST API's rules before the SDK sees them (read timeout, size
+limit on the wire and decoded, gzip and zstd, JSON media type), with the same error envelopes;
+the SDK then gets the decoded JSON as a plain body.
 """
 
 from __future__ import annotations
 
 from contextlib import AbstractAsyncContextManager
 
+import msgspec
 from litestar import asgi
-from litestar.types import Receive, Scope, Send
+from litestar.types import Message, Receive, Scope, Send
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
 
+from decidealot.config import Settings
+from decidealot.errors import DecidealotError
 from decidealot.mcp.server import ServiceBackend, build_server
 from decidealot.service import Service
 
@@ -55,6 +62,13 @@ def _has_port(host: str) -> bool:
     return ":" in host
 
 
+def _body_settings(settings: Settings) -> Settings:
+    """The settings `read_body` applies to /mcp: the REST API's, with room for the framing."""
+    return msgspec.structs.replace(
+        settings, max_request_bytes=settings.max_request_bytes + _FRAMING_BYTES
+    )
+
+
 def _session_manager(service: Service) -> StreamableHTTPSessionManager:
     settings = service.settings
     return StreamableHTTPSessionManager(
@@ -63,6 +77,24 @@ def _session_manager(service: Service) -> StreamableHTTPSessionManager:
         security_settings=transport_security(settings.mcp_allowed_hosts),
         max_request_body_size=settings.max_request_bytes + _FRAMING_BYTES,
     )
+
+
+def _plain(scope: Scope, receive: Receive, body: bytes) -> tuple[Scope, Receive]:
+    """The request as the SDK should see it once `body` has been read and decoded: no
+    Content-Encoding, the decoded Content-Length, and the body as one message; later
+    messages (the client's disconnect) still come from the server."""
+    headers = [
+        (name, value)
+        for name, value in scope["headers"]
+        if name not in (b"content-encoding", b"content-length")
+    ]
+    headers.append((b"content-length", str(len(body)).encode()))
+    pending: list[Message] = [{"type": "http.request", "body": body, "more_body": False}]
+
+    async def replay() -> Message:
+        return pending.pop() if pending else await receive()
+
+    return {**scope, "headers": headers}, replay
 
 
 class McpEndpoint:
@@ -79,11 +111,24 @@ class McpEndpoint:
     """
 
     def __init__(self, service: Service) -> None:
+        # `decidealot.http` imports this module to mount it, so the REST API's body reader
+        # and error renderer are imported when the app builds the mount, not at import time.
+        from decidealot.http.body import read_body
+        from decidealot.http.middleware import send_error
+
         self._manager = _session_manager(service)
         manager = self._manager
+        body_settings = _body_settings(service.settings)
 
         @asgi(MCP_PATH, is_mount=True, copy_scope=True)
         async def mcp_endpoint(scope: Scope, receive: Receive, send: Send) -> None:
+            if scope.get("method") == "POST":
+                try:
+                    body = await read_body(receive, dict(scope["headers"]), body_settings)
+                except DecidealotError as error:  # 400, 408, 413 or 415, as the REST API
+                    await send_error(send, error, [])
+                    return
+                scope, receive = _plain(scope, receive, body)
             await manager.handle_request(scope, receive, send)  # type: ignore[arg-type]
 
         self.route = mcp_endpoint

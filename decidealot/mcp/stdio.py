@@ -13,8 +13,11 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import os
+import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from typing import NoReturn
 
 import httpx
 from mcp.server.stdio import stdio_server
@@ -28,6 +31,8 @@ from decidealot.service import Service
 log = logging.getLogger("decidealot.mcp")
 
 _CONNECT_SECONDS = 10.0
+_UNWIND_SECONDS = 0.5
+"""How long cancelled tool calls get to unwind before the backend closes under them."""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -47,8 +52,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         except BundleError as exc:
             print(f"decidealot mcp: {exc}", file=sys.stderr)
             return 1
-    # Clients end the server by closing stdin (then SIGTERM to the process group, which
-    # reaches provider workers too); Ctrl-C in a terminal is a normal end as well.
+    # Clients end the server by closing stdin, or by SIGTERM; Ctrl-C in a terminal is a
+    # normal end as well. A signal ends the process inside `_serve`; the suppression covers
+    # one that arrives before its handlers are in place.
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(_serve(settings, args.url))
     return 0
@@ -81,11 +87,25 @@ def _base_url(raw: str) -> str:
 
 
 async def _serve(settings: Settings, url: str | None) -> None:
+    """Serve until the client closes stdin; SIGINT or SIGTERM end the process, exit status 0."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    async with _backend(settings, url) as backend:
+        signalled = await _run(backend, stop)
+    if signalled:
+        _leave_now()
+
+
+@contextlib.asynccontextmanager
+async def _backend(settings: Settings, url: str | None) -> AsyncIterator[Backend]:
+    """The tools' backend, closed on the way out (provider workers stopped)."""
     if url is not None:
         forwarding = ForwardingBackend(url, settings.api_key, _forward_timeout(settings))
         log.info("MCP over stdio, forwarding to %s", url)
         try:
-            await _run(forwarding)
+            yield forwarding
         finally:
             await forwarding.close()
         return
@@ -93,15 +113,49 @@ async def _serve(settings: Settings, url: str | None) -> None:
     await service.start()
     log.info("MCP over stdio, providers: %s", ", ".join(settings.providers) or "none")
     try:
-        await _run(ServiceBackend(service))
+        yield ServiceBackend(service)
     finally:
         await service.close()
 
 
-async def _run(backend: Backend) -> None:
+async def _run(backend: Backend, stop: asyncio.Event) -> bool:
+    """Serve until the client closes stdin (False) or `stop` is set (True).
+
+    On `stop` the session is cancelled but not awaited to the end: the SDK reads stdin on a
+    worker thread blocked in read(), which nothing but a line or EOF wakes, and the session
+    waits for it (see `_leave_now`).
+    """
+    session = asyncio.create_task(_session(backend))
+    stopping = asyncio.create_task(stop.wait())
+    await asyncio.wait((session, stopping), return_when=asyncio.FIRST_COMPLETED)
+    if session.done():
+        stopping.cancel()
+        session.result()  # a failure of the session is this process's failure
+        return False
+    session.cancel()
+    await asyncio.wait((session,), timeout=_UNWIND_SECONDS)
+    return True
+
+
+async def _session(backend: Backend) -> None:
     server = build_server(backend)
     async with stdio_server() as (read_stream, write_stream):
         await server.run(read_stream, write_stream, server.create_initialization_options())
+
+
+def _leave_now() -> NoReturn:
+    """End the process at once after a signal, the backend already closed.
+
+    The SDK's stdin reader is a non-daemon anyio worker thread blocked in read() while the
+    client keeps its end of the pipe open: the cancelled session waits for it, so would
+    asyncio.run and the interpreter's shutdown, forever. Nothing is left to clean up (MCP
+    messages are flushed as they are written), so os._exit, as `decidealot serve` does.
+    """
+    log.info("MCP over stdio stopped")
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _forward_timeout(settings: Settings) -> httpx.Timeout:
