@@ -37,6 +37,7 @@ from providers.von.model import WINDOW, CheckpointError
 from providers.von.provider import VonProvider
 from providers.von.render import NO_TEXT, YES_TEXT, instructions_text, pack, score_level_text
 from tests.builders.von_checkpoint import build_von_checkpoint
+from tests.devices import DEVICES
 
 MODES = {"independent": True, "plain": False}
 
@@ -55,13 +56,24 @@ def engines(von_dirs: dict[str, Path]) -> dict[str, VonEngine]:
     return {mode: _engine(path) for mode, path in von_dirs.items()}
 
 
-def _engine(path: Path, **options: Any) -> VonEngine:
+@pytest.fixture(scope="session", params=DEVICES)
+def device_engines(
+    request: pytest.FixtureRequest, von_dirs: dict[str, Path]
+) -> dict[str, VonEngine]:
+    """`engines` on CPU (the same instances), or the same checkpoints on the GPU."""
+    if request.param == "cpu":
+        return request.getfixturevalue("engines")
+    return {mode: _engine(path, device=request.param) for mode, path in von_dirs.items()}
+
+
+def _engine(path: Path, device: str = "cpu", **options: Any) -> VonEngine:
     return create(
         EngineSpec(
             factory="providers.von.engine:create",
             checkpoints={"von-1.1": str(path)},
             preload=["von-1.1"],
             options=options,
+            device=device,
         )
     )
 
@@ -120,8 +132,10 @@ def _flat(answer: Any) -> dict[str, float]:
 
 
 @pytest.mark.parametrize("mode", list(MODES))
-def test_batched_jobs_answer_as_they_do_alone(engines: dict[str, VonEngine], mode: str) -> None:
-    engine = engines[mode]
+def test_batched_jobs_answer_as_they_do_alone(
+    device_engines: dict[str, VonEngine], mode: str
+) -> None:
+    engine = device_engines[mode]
     rng = random.Random(f"von-batch-{mode}")
     jobs = [_random_job(rng) for _ in range(12)]
     together = _run(engine, jobs)
@@ -140,16 +154,19 @@ def test_batched_jobs_answer_as_they_do_alone(engines: dict[str, VonEngine], mod
                 assert _flat(other)[key] == pytest.approx(value, abs=1e-5), (name, key)
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("mode", list(MODES))
-def test_concurrent_runs_answer_as_sequential_runs(von_dirs: dict[str, Path], mode: str) -> None:
+def test_concurrent_runs_answer_as_sequential_runs(
+    von_dirs: dict[str, Path], mode: str, device: str
+) -> None:
     """A worker may run several passes at once (one per core on CPU): runs from two threads at
     once, sharing the debias-row cache, give every job what a run of it alone gives."""
     rng = random.Random(f"von-threads-{mode}")
     jobs = [_random_job(rng) for _ in range(24)]
     shared = NoulQuestion(instructions="Is this about a refund?")
     jobs += [_job(f"ticket {i} about an invoice", {"n": shared}) for i in range(8)]
-    sequential = [_run(_engine(von_dirs[mode]), [job])[0] for job in jobs]
-    engine = _engine(von_dirs[mode])  # fresh cache, so both threads fill it at once
+    sequential = [_run(_engine(von_dirs[mode], device), [job])[0] for job in jobs]
+    engine = _engine(von_dirs[mode], device)  # fresh cache, so both threads fill it at once
     start = threading.Barrier(2)
 
     def run_share(share: range) -> dict[int, Decision]:

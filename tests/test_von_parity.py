@@ -3,7 +3,8 @@
 Both answer the same seeded requests (all three question types, structured instructions and
 criteria, digit runs, injected special-token literals, states long enough to be cut) in both
 attention modes, with and without a calibration map and a noul prior. Upstream runs with its
-chains off and the raw noul decision, as Decidealot serves Von.
+chains off and the raw noul decision, as Decidealot serves Von. On CUDA (skipped without a GPU)
+both sides run there, still in fp32 as upstream runs Von everywhere, to the same tolerance.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from decidealot.contract import ChoiceAnswer, NoulAnswer, Question, ScoreAnswer
 from providers.engine import EngineSpec, Job
 from providers.von.engine import VonEngine, create
 from tests.builders.von_checkpoint import build_von_checkpoint
+from tests.devices import DEVICES, assert_fp32_matmul_is_ieee
 
 TOLERANCE = 1e-4
 MAX_STATE_TOKENS = 64  # low, so long generated states are cut in the middle
@@ -49,7 +51,6 @@ VARIANTS: dict[str, dict[str, Any]] = {
 
 _UPSTREAM_ENV = {
     "VON_CHAINS_DIR": "off",
-    "VON_DEVICE": "cpu",
     "VON_NOUL_DECISION": "raw",
     "VON_MAX_STATE_TOKENS": str(MAX_STATE_TOKENS),
     "HF_HUB_OFFLINE": "1",
@@ -87,27 +88,39 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {name: build_von_checkpoint(root / name, **kw) for name, kw in VARIANTS.items()}
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="session", params=DEVICES)
 def pairs(
-    checkpoints: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
+    request: pytest.FixtureRequest,
+    checkpoints: dict[str, Path],
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[dict[str, tuple[Any, VonEngine]]]:
-    """Per variant: the upstream backend (loaded under parity env) and our engine."""
+    """Per variant: the upstream backend (loaded under parity env) and our engine, both on the
+    parametrised device."""
     from von.backends.option_marker_backend import OptionMarkerBackend
 
-    env = {**_UPSTREAM_ENV, "XDG_CACHE_HOME": str(tmp_path_factory.mktemp("xdg"))}
+    device: str = request.param
+    if device == "cuda":
+        assert_fp32_matmul_is_ieee()
+    env = {
+        **_UPSTREAM_ENV,
+        "VON_DEVICE": device,
+        "XDG_CACHE_HOME": str(tmp_path_factory.mktemp("xdg")),
+    }
     saved = {key: os.environ.get(key) for key in [*env, "VON_CALIBRATION"]}
     os.environ.update(env)
     os.environ.pop("VON_CALIBRATION", None)
     try:
         result = {}
         for name, path in checkpoints.items():
-            upstream = OptionMarkerBackend(checkpoint_dir=str(path), device="cpu")
+            upstream = OptionMarkerBackend(checkpoint_dir=str(path), device=device)
             upstream._get_model()  # loads lazily, and reads the environment when it does
+            assert upstream.device.type == device  # no silent fallback to the CPU
             ours = create(
                 EngineSpec(
                     factory="providers.von.engine:create",
                     checkpoints={"von-1.1": str(path)},
                     options={"max_state_tokens": MAX_STATE_TOKENS},
+                    device=device,
                 )
             )
             result[name] = (upstream, ours)
