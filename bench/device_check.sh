@@ -116,8 +116,9 @@ run_checks() {
 
   step setup 120 bash "$0" _setup
   step pytest 240 bash "$0" _cuda-tests
-  step bench-von 150 "$VENV/bin/python" bench/von.py --device cuda --quick
-  step bench-laya 150 "$VENV/bin/python" bench/laya.py --device cuda --quick
+  # The compute-bound checkpoints: on CPU they are where no server reaches 2x upstream.
+  step bench-von 150 "$VENV/bin/python" bench/von.py --device cuda --sizes small --small-seconds 8
+  step bench-laya 150 "$VENV/bin/python" bench/laya.py --device cuda --sizes base --base-seconds 8
   echo "total seconds=$((SECONDS - started))" | tee -a "$summary"
 }
 
