@@ -9,9 +9,11 @@ servers' CPU time per decision, which other load on a shared machine disturbs fa
 
 Checkpoints are random (tests/builders/laya_checkpoint.py): `tiny` (hidden 64, 2 layers, rows
 cut to 128 tokens) shows serving overhead; `base` has ModernBERT-base's encoder shape and the
-shipped 512-token budget, and shows compute. The last table
-is Decidealot's HTTP overhead: the same requests through `LayaEngine.prepare`/`run` in this
-process, one at a time, against HTTP at one client.
+shipped 512-token budget, and shows compute. On CPU each checkpoint's tables end with the
+compute bound (bench/compute.py): how far any server could get ahead of laya-serve at equal
+CPU. The last table is Decidealot's HTTP overhead: the same requests through
+`LayaEngine.prepare`/`run` in this process, one at a time, against HTTP at one client.
+`--device cuda` runs all of it on a GPU.
 
     .venv/bin/python bench/laya.py            # full run (about 15 minutes on 2 cores)
     .venv/bin/python bench/laya.py --quick    # about a minute, tiny checkpoint only
@@ -36,6 +38,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.compute import bound_table, matmul_ceiling, matmul_gflop
 from bench.loadgen import (
     LoadResult,
     drive_raw,
@@ -45,6 +48,7 @@ from bench.loadgen import (
     server_root,
     table,
     tree_cpu_seconds,
+    upstream_package,
 )
 from bench.workload import QUESTIONS, SENTENCES
 
@@ -349,6 +353,40 @@ def http_overhead(
     }
 
 
+def matmul_flops(folder: Path, bodies: Bodies, requests: int) -> dict[str, float]:
+    """Matrix-multiply GFLOP per request of upstream's `Agent.system_one` and of Decidealot's
+    engine (batched), on `requests` of the bench's states, english checkpoint."""
+    import warnings
+
+    import msgspec
+
+    from decidealot.contract import Question
+    from providers.engine import EngineSpec, Job
+    from providers.laya.engine import create
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # the shipped choice:11+ clamp warning
+        agent = upstream_package("laya").load(str(folder / "english"), device="cpu")
+    engine = create(
+        EngineSpec(
+            factory="providers.laya.engine:create",
+            checkpoints={"english": str(folder / "english")},
+            preload=("english",),
+            device="cpu",
+        )
+    )
+    questions = msgspec.convert(QUESTIONS, dict[str, Question])
+    states = [bodies.state(i) for i in range(requests)]
+    return {
+        UPSTREAM: matmul_gflop(lambda: [agent.system_one(s, QUESTIONS) for s in states])
+        / len(states),
+        DECIDEALOT: matmul_gflop(
+            lambda: engine.run([engine.prepare(Job("english", s, questions)) for s in states])
+        )
+        / len(states),
+    }
+
+
 def overhead_table(rows: dict[str, dict[str, float]]) -> str:
     lines = [
         "| checkpoint | requests | in-process p50 ms | HTTP p50 ms | overhead (p50 difference) "
@@ -424,6 +462,15 @@ def main() -> int:
             "",
             table(results, UPSTREAM),
         ]
+        if args.device == "cpu":
+            config = folder / "english" / "encoder" / "config.json"
+            hidden = json.loads(config.read_text())["hidden_size"]
+            gflop = matmul_flops(folder, bodies, 8)
+            ceiling = matmul_ceiling(hidden, args.threads)
+            report += [
+                "",
+                bound_table(gflop, ceiling, args.threads, cpu_ms, DECIDEALOT, UPSTREAM),
+            ]
     report += ["\n### Decidealot HTTP overhead over an in-process call (1 client)\n"]
     report.append(overhead_table(overheads))
     print("\n".join(report))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
 import os
 import signal
 import socket
@@ -19,6 +20,7 @@ import urllib.parse
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 
 import httpx
 
@@ -218,6 +220,15 @@ def table(results: Sequence[LoadResult], baseline: str) -> str:
             f"{r.p50_ms:.1f} | {r.p99_ms:.1f} | {ratio} |"
         )
     return "\n".join(lines)
+
+
+def upstream_package(name: str) -> ModuleType:
+    """The installed upstream package `name`, not the bench script of the same name beside
+    this module (bench/laya.py, bench/von.py), whose folder a script run puts first on
+    sys.path."""
+    here = Path(__file__).resolve().parent
+    sys.path[:] = [entry for entry in sys.path if Path(entry or ".").resolve() != here]
+    return importlib.import_module(name)
 
 
 def python() -> str:

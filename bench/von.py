@@ -42,6 +42,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.compute import bound_table, matmul_ceiling, matmul_gflop
 from bench.loadgen import (
     LoadResult,
     drive_raw,
@@ -51,6 +52,7 @@ from bench.loadgen import (
     server_root,
     table,
     tree_cpu_seconds,
+    upstream_package,
 )
 from bench.workload import QUESTIONS, SENTENCES
 
@@ -262,11 +264,8 @@ class UpstreamBackend(Protocol):
 def upstream_backend(checkpoint: Path, device: str) -> UpstreamBackend:
     """von-sdk's option-marker backend on `checkpoint`, configured as its server runs here."""
     os.environ.update(VON_CHAINS_DIR="off", VON_NOUL_DECISION="raw", HF_HUB_OFFLINE="1")
-    here = Path(__file__).resolve().parent  # this script is named like the upstream package
-    sys.path[:] = [entry for entry in sys.path if Path(entry or ".").resolve() != here]
-    from von.backends.option_marker_backend import OptionMarkerBackend
-
-    return OptionMarkerBackend(checkpoint_dir=str(checkpoint), device=device)
+    backend = upstream_package("von.backends.option_marker_backend")
+    return backend.OptionMarkerBackend(checkpoint_dir=str(checkpoint), device=device)
 
 
 def engine_times(
@@ -315,11 +314,9 @@ def engine_times(
 
 
 def matmul_flops(checkpoint: Path, bodies: Bodies, requests: int) -> dict[str, float]:
-    """Matrix-multiply GFLOP per request, counted by torch, of upstream's backend and of
-    Decidealot's engine (batched, its debias cache warm). Attention is not counted (torch's
-    counter skips CPU sdpa), so the bound drawn from it is generous to Decidealot."""
+    """Matrix-multiply GFLOP per request of upstream's backend and of Decidealot's engine
+    (batched, its debias cache warm), on `requests` of the bench's states."""
     import msgspec
-    from torch.utils.flop_counter import FlopCounterMode
 
     from decidealot.contract import Question
     from providers.engine import EngineSpec, Job
@@ -336,59 +333,14 @@ def matmul_flops(checkpoint: Path, bodies: Bodies, requests: int) -> dict[str, f
     questions = msgspec.convert(QUESTIONS, dict[str, Question])
     states = bodies.states[:requests]
     engine.run([engine.prepare(Job(MODEL, states[0], questions))])  # debias row cached
-    counted: dict[str, float] = {}
-    with FlopCounterMode(display=False) as counter:
-        for state in states:
-            upstream.evaluate(state, QUESTIONS)
-    counted["upstream"] = counter.get_total_flops() / 1e9 / len(states)
-    with FlopCounterMode(display=False) as counter:
-        engine.run([engine.prepare(Job(MODEL, state, questions)) for state in states])
-    counted["decidealot"] = counter.get_total_flops() / 1e9 / len(states)
-    return counted
-
-
-def matmul_ceiling(checkpoint: Path, threads: int) -> float:
-    """GFLOP/s of one fp32 matrix multiply of this checkpoint's widest shape (1024 tokens
-    through the fused query/key/value projection) on `threads` threads, best of five."""
-    import torch
-
-    hidden = json.loads((checkpoint / "config.json").read_text())["hidden_size"]
-    torch.set_num_threads(threads)
-    a, b = torch.randn(1024, hidden), torch.randn(hidden, 3 * hidden)
-    for _ in range(3):
-        a @ b
-    best = float("inf")
-    for _ in range(5):
-        began = time.perf_counter()
-        for _ in range(5):
-            a @ b
-        best = min(best, (time.perf_counter() - began) / 5)
-    return 2 * 1024 * hidden * 3 * hidden / best / 1e9
-
-
-def ceiling_table(
-    flops: dict[str, float], ceiling: float, threads: int, cpu_ms: dict[tuple[str, int], float]
-) -> str:
-    """Per client count: what each server's CPU per decision achieves in matrix-multiply
-    GFLOP/s, and the most any server doing Decidealot's work at the matmul ceiling could
-    reach over upstream at equal CPU (upstream's CPU per decision over that minimum)."""
-    floor_ms = 1000 * flops["decidealot"] * threads / ceiling
-    lines = [
-        f"Matrix-multiply work per decision: {flops['upstream']:.2f} GFLOP upstream, "
-        f"{flops['decidealot']:.2f} GFLOP Decidealot; one fp32 matmul of this checkpoint's "
-        f"shape runs at {ceiling:.0f} GFLOP/s on {threads} thread(s), so Decidealot's work "
-        f"cannot take less than {floor_ms:.1f} ms of CPU per decision.\n",
-        "| clients | upstream CPU ms/dec | its matmul GFLOP/s per core | ours CPU ms/dec | "
-        "ours GFLOP/s per core | bound on the ratio at equal CPU |",
-        "|---:|---:|---:|---:|---:|---:|",
-    ]
-    for n in sorted({clients for _, clients in cpu_ms}):
-        theirs, ours = cpu_ms[(UPSTREAM, n)], cpu_ms[(DECIDEALOT, n)]
-        lines.append(
-            f"| {n} | {theirs:.1f} | {1000 * flops['upstream'] / theirs:.0f} | {ours:.1f} | "
-            f"{1000 * flops['decidealot'] / ours:.0f} | **{theirs / floor_ms:.2f}x** |"
+    return {
+        UPSTREAM: matmul_gflop(lambda: [upstream.evaluate(s, QUESTIONS) for s in states])
+        / len(states),
+        DECIDEALOT: matmul_gflop(
+            lambda: engine.run([engine.prepare(Job(MODEL, s, questions)) for s in states])
         )
-    return "\n".join(lines)
+        / len(states),
+    }
 
 
 def engine_table(rows: dict[str, dict[str, float]]) -> str:
@@ -458,9 +410,13 @@ def main() -> int:
             table(results, UPSTREAM),
         ]
         if args.device == "cpu":
-            flops = matmul_flops(checkpoint, bodies, 8)
-            ceiling = matmul_ceiling(checkpoint, args.threads)
-            report += ["", ceiling_table(flops, ceiling, args.threads, cpu_ms)]
+            hidden = json.loads((checkpoint / "config.json").read_text())["hidden_size"]
+            gflop = matmul_flops(checkpoint, bodies, 8)
+            ceiling = matmul_ceiling(hidden, args.threads)
+            report += [
+                "",
+                bound_table(gflop, ceiling, args.threads, cpu_ms, DECIDEALOT, UPSTREAM),
+            ]
     report += [f"\n### Engines without HTTP ({args.mode} attention, same requests)\n"]
     report.append(engine_table(engines))
     print("\n".join(report))
