@@ -279,17 +279,9 @@ def summary(
     return "\n".join(lines)
 
 
-def http_overhead(
-    folder: Path,
-    url: str,
-    bodies: Bodies,
-    threads: int,
-    device: str,
-    requests: int,
-    block: int,
-) -> dict[str, float]:
-    """Milliseconds per request: in-process `prepare`+`run` vs HTTP at one client, the same
-    requests, in alternating blocks of `block` so background load hits both alike."""
+def english_engine(folder: Path, device: str, threads: int) -> Callable[[list[str]], object]:
+    """A function answering states with Decidealot's engine on the english checkpoint, as one
+    batch, in this process."""
     import msgspec
     import torch
 
@@ -308,6 +300,25 @@ def http_overhead(
         )
     )
     questions = msgspec.convert(QUESTIONS, dict[str, Question])
+
+    def decide(states: list[str]) -> object:
+        return engine.run([engine.prepare(Job("english", state, questions)) for state in states])
+
+    return decide
+
+
+def http_overhead(
+    folder: Path,
+    url: str,
+    bodies: Bodies,
+    threads: int,
+    device: str,
+    requests: int,
+    block: int,
+) -> dict[str, float]:
+    """Milliseconds per request: in-process `prepare`+`run` vs HTTP at one client, the same
+    requests, in alternating blocks of `block` so background load hits both alike."""
+    decide = english_engine(folder, device, threads)
     parsed = urllib.parse.urlsplit(url)
     connection = http.client.HTTPConnection(parsed.hostname or "127.0.0.1", parsed.port)
     local: list[float] = []
@@ -331,8 +342,7 @@ def http_overhead(
         return (time.perf_counter() - started) * 1000
 
     def in_process(index: int) -> None:
-        state = bodies.state(index)
-        engine.run([engine.prepare(Job(checkpoint="english", state=state, questions=questions))])
+        decide([bodies.state(index)])
 
     try:
         in_process(0)  # warm both paths
@@ -353,37 +363,20 @@ def http_overhead(
     }
 
 
-def matmul_flops(folder: Path, bodies: Bodies, requests: int) -> dict[str, float]:
+def matmul_flops(folder: Path, bodies: Bodies, threads: int, requests: int) -> dict[str, float]:
     """Matrix-multiply GFLOP per request of upstream's `Agent.system_one` and of Decidealot's
-    engine (batched), on `requests` of the bench's states, english checkpoint."""
+    engine (batched), on `requests` of the bench's states, english checkpoint, on CPU."""
     import warnings
 
-    import msgspec
-
-    from decidealot.contract import Question
-    from providers.engine import EngineSpec, Job
-    from providers.laya.engine import create
-
+    decide = english_engine(folder, "cpu", threads)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # the shipped choice:11+ clamp warning
         agent = upstream_package("laya").load(str(folder / "english"), device="cpu")
-    engine = create(
-        EngineSpec(
-            factory="providers.laya.engine:create",
-            checkpoints={"english": str(folder / "english")},
-            preload=("english",),
-            device="cpu",
-        )
-    )
-    questions = msgspec.convert(QUESTIONS, dict[str, Question])
     states = [bodies.state(i) for i in range(requests)]
     return {
         UPSTREAM: matmul_gflop(lambda: [agent.system_one(s, QUESTIONS) for s in states])
         / len(states),
-        DECIDEALOT: matmul_gflop(
-            lambda: engine.run([engine.prepare(Job("english", s, questions)) for s in states])
-        )
-        / len(states),
+        DECIDEALOT: matmul_gflop(lambda: decide(states)) / len(states),
     }
 
 
@@ -465,7 +458,7 @@ def main() -> int:
         if args.device == "cpu":
             config = folder / "english" / "encoder" / "config.json"
             hidden = json.loads(config.read_text())["hidden_size"]
-            gflop = matmul_flops(folder, bodies, 8)
+            gflop = matmul_flops(folder, bodies, args.threads, 8)
             ceiling = matmul_ceiling(hidden, args.threads)
             report += [
                 "",

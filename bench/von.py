@@ -268,11 +268,11 @@ def upstream_backend(checkpoint: Path, device: str) -> UpstreamBackend:
     return backend.OptionMarkerBackend(checkpoint_dir=str(checkpoint), device=device)
 
 
-def engine_times(
-    checkpoint: Path, bodies: Bodies, threads: int, device: str, requests: int
-) -> dict[str, float]:
-    """Milliseconds per request without HTTP: upstream's backend, Decidealot's engine alone
-    and in batches of 32; the same states, the three taking turns per 32 requests."""
+def in_process(
+    checkpoint: Path, device: str, threads: int
+) -> tuple[UpstreamBackend, Callable[[list[str]], object]]:
+    """Upstream's backend and a function answering states with Decidealot's engine as one
+    batch, both in this process on `checkpoint`."""
     import msgspec
     import torch
 
@@ -293,9 +293,18 @@ def engine_times(
     )
     questions = msgspec.convert(QUESTIONS, dict[str, Question])
 
-    def ours(states: list[str]) -> None:
-        engine.run([engine.prepare(Job(MODEL, state, questions)) for state in states])
+    def ours(states: list[str]) -> object:
+        return engine.run([engine.prepare(Job(MODEL, state, questions)) for state in states])
 
+    return upstream, ours
+
+
+def engine_times(
+    checkpoint: Path, bodies: Bodies, threads: int, device: str, requests: int
+) -> dict[str, float]:
+    """Milliseconds per request without HTTP: upstream's backend, Decidealot's engine alone
+    and in batches of 32; the same states, the three taking turns per 32 requests."""
+    upstream, ours = in_process(checkpoint, device, threads)
     runs: dict[str, Callable[[list[str]], object]] = {
         "upstream": lambda states: [upstream.evaluate(state, QUESTIONS) for state in states],
         "alone": lambda states: [ours([state]) for state in states],
@@ -313,33 +322,16 @@ def engine_times(
     return {name: seconds * 1000 / requests for name, seconds in spent.items()}
 
 
-def matmul_flops(checkpoint: Path, bodies: Bodies, requests: int) -> dict[str, float]:
+def matmul_flops(checkpoint: Path, bodies: Bodies, threads: int, requests: int) -> dict[str, float]:
     """Matrix-multiply GFLOP per request of upstream's backend and of Decidealot's engine
-    (batched, its debias cache warm), on `requests` of the bench's states."""
-    import msgspec
-
-    from decidealot.contract import Question
-    from providers.engine import EngineSpec, Job
-    from providers.von.engine import create
-
-    upstream = upstream_backend(checkpoint, "cpu")
-    spec = EngineSpec(
-        factory="providers.von.engine:create",
-        checkpoints={MODEL: str(checkpoint)},
-        preload=(MODEL,),
-        device="cpu",
-    )
-    engine = create(spec)
-    questions = msgspec.convert(QUESTIONS, dict[str, Question])
+    (batched, its debias cache warm), on `requests` of the bench's states, on CPU."""
+    upstream, ours = in_process(checkpoint, "cpu", threads)
     states = bodies.states[:requests]
-    engine.run([engine.prepare(Job(MODEL, states[0], questions))])  # debias row cached
+    ours(states[:1])  # the debias row cached, as under load
     return {
         UPSTREAM: matmul_gflop(lambda: [upstream.evaluate(s, QUESTIONS) for s in states])
         / len(states),
-        DECIDEALOT: matmul_gflop(
-            lambda: engine.run([engine.prepare(Job(MODEL, s, questions)) for s in states])
-        )
-        / len(states),
+        DECIDEALOT: matmul_gflop(lambda: ours(states)) / len(states),
     }
 
 
@@ -411,7 +403,7 @@ def main() -> int:
         ]
         if args.device == "cpu":
             hidden = json.loads((checkpoint / "config.json").read_text())["hidden_size"]
-            gflop = matmul_flops(checkpoint, bodies, 8)
+            gflop = matmul_flops(checkpoint, bodies, args.threads, 8)
             ceiling = matmul_ceiling(hidden, args.threads)
             report += [
                 "",
