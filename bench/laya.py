@@ -31,7 +31,7 @@ import sys
 import time
 import urllib.parse
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -42,10 +42,9 @@ from bench.compute import bound_table, matmul_ceiling, matmul_gflop
 from bench.loadgen import (
     LoadResult,
     drive_raw,
-    free_port,
     python,
-    server,
     server_root,
+    side_by_side,
     table,
     tree_cpu_seconds,
     upstream_package,
@@ -118,49 +117,35 @@ class Bodies:
 def servers(
     folder: Path, threads: int, device: str, logs: Path, decidealot_env: dict[str, str]
 ) -> Iterator[dict[str, tuple[str, str, int]]]:
-    """Both servers, up and warm; yields {name: (decision URL, model name)}."""
-    common = {
-        "HF_HUB_OFFLINE": "1",
-        "OMP_NUM_THREADS": str(threads),
-        "MKL_NUM_THREADS": str(threads),
-        "TOKENIZERS_PARALLELISM": "false",
-    }
-    ours_port, theirs_port = free_port(), free_port()
+    """Both servers, up; yields {name: (decision URL, model name, server pid)}."""
+
+    def laya_serve(port: int) -> tuple[list[str], dict[str, str]]:
+        env = {
+            "LAYA_HOST": "127.0.0.1",
+            "LAYA_PORT": str(port),
+            "LAYA_DEVICE": device,
+            "LAYA_THREADS": str(threads),
+            "LAYA_MODELS": "english",
+            "LAYA_EXTRA_MODELS": json.dumps({"english": str(folder / "english")}),
+            "LAYA_MAX_CONCURRENT": "64",
+        }
+        return [str(Path(python()).with_name("laya-serve"))], env
+
     ours_env = {
-        **common,
-        "DECIDEALOT_PORT": str(ours_port),
-        "DECIDEALOT_DEVICE": device,
-        "DECIDEALOT_TORCH_THREADS": str(threads),
         "DECIDEALOT_VON_ENABLED": "false",
-        "DECIDEALOT_PROVIDER_TIMEOUT_SECONDS": "900",
         "DECIDEALOT_LAYA_ENGLISH_CHECKPOINT": str(folder / "english"),
         "DECIDEALOT_LAYA_MULTILINGUAL_CHECKPOINT": str(folder / "multilingual"),
         "DECIDEALOT_LAYA_TYPED_DECISIONS_CHECKPOINT": str(folder / "typed-decisions"),
         **decidealot_env,
     }
-    theirs_env = {
-        **common,
-        "LAYA_HOST": "127.0.0.1",
-        "LAYA_PORT": str(theirs_port),
-        "LAYA_DEVICE": device,
-        "LAYA_THREADS": str(threads),
-        "LAYA_MODELS": "english",
-        "LAYA_EXTRA_MODELS": json.dumps({"english": str(folder / "english")}),
-        "LAYA_MAX_CONCURRENT": "64",
-    }
-    upstream_bin = str(Path(python()).with_name("laya-serve"))
-    with ExitStack() as stack:
-        ours = stack.enter_context(
-            server(
-                [python(), "-m", "decidealot", "serve"],
-                port=ours_port,
-                env=ours_env,
-                log_path=logs / f"{DECIDEALOT}.log",
-            )
-        )
-        theirs = stack.enter_context(
-            server([upstream_bin], port=theirs_port, env=theirs_env, log_path=logs / "laya.log")
-        )
+    with side_by_side(
+        threads=threads,
+        device=device,
+        logs=logs,
+        decidealot_env=ours_env,
+        upstream=laya_serve,
+        upstream_log="laya.log",
+    ) as (ours, theirs):
         yield {
             DECIDEALOT: (ours + "/v1/systemone", "laya-english", server_root("decidealot")),
             UPSTREAM: (theirs + "/v1/systemone", "english", server_root("laya-serve")),

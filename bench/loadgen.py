@@ -77,6 +77,55 @@ def server(
             log.close()  # type: ignore[union-attr]
 
 
+@contextlib.contextmanager
+def side_by_side(
+    *,
+    threads: int,
+    device: str,
+    logs: Path,
+    decidealot_env: Mapping[str, str],
+    upstream: Callable[[int], tuple[list[str], dict[str, str]]],
+    upstream_log: str,
+) -> Iterator[tuple[str, str]]:
+    """`decidealot serve` and an upstream server, both up, with the same torch threads and
+    device; yields their base URLs (ours, theirs). `upstream(port)` gives the peer's command
+    and environment; `decidealot_env` adds to or overrides Decidealot's settings."""
+    common = {
+        "HF_HUB_OFFLINE": "1",
+        "OMP_NUM_THREADS": str(threads),
+        "MKL_NUM_THREADS": str(threads),
+        "TOKENIZERS_PARALLELISM": "false",
+    }
+    ours_port, theirs_port = free_port(), free_port()
+    ours_env = {
+        **common,
+        "DECIDEALOT_PORT": str(ours_port),
+        "DECIDEALOT_DEVICE": device,
+        "DECIDEALOT_TORCH_THREADS": str(threads),
+        "DECIDEALOT_PROVIDER_TIMEOUT_SECONDS": "900",
+        **decidealot_env,
+    }
+    theirs_command, theirs_env = upstream(theirs_port)
+    with contextlib.ExitStack() as stack:
+        ours = stack.enter_context(
+            server(
+                [python(), "-m", "decidealot", "serve"],
+                port=ours_port,
+                env=ours_env,
+                log_path=logs / "decidealot.log",
+            )
+        )
+        theirs = stack.enter_context(
+            server(
+                theirs_command,
+                port=theirs_port,
+                env={**common, **theirs_env},
+                log_path=logs / upstream_log,
+            )
+        )
+        yield ours, theirs
+
+
 @dataclass(frozen=True)
 class LoadResult:
     name: str

@@ -34,7 +34,7 @@ import random
 import sys
 import time
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Protocol
 
@@ -46,10 +46,9 @@ from bench.compute import bound_table, matmul_ceiling, matmul_gflop
 from bench.loadgen import (
     LoadResult,
     drive_raw,
-    free_port,
     python,
-    server,
     server_root,
+    side_by_side,
     table,
     tree_cpu_seconds,
     upstream_package,
@@ -115,56 +114,33 @@ def servers(
     checkpoint: Path, threads: int, device: str, logs: Path, decidealot_env: dict[str, str]
 ) -> Iterator[dict[str, tuple[str, int]]]:
     """Both servers, up; yields {name: (decision URL, server pid)}."""
-    common = {
-        "HF_HUB_OFFLINE": "1",
-        "OMP_NUM_THREADS": str(threads),
-        "MKL_NUM_THREADS": str(threads),
-        "TOKENIZERS_PARALLELISM": "false",
-    }
-    ours_port, theirs_port = free_port(), free_port()
+
+    def von_serve(port: int) -> tuple[list[str], dict[str, str]]:
+        command = [str(Path(python()).with_name("von")), "serve", "--host", "127.0.0.1"]
+        command += ["--port", str(port), "--device", device, "--no-chains"]
+        command += ["--noul-decision", "raw"]
+        env = {
+            "VON_CHECKPOINT_DIR": str(checkpoint),
+            "VON_CHAINS_DIR": "off",
+            "VON_DEVICE": device,
+            "VON_NOUL_DECISION": "raw",
+        }
+        return command, env
+
     ours_env = {
-        **common,
-        "DECIDEALOT_PORT": str(ours_port),
-        "DECIDEALOT_DEVICE": device,
-        "DECIDEALOT_TORCH_THREADS": str(threads),
         "DECIDEALOT_LAYA_ENABLED": "false",
         "DECIDEALOT_VON_CHECKPOINT": str(checkpoint),
         "DECIDEALOT_MODEL_DIR": str(logs / "models"),
-        "DECIDEALOT_PROVIDER_TIMEOUT_SECONDS": "900",
         **decidealot_env,
     }
-    theirs_env = {
-        **common,
-        "VON_CHECKPOINT_DIR": str(checkpoint),
-        "VON_CHAINS_DIR": "off",
-        "VON_DEVICE": device,
-        "VON_NOUL_DECISION": "raw",
-    }
-    upstream = [
-        str(Path(python()).with_name("von")),
-        "serve",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(theirs_port),
-        "--device",
-        device,
-        "--no-chains",
-        "--noul-decision",
-        "raw",
-    ]
-    with ExitStack() as stack:
-        ours = stack.enter_context(
-            server(
-                [python(), "-m", "decidealot", "serve"],
-                port=ours_port,
-                env=ours_env,
-                log_path=logs / f"{DECIDEALOT}.log",
-            )
-        )
-        theirs = stack.enter_context(
-            server(upstream, port=theirs_port, env=theirs_env, log_path=logs / f"{UPSTREAM}.log")
-        )
+    with side_by_side(
+        threads=threads,
+        device=device,
+        logs=logs,
+        decidealot_env=ours_env,
+        upstream=von_serve,
+        upstream_log=f"{UPSTREAM}.log",
+    ) as (ours, theirs):
         yield {
             DECIDEALOT: (ours + "/v1/systemone", server_root("decidealot")),
             UPSTREAM: (theirs + "/v1/systemone", server_root("bin/von")),
