@@ -25,7 +25,6 @@ import argparse
 import http.client
 import json
 import os
-import random
 import statistics
 import sys
 import time
@@ -49,7 +48,7 @@ from bench.loadgen import (
     tree_cpu_seconds,
     upstream_package,
 )
-from bench.workload import QUESTIONS, SENTENCES
+from bench.workload import QUESTIONS, sized_states
 
 DECIDEALOT = "decidealot"
 UPSTREAM = "laya-serve"
@@ -71,24 +70,12 @@ def build_checkpoints(cache: Path, size: str) -> Path:
     return folder
 
 
-def make_states(checkpoint: Path, count: int, seed: int = 7) -> list[str]:
+def make_states(checkpoint: Path, count: int) -> list[str]:
     """`count` states of 100-300 tokens (under this checkpoint's tokenizer), before the request
     number `Bodies` puts in front of each."""
-    from tokenizers import Tokenizer
-
-    tokenizer = Tokenizer.from_file(str(checkpoint / "tokenizer" / "tokenizer.json"))
-    rng = random.Random(seed)
-    states: list[str] = []
-    for _ in range(count):
-        target = rng.randint(100, 300)
-        text = "Ticket 1000:"
-        while True:
-            longer = text + " " + rng.choice(SENTENCES)
-            if len(tokenizer.encode(longer, add_special_tokens=False).ids) > target:
-                break
-            text = longer
-        states.append(text.removeprefix("Ticket 1000:"))
-    return states
+    heading = "Ticket 1000:"
+    tokenizer = checkpoint / "tokenizer" / "tokenizer.json"
+    return [s.removeprefix(heading) for s in sized_states(tokenizer, count, lambda _: heading)]
 
 
 class Bodies:

@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -53,7 +52,7 @@ from bench.loadgen import (
     tree_cpu_seconds,
     upstream_package,
 )
-from bench.workload import QUESTIONS, SENTENCES
+from bench.workload import QUESTIONS, sized_states
 
 DECIDEALOT = "decidealot"
 UPSTREAM = "von-serve"
@@ -73,23 +72,9 @@ def build_checkpoint(cache: Path, size: str, mode: str) -> Path:
     return folder
 
 
-def make_states(checkpoint: Path, count: int, seed: int = 7) -> list[str]:
+def make_states(checkpoint: Path, count: int) -> list[str]:
     """`count` distinct states of 100-300 tokens (under this checkpoint's tokenizer)."""
-    from tokenizers import Tokenizer
-
-    tokenizer = Tokenizer.from_file(str(checkpoint / "tokenizer.json"))
-    rng = random.Random(seed)
-    states: list[str] = []
-    for i in range(count):
-        target = rng.randint(100, 300)
-        text = f"Ticket {i}:"
-        while True:
-            longer = text + " " + rng.choice(SENTENCES)
-            if len(tokenizer.encode(longer, add_special_tokens=False).ids) > target:
-                break
-            text = longer
-        states.append(text)
-    return states
+    return sized_states(checkpoint / "tokenizer.json", count, lambda i: f"Ticket {i}:")
 
 
 class Bodies:

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import random
+from collections.abc import Callable
+from pathlib import Path
+
 QUESTIONS = {
     "category": {
         "type": "choice",
@@ -37,3 +41,25 @@ SENTENCES = [
     "Logs show timeouts from the payment gateway during checkout.",
     "The customer would like to cancel the subscription unless the issue is fixed.",
 ]
+
+
+def sized_states(
+    tokenizer_file: Path, count: int, heading: Callable[[int], str], seed: int = 7
+) -> list[str]:
+    """`count` ticket texts, the i-th `heading(i)` followed by sentences up to a random 100-300
+    tokens under `tokenizer_file` (a tokenizers JSON file), heading included."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(tokenizer_file))
+    rng = random.Random(seed)
+    states: list[str] = []
+    for i in range(count):
+        target = rng.randint(100, 300)
+        text = heading(i)
+        while True:
+            longer = text + " " + rng.choice(SENTENCES)
+            if len(tokenizer.encode(longer, add_special_tokens=False).ids) > target:
+                break
+            text = longer
+        states.append(text)
+    return states
