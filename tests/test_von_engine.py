@@ -291,6 +291,7 @@ def test_criteria_beyond_the_window_are_refused_by_question(
     with pytest.raises(DecisionInputError) as caught:
         engine.prepare(job)
     assert caught.value.question == "too_long"
+    assert "by themselves" in caught.value.msg
     assert "secret" not in caught.value.msg
 
 

@@ -31,6 +31,7 @@ from providers.von.render import (
     instructions_text,
     noul_options,
     option_texts,
+    options_tokens,
     pack,
     state_token_ids,
 )
@@ -109,13 +110,20 @@ class VonEngine:
             if not options:
                 plans.append(_Plan(name, question, options, None, None, 0))
                 continue
+            fixed = options_tokens(
+                tokenizer, instructions, options, digit_split=calibration.digit_split
+            )
+            if fixed > WINDOW:
+                raise DecisionInputError(
+                    name,
+                    f"instructions and criteria take {fixed} tokens by themselves, before any "
+                    f"state; Von's context window holds {WINDOW}",
+                )
             fitted = fit_state(
                 tokenizer,
                 state,
                 state_ids,
-                instructions,
-                options,
-                digit_split=calibration.digit_split,
+                fixed,
                 window=WINDOW,
                 max_state_tokens=self._max_state_tokens,
             )
@@ -152,12 +160,6 @@ class VonEngine:
             model.tokenizer, state, instructions, options, digit_split=model.calibration.digit_split
         )
         ids: list[int] = model.tokenizer(text)["input_ids"]
-        if len(ids) > WINDOW:
-            raise DecisionInputError(
-                name,
-                f"instructions and criteria take {len(ids)} tokens; "
-                f"Von's context window holds {WINDOW}",
-            )
         markers = [t for t, token in enumerate(ids) if token == model.mask_id]
         if len(markers) != len(options):
             raise DecisionInputError(name, "criteria could not be packed as separate options")

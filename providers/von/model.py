@@ -22,7 +22,8 @@ from transformers import AutoConfig, AutoTokenizer, ModernBertModel, PreTrainedT
 from transformers.initialization import no_init_weights
 
 WINDOW = 8192
-"""Upstream forces `max_position_embeddings` to this; it bounds a packed sequence."""
+"""Upstream forces `max_position_embeddings` to this; the state cut fits rows to it (a cut
+row may still end a few tokens past it, as upstream's does: RoPE has no position table)."""
 
 _MAP_FEATURES = ("bias", "entropy", "log_tokens", "n_options")
 
