@@ -111,9 +111,9 @@ def _long_state(rng: random.Random, language: str, shape: str, tokenizer: Any) -
         if rng.random() < 0.02:
             sentence += rng.choice([" [SEP]", " [MASK]"])  # escaped by packing: rows grow
         sentences.append(sentence)
-        if len(sentences) % 64 == 0:
-            if len(tokenizer("\n".join(sentences))["input_ids"]) > STATE_TOKENS:
-                break
+        checked = len(sentences) % 64 == 0
+        if checked and len(tokenizer("\n".join(sentences))["input_ids"]) > STATE_TOKENS:
+            break
     if shape == "string":
         return " ".join(sentences)
     if shape == "array":
