@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from decidealot import logs, metrics
-from decidealot.config import Settings
+from decidealot.config import ConfigError, Settings
 from decidealot.errors import DecisionInputError, ProviderUnavailable
 from providers.engine import Decision, EngineSpec, Job
 from providers.frames import (
@@ -125,14 +125,23 @@ def lane_for(name: str, device: str, settings: Settings) -> tuple[str | None, st
 
 
 def resolve_device(settings: Settings) -> str:
-    """`cpu` or `cuda` for `DECIDEALOT_DEVICE`; `auto` is cuda when torch can use a GPU.
+    """`cpu` or `cuda` for `DECIDEALOT_DEVICE`; `auto` is cuda when torch can use a GPU, and
+    `cuda` where torch sees none is a ConfigError (startup checks it, naming the setting).
 
     Without NVIDIA driver files `auto` is cpu at no cost; with them, one subprocess of the
     worker's interpreter imports torch and asks (once per process and interpreter).
     """
-    if settings.device != "auto":
-        return settings.device
-    return _probe_cuda(settings.worker_python or sys.executable)
+    if settings.device == "cpu":
+        return "cpu"
+    device = _probe_cuda(settings.worker_python or sys.executable)
+    if settings.device == "cuda" and device != "cuda":
+        raise ConfigError(
+            "DECIDEALOT_DEVICE=cuda: torch in the worker's interpreter sees no CUDA device here; "
+            "set DECIDEALOT_DEVICE=cpu (or auto), or run where a GPU and its driver are visible"
+        )
+    if settings.device == "auto":
+        log.info("DECIDEALOT_DEVICE=auto resolved to %s", device)
+    return device
 
 
 @functools.cache
@@ -151,9 +160,7 @@ def _probe_cuda(python: str) -> str:
     except (OSError, subprocess.TimeoutExpired) as exc:
         log.warning("could not ask torch whether CUDA is available (%s); using cpu", exc)
         return "cpu"
-    device = "cuda" if probe.stdout.strip() == "cuda" else "cpu"
-    log.info("DECIDEALOT_DEVICE=auto resolved to %s", device)
-    return device
+    return "cuda" if probe.stdout.strip() == "cuda" else "cpu"
 
 
 def _worker_environment() -> dict[str, str]:

@@ -35,7 +35,8 @@ from providers.clm.head import HeadFileError
 from providers.clm.provider import ClmProvider
 from providers.clm.render import render_question
 from providers.engine import EngineSpec, Job
-from tests.builders.clm_head import InProcessClmRunner, build_clm_head
+from providers.tiny.clm import build_clm_head
+from tests.clm_runner import InProcessClmRunner
 from tests.devices import DEVICES, assert_fp32_matmul_is_ieee
 from tests.fake_embeddings import FakeEmbeddings
 

@@ -31,7 +31,8 @@ from providers.clm.encoder_client import EncoderClient, embeddings_endpoint
 from providers.clm.provider import ClmProvider
 from providers.clm.render import render_question
 from providers.engine import EngineSpec
-from tests.builders.clm_head import InProcessClmRunner, build_clm_head
+from providers.tiny.clm import build_clm_head
+from tests.clm_runner import InProcessClmRunner
 from tests.fake_embeddings import FakeEmbeddings, fake_tokens
 
 WIDTH = 16

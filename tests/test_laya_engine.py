@@ -18,7 +18,7 @@ from decidealot.contract import ChoiceAnswer, NoulAnswer, ScoreAnswer, SystemOne
 from providers.engine import EngineSpec, Job
 from providers.laya import engine as engine_module
 from providers.laya.engine import LayaEngine, create
-from tests.builders.laya_checkpoint import VARIANTS, build_laya_checkpoint
+from providers.tiny.laya import VARIANTS, build_laya_checkpoint
 from tests.devices import DEVICES, autocast_tolerance
 
 BATCH_TOLERANCE = 1e-5

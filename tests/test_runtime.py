@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from decidealot.config import Settings
+from decidealot.config import ConfigError, Settings
 from decidealot.contract import NoulQuestion
 from decidealot.errors import DecisionInputError, ProviderBusy, ProviderUnavailable
 from decidealot.residency import Residency
@@ -289,9 +289,24 @@ def driver_files(tmp_path, monkeypatch):
     local._probe_cuda.cache_clear()
 
 
-def test_an_explicit_device_is_kept() -> None:
-    assert resolve_device(Settings(device="cuda")) == "cuda"
+def test_an_explicit_device_is_kept(driver_files, tmp_path) -> None:
     assert resolve_device(Settings(device="cpu")) == "cpu"
+    driver_files.write_text("NVRM version: test")
+    python = tmp_path / "python"
+    python.write_text("#!/bin/sh\necho cuda\n")
+    python.chmod(0o755)
+    assert resolve_device(Settings(device="cuda", worker_python=python)) == "cuda"
+
+
+@pytest.mark.parametrize("driver", [False, True])
+def test_cuda_where_torch_sees_no_gpu_names_the_setting(driver_files, tmp_path, driver) -> None:
+    if driver:
+        driver_files.write_text("NVRM version: test")
+    python = tmp_path / "python"
+    python.write_text("#!/bin/sh\necho cpu\n")
+    python.chmod(0o755)
+    with pytest.raises(ConfigError, match=r"DECIDEALOT_DEVICE=cuda: .* sees no CUDA device"):
+        resolve_device(Settings(device="cuda", worker_python=python))
 
 
 def test_auto_is_cpu_without_an_nvidia_driver(driver_files, monkeypatch) -> None:

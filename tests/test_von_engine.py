@@ -32,11 +32,11 @@ from decidealot.contract import (
 )
 from decidealot.errors import DecisionInputError
 from providers.engine import Decision, EngineSpec, Job
+from providers.tiny.von import build_von_checkpoint
 from providers.von.engine import VonEngine, create
 from providers.von.model import WINDOW, CheckpointError
 from providers.von.provider import VonProvider
 from providers.von.render import NO_TEXT, YES_TEXT, instructions_text, pack, score_level_text
-from tests.builders.von_checkpoint import build_von_checkpoint
 from tests.devices import DEVICES
 
 MODES = {"independent": True, "plain": False}

@@ -22,9 +22,9 @@ import pytest
 from decidealot.contract import Question
 from decidealot.errors import DecisionInputError
 from providers.engine import EngineSpec, Job
+from providers.tiny.von import build_von_checkpoint
 from providers.von.engine import VonEngine, create
 from providers.von.model import WINDOW
-from tests.builders.von_checkpoint import build_von_checkpoint
 from tests.test_von_parity import _assert_same
 
 VARIANTS: dict[str, dict[str, Any]] = {
