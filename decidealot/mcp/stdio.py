@@ -1,9 +1,10 @@
 """`decidealot mcp`: the MCP tools over stdio, for IDEs and desktop clients.
 
-Without `--url` this process is a Decidealot of its own: it prepares the enabled bundles,
-starts the configured providers and runs decisions itself. With `--url` it forwards every tool
-call to a running Decidealot (its key from DECIDEALOT_API_KEY), so any number of IDE sessions
-share one server and one set of loaded models. stdout carries only MCP messages; logs go to
+Without `--url` this process is a Decidealot of its own: it runs `serve`'s startup checks
+(device, checkpoints, bundles), starts the configured providers and runs decisions itself.
+With `--url` it forwards every tool call to a running Decidealot (its key from
+DECIDEALOT_API_KEY), so any number of IDE sessions share one server and one set of loaded
+models. stdout carries only MCP messages; logs go to
 stderr.
 """
 
@@ -45,13 +46,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     logs.configure(settings.log_level, settings.log_format)
     if args.url is None:
-        from decidealot.bundles import BundleError, prepare  # huggingface_hub: only when needed
+        from decidealot import preflight  # huggingface_hub: only when needed
 
         try:
-            prepare(settings, progress=False)
-        except BundleError as exc:
+            preflight.prepare(settings, progress=False, rehash=False)
+        except preflight.ERRORS as exc:
             print(f"decidealot mcp: {exc}", file=sys.stderr)
-            return 1
+            return 2 if isinstance(exc, ConfigError) else 1
     # Clients end the server by closing stdin, or by SIGTERM; Ctrl-C in a terminal is a
     # normal end as well. A signal ends the process inside `_serve`; the suppression covers
     # one that arrives before its handlers are in place.
