@@ -4,8 +4,7 @@ Without `--url` this process is a Decidealot of its own: it runs `serve`'s start
 (device, checkpoints, bundles), starts the configured providers and runs decisions itself.
 With `--url` it forwards every tool call to a running Decidealot (its key from
 DECIDEALOT_API_KEY), so any number of IDE sessions share one server and one set of loaded
-models. stdout carries only MCP messages; logs go to
-stderr.
+models. stdout carries only MCP messages; logs go to stderr.
 """
 
 from __future__ import annotations
