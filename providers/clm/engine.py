@@ -20,15 +20,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from decidealot.contract import (
-    Answer,
-    ChoiceAnswer,
-    ChoiceQuestion,
-    NoulAnswer,
-    Question,
-    ScoreAnswer,
-    ScoreQuestion,
-)
+from decidealot.contract import Answer, Question, ScoreQuestion
+from providers import answers
 from providers.clm.head import HeadFileError, HeadPair, load_heads
 from providers.clm.render import option_keys, score_legend
 from providers.engine import Decision, EngineSpec, Job
@@ -59,31 +52,19 @@ def softmax(logits: list[float]) -> list[float]:
     return [w / total for w in weights]
 
 
-def confidence(probs: list[float]) -> float:
+def confidence(probs: Sequence[float]) -> float:
     """Top probability minus the mean of the others, clamped to [0, 1]; 1 for one option."""
     if len(probs) < 2:
         return 1.0
-    best = max(range(len(probs)), key=probs.__getitem__)
+    best = answers.first_max(probs)
     rest = [p for i, p in enumerate(probs) if i != best]
     return max(0.0, min(1.0, probs[best] - sum(rest) / len(rest)))
 
 
 def answer(question: Question, logits: list[float]) -> Answer:
-    """Upstream's readout; nothing is rounded."""
-    keys = option_keys(question)
-    probs = softmax(logits)
-    dist = dict(zip(keys, probs, strict=True))
-    if isinstance(question, ChoiceQuestion):
-        best = max(range(len(probs)), key=probs.__getitem__)  # first maximum wins
-        return ChoiceAnswer(choice=keys[best], confidence=confidence(probs), probabilities=dist)
-    if isinstance(question, ScoreQuestion):
-        return ScoreAnswer(
-            score=sum(level * p for level, p in enumerate(probs)),
-            confidence=confidence(probs),
-            legend=score_legend(question),
-            probabilities=dist,
-        )
-    return NoulAnswer(noul=dist["true"])
+    """Upstream's readout; nothing is rounded. A noul's options are `NOUL_KEYS`, [false, true]."""
+    legend = score_legend(question) if isinstance(question, ScoreQuestion) else None
+    return answers.answer(question, softmax(logits), confidence, true_index=1, legend=legend)
 
 
 class ClmEngine:

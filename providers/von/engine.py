@@ -19,7 +19,6 @@ from decidealot.contract import (
     ChoiceQuestion,
     NoulQuestion,
     Question,
-    ScoreQuestion,
 )
 from decidealot.errors import DecisionInputError
 from providers.engine import Decision, EngineSpec, Job
@@ -196,11 +195,7 @@ class VonEngine:
         if plan.null_row is not None:
             row_logits = readout.debias(row_logits, logits[plan.null_row], calibration)
         probs = readout.probabilities(row_logits, plan.state_tokens, calibration)
-        if isinstance(question, ChoiceQuestion):
-            return readout.choice_answer(list(question.criteria), row_logits, probs)
-        if isinstance(question, ScoreQuestion):
-            return readout.score_answer(question.criteria, probs)
-        return readout.noul_answer(probs)
+        return readout.answer(question, row_logits, probs)
 
 
 def create(spec: EngineSpec) -> VonEngine:
