@@ -407,6 +407,16 @@ def test_media_types(small: RunningServer) -> None:
     form = httpx.post(url, data={"model": "von"})
     assert form.status_code == 415
     assert form.json()["code"] == "UNSUPPORTED_MEDIA_TYPE"
+    assert "Content-Type: application/json" in form.json()["message"]
+    # curl -d / --data-binary send the form type; a JSON body under it is read as JSON
+    curl = {"content-type": "application/x-www-form-urlencoded"}
+    assert httpx.post(url, content=b" \n" + raw, headers=curl).status_code == 200
+    gzipped = httpx.post(url, content=gzip.compress(raw),
+                         headers=curl | {"content-encoding": "gzip"})  # fmt: skip
+    assert gzipped.status_code == 200
+    invalid = httpx.post(url, content=b'{"model": ', headers=curl)
+    assert invalid.status_code == 422  # JSON-shaped: judged as JSON, naming where it breaks
+    assert invalid.json()["detail"][0]["type"] == "json_invalid"
     multipart = httpx.post(url, files={"asset-0": ("asset-0", b"\x89PNG", "image/png")},
                            data={"request": raw.decode()})  # fmt: skip
     assert multipart.status_code == 415

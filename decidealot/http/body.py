@@ -28,23 +28,34 @@ _PIECE = 64 * 1024
 Headers = dict[bytes, bytes]
 
 
-def check_media_type(headers: Headers) -> None:
-    """JSON only. A missing Content-Type is read as JSON (FastAPI's leniency; curl -d sends a
-    form type, so that one is refused with a message that says what to send)."""
+_FORM = b"application/x-www-form-urlencoded"
+
+
+def check_media_type(headers: Headers) -> bool:
+    """JSON only; True when the body must still show it is JSON. A missing Content-Type is read
+    as JSON (FastAPI's leniency). `curl -d` / `--data-binary` send the form type, so a form
+    body is read as JSON when it is a JSON object or array, as many JSON APIs do for curl; a
+    real form body (`a=1&b=2`) is refused once read, with a message that says what to send."""
     raw = headers.get(b"content-type")
     if raw is None:
-        return
+        return False
     media_type = raw.split(b";", 1)[0].strip().lower()
     if media_type == b"application/json" or (
         media_type.startswith(b"application/") and media_type.endswith(b"+json")
     ):
-        return
+        return False
+    if media_type == _FORM:
+        return True
     if media_type == b"multipart/form-data":
         raise UnsupportedMediaType(
             "multipart/form-data bodies (image assets) are not supported by these models; "
             "send application/json"
         )
     raise UnsupportedMediaType()
+
+
+def _json_shaped(body: bytes) -> bool:
+    return body.lstrip(b" \t\r\n")[:1] in (b"{", b"[")
 
 
 def _encoding(headers: Headers) -> str | None:
@@ -60,7 +71,7 @@ def _encoding(headers: Headers) -> str | None:
 
 async def read_body(receive: Receive, headers: Headers, settings: Settings) -> bytes:
     """The decoded body; raises 408, 413, 415 or 400."""
-    check_media_type(headers)
+    form = check_media_type(headers)
     encoding = _encoding(headers)
     limit = settings.max_request_bytes
     length = headers.get(b"content-length")
@@ -72,9 +83,14 @@ async def read_body(receive: Receive, headers: Headers, settings: Settings) -> b
     except TimeoutError:
         raise RequestTimeout() from None
     if encoding == "gzip":
-        return _gunzip(raw, limit)
-    if encoding == "zstd":
-        return _unzstd(raw, limit)
+        raw = _gunzip(raw, limit)
+    elif encoding == "zstd":
+        raw = _unzstd(raw, limit)
+    if form and not _json_shaped(raw):
+        raise UnsupportedMediaType(
+            "an application/x-www-form-urlencoded body is read only when it holds JSON; "
+            "send the JSON request with Content-Type: application/json"
+        )
     return raw
 
 
