@@ -11,7 +11,6 @@ and options that cannot fit by themselves.
 
 from __future__ import annotations
 
-import os
 import random
 from collections.abc import Iterator
 from typing import Any
@@ -70,18 +69,14 @@ def pairs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, tuple[
     from von.backends.option_marker_backend import OptionMarkerBackend
 
     root = tmp_path_factory.mktemp("von-long")
-    env = {
-        "VON_CHAINS_DIR": "off",
-        "VON_NOUL_DECISION": "raw",
-        "HF_HUB_OFFLINE": "1",
-        "VON_DEVICE": "cpu",
-        "XDG_CACHE_HOME": str(tmp_path_factory.mktemp("xdg")),
-    }
-    saved = {key: os.environ.get(key) for key in [*env, "VON_CALIBRATION", "VON_MAX_STATE_TOKENS"]}
-    os.environ.update(env)
-    os.environ.pop("VON_CALIBRATION", None)
-    os.environ.pop("VON_MAX_STATE_TOKENS", None)
-    try:
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("VON_CHAINS_DIR", "off")
+        env.setenv("VON_NOUL_DECISION", "raw")
+        env.setenv("HF_HUB_OFFLINE", "1")
+        env.setenv("VON_DEVICE", "cpu")
+        env.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("xdg")))
+        env.delenv("VON_CALIBRATION", raising=False)
+        env.delenv("VON_MAX_STATE_TOKENS", raising=False)
         result = {}
         for name, kwargs in VARIANTS.items():
             path = build_von_checkpoint(root / name, **kwargs)
@@ -95,12 +90,6 @@ def pairs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, tuple[
             )
             result[name] = (upstream, create(spec))
         yield result
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
 
 
 def _long_state(rng: random.Random, language: str, shape: str, tokenizer: Any) -> Any:
