@@ -154,10 +154,10 @@ TINY_HINT = (
 
 def enabled_slots(settings: Settings) -> dict[str, Slot]:
     """The bundles this configuration serves, downloaded or replaced by a local checkpoint."""
-    return {name: slot for name, slot in _SLOTS.items() if slot.enabled(settings)}
+    return {name: place for name, place in _SLOTS.items() if place.enabled(settings)}
 
 
-def _slot(name: str) -> Slot:
+def slot(name: str) -> Slot:
     try:
         return _SLOTS[name]
     except KeyError:
@@ -169,7 +169,7 @@ def manifest_dir(settings: Settings) -> Path:
 
 
 def load_manifest(settings: Settings, name: str) -> Manifest:
-    _slot(name)
+    slot(name)
     path = manifest_dir(settings) / f"{name}.json"
     fix = "restore the repository's bundles/ folder or point DECIDEALOT_BUNDLE_MANIFEST_DIR at it"
     try:
@@ -215,20 +215,20 @@ def _manifest_problem(manifest: Manifest, name: str) -> str | None:
 
 def checkpoint_path(settings: Settings, bundle_name: str) -> Path:
     """The path a provider loads: the local override when set, else the installed bundle."""
-    slot = _slot(bundle_name)
-    override: Path | None = getattr(settings, slot.override)
+    place = slot(bundle_name)
+    override: Path | None = getattr(settings, place.override)
     if override is not None:
         return override
     installed = settings.model_dir / bundle_name
-    return installed / slot.entry if slot.entry else installed
+    return installed / place.entry if place.entry else installed
 
 
 def enabled_bundles(settings: Settings) -> list[Manifest]:
     """Manifests of the bundles this configuration needs downloaded (overrides excluded)."""
     return [
         load_manifest(settings, name)
-        for name, slot in enabled_slots(settings).items()
-        if getattr(settings, slot.override) is None
+        for name, place in enabled_slots(settings).items()
+        if getattr(settings, place.override) is None
     ]
 
 
@@ -436,7 +436,7 @@ class _Installer:
                 f"cannot reach the hub at {self.endpoint} ({type(exc).__name__})",
                 "check network access, proxy settings (HTTPS_PROXY) and HF_ENDPOINT, install "
                 "the bundle with `decidealot prepare` on a connected machine and copy "
-                f"DECIDEALOT_MODEL_DIR, or {_slot(self.manifest.name).replacement}",
+                f"DECIDEALOT_MODEL_DIR, or {slot(self.manifest.name).replacement}",
                 file,
             )
         if isinstance(exc, OSError) and "Consistency check failed" in str(exc):
@@ -459,7 +459,7 @@ class _Installer:
         return self.fail(
             f"not installed in {self.model_dir} and HF_HUB_OFFLINE is set",
             "unset HF_HUB_OFFLINE for the first start, copy in a model directory prepared with "
-            f"`decidealot prepare`, or {_slot(self.manifest.name).replacement}",
+            f"`decidealot prepare`, or {slot(self.manifest.name).replacement}",
         )
 
     # steps
@@ -493,7 +493,7 @@ class _Installer:
                 f"{self.target} exists but holds no install record, so it was not installed by "
                 "Decidealot",
                 "move it away to let Decidealot install the bundle, or use it as is by setting "
-                f"{_slot(self.manifest.name).variable}={self.target}",
+                f"{slot(self.manifest.name).variable}={self.target}",
             )
         return _installed_problem(self.manifest, self.target, rehash=rehash)
 
@@ -702,10 +702,10 @@ def prepare(settings: Settings, *, progress: bool, rehash: bool = False) -> None
     if failed:
         lines = [f"{len(failed)} enabled bundles cannot be prepared:"]
         for name, exc in failed:
-            slot = _slot(name)
+            place = slot(name)
             text = str(exc)
             lines.append(
-                f"  {text}" if slot.variable in text else f"  {text}; or {slot.replacement}"
+                f"  {text}" if place.variable in text else f"  {text}; or {place.replacement}"
             )
         lines.append(f"  ({TINY_HINT})")
         raise BundleError("\n".join(lines))

@@ -26,10 +26,14 @@ TINY_NOTE = (
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="decidealot", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
-    serve = commands.add_parser("serve", help="prepare bundles, then serve HTTP on granian")
+    serve = commands.add_parser(
+        "serve", help="check device and checkpoints, prepare bundles, then serve HTTP on granian"
+    )
     serve.add_argument("--host", help="bind address (DECIDEALOT_HOST, default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="port (DECIDEALOT_PORT, default 8080)")
-    commands.add_parser("prepare", help="download and verify every enabled local bundle")
+    commands.add_parser(
+        "prepare", help="download and verify every enabled local bundle, check every checkpoint"
+    )
     commands.add_parser("models", help="print the local model catalog as JSON lines")
     checkpoints = commands.add_parser("checkpoints", help="write checkpoints for trying offline")
     kinds = checkpoints.add_subparsers(dest="kind", required=True)
@@ -92,8 +96,12 @@ def _prepare(settings: config.Settings) -> int:
 def _tiny_checkpoints(directory: str) -> int:
     """`decidealot checkpoints tiny DIR`: random checkpoints of every local model, and the
     variables that use them, as shell lines (`eval "$(decidealot checkpoints tiny DIR)"`)."""
-    from decidealot.bundles import enabled_slots
+    from transformers.utils import logging as transformers_logging
+
+    from decidealot.bundles import slot
     from providers.tiny import write_checkpoints
+
+    transformers_logging.disable_progress_bar()  # stderr stays for errors
 
     root = Path(directory).expanduser().resolve()
     try:
@@ -102,10 +110,9 @@ def _tiny_checkpoints(directory: str) -> int:
     except OSError as exc:
         print(f"decidealot: cannot write checkpoints to {root}: {exc.strerror}", file=sys.stderr)
         return 1
-    slots = enabled_slots(config.Settings(clm_embeddings_url="http://unused.invalid"))
     print(f"# Random checkpoints of every local model in {root}: {TINY_NOTE}")
     for name, path in paths.items():
-        print(f"export {slots[name].variable}={shlex.quote(str(path))}")
+        print(f"export {slot(name).variable}={shlex.quote(str(path))}")
     print("# CLM also needs DECIDEALOT_CLM_EMBEDDINGS_URL: an endpoint serving 4096-d vectors.")
     return 0
 
