@@ -74,11 +74,23 @@ class RequestInvalid(DecidealotError):
 
 class DecisionInputError(Exception):
     """Raised by provider code for input the model cannot take (e.g. option markers that do
-    not fit). `loc` is relative to the question: the executor prefixes the request's path."""
+    not fit). `loc` is relative to the question: the executor prefixes the request's path.
+    `question` None blames the request's questions as a whole (e.g. their summed cost)."""
 
-    def __init__(self, question: str, msg: str, loc: Loc | None = None, input: Json = None):
+    def __init__(
+        self, question: str | None, msg: str, loc: Loc | None = None, input: Json = None
+    ):
         super().__init__(msg)
         self.question = question
         self.msg = msg
         self.loc: Loc = loc or []
         self.input = input
+
+
+def over_token_limit(cost: int, limit: int) -> DecisionInputError:
+    """The 422 for a request whose model tokens exceed `DECIDEALOT_MAX_REQUEST_TOKENS`."""
+    return DecisionInputError(
+        None,
+        f"this request costs {cost} model tokens; DECIDEALOT_MAX_REQUEST_TOKENS "
+        f"allows at most {limit} per request: split its questions over several requests",
+    )

@@ -90,7 +90,7 @@ class Executor:
             raise RequestInvalid(
                 [
                     ValidationIssue(
-                        [*where, "questions", exc.question, *exc.loc],
+                        [*where, "questions", *_question_loc(exc), *exc.loc],
                         exc.msg,
                         "value_error",
                         exc.input,
@@ -157,6 +157,10 @@ class Executor:
         return UnloadResponse(
             providers=[UnloadedProvider(name, loaded) for name, loaded in was_loaded.items()]
         )
+
+
+def _question_loc(exc: DecisionInputError) -> Loc:
+    return [] if exc.question is None else [exc.question]
 
 
 def _record(provider: str, model: str, outcome: str, started: float, tokens: int) -> None:

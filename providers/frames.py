@@ -62,7 +62,7 @@ class InputError(msgspec.Struct, tag="input_error", frozen=True):
     """A `DecisionInputError` raised for this job, rebuilt as one in the gateway."""
 
     id: int
-    question: str
+    question: str | None
     msg: str
     loc: Loc = []
     input: Json = None

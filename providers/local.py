@@ -87,6 +87,19 @@ def token_budget(settings: Settings, device: str) -> int:
     return CUDA_TOKEN_BUDGET if device == "cuda" else CPU_TOKEN_BUDGET
 
 
+CPU_REQUEST_TOKEN_LIMIT = 32768
+CUDA_REQUEST_TOKEN_LIMIT = 262144
+
+
+def request_token_limit(settings: Settings, device: str) -> int:
+    """The most model tokens one request may cost (0: no bound). On CPU at least two full
+    8192-token windows plus their null rows fit (one long Von question with its debias row);
+    the bound caps what one request holds in the shared passes and in memory."""
+    if settings.max_request_tokens is not None:
+        return settings.max_request_tokens
+    return CUDA_REQUEST_TOKEN_LIMIT if device == "cuda" else CPU_REQUEST_TOKEN_LIMIT
+
+
 def concurrent_passes(settings: Settings, device: str) -> int:
     """Forward passes a worker runs at once. On CUDA one: the device is the serial lane. On
     CPU a pass costs the same per token at any batch size, so cores, not batches, are what
