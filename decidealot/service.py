@@ -57,6 +57,7 @@ class Service:
             self.residency,
             [p.name for p in self.providers if p.local],
             settings.max_batch_concurrency,
+            settings.max_pending_requests,
         )
         self._in_flight = 0
         self._idle = asyncio.Event()

@@ -7,10 +7,17 @@ processes; provider code never sees HTTP and transport code never sees tensors.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from contextvars import ContextVar
 from typing import Protocol, runtime_checkable
 
 from decidealot.contract import ModelInfo, SystemOneRequest, SystemOneResponse
 from providers.engine import Decision, Job
+
+forwarded: ContextVar[Callable[[], None] | None] = ContextVar("forwarded", default=None)
+"""Set by the executor for each batch item: a local runtime calls it once the item's job is on
+its way to the worker, so the provider's next item may follow in input order without waiting
+for this one's answer (and the two can share passes)."""
 
 
 @runtime_checkable

@@ -7,11 +7,12 @@ back by id, so any number of requests can be in flight at once and the worker ba
 
 The watchdog times forward passes, not jobs: the worker announces each pass (`Begin`) and
 reports it (`Pass`), so a request of many passes never trips it. A worker that exits, sends
-garbage, runs one pass for longer than `DECIDEALOT_PROVIDER_TIMEOUT_SECONDS`, or sends nothing
-at all for that long while jobs wait and no pass runs, is killed; every job in flight on it
-fails with `ProviderUnavailable` and `loaded` turns False, so the next request starts a new
-worker. A job whose caller is cancelled (its client hung up) is withdrawn with a `Cancel`
-frame: its rows not yet in a pass never run.
+garbage, runs one pass for longer than `DECIDEALOT_PROVIDER_TIMEOUT_SECONDS`, or sends
+nothing at all while jobs wait and no pass runs for as long as a start may take
+(`DECIDEALOT_PROVIDER_START_TIMEOUT_SECONDS`: preparing may load a checkpoint), is killed;
+every job in flight on it fails with `ProviderUnavailable` and `loaded` turns False, so the
+next request starts a new worker. A job whose caller is cancelled (its client hung up) is
+withdrawn with a `Cancel` frame: its rows not yet in a pass never run.
 Workers never outlive the gateway: they end when their stdin closes, and the kernel kills
 them when the gateway dies (`PR_SET_PDEATHSIG`, which fires when the thread that started the
 worker exits, i.e. when the event loop's thread does).
@@ -40,6 +41,7 @@ import msgspec
 from decidealot import logs, metrics
 from decidealot.config import Settings
 from decidealot.errors import DecisionInputError, ProviderUnavailable
+from providers.base import forwarded
 from providers.engine import Decision, EngineSpec, Job
 from providers.frames import (
     Begin,
@@ -205,11 +207,15 @@ class _Worker:
         self.write_lock = asyncio.Lock()
         self.tasks: list[asyncio.Task[None]] = []
 
-    def overdue(self, now: float, timeout: float) -> bool:
-        """A pass has run past `timeout`, or jobs wait on a worker silent that long."""
-        if any(now - began > timeout for began in self.passes.values()):
-            return True
-        return bool(self.inflight) and not self.passes and now - self.heard_at > timeout
+    def overdue(self, now: float, pass_timeout: float, silence_timeout: float) -> str | None:
+        """Why the worker counts as hung: a pass ran past `pass_timeout`, or jobs wait while
+        no pass runs and it has said nothing for `silence_timeout` (preparing a job, which may
+        load a checkpoint on first use, gets as long as a start)."""
+        if any(now - began > pass_timeout for began in self.passes.values()):
+            return f"ran one pass for over {pass_timeout:g} s"
+        if self.inflight and not self.passes and now - self.heard_at > silence_timeout:
+            return f"answered nothing for over {silence_timeout:g} s"
+        return None
 
     async def send(self, frame: bytes) -> None:
         try:
@@ -297,6 +303,8 @@ class WorkerRuntime:
         worker.request_ids[job_id] = logs.request_id.get()
         try:
             await worker.send(frame)
+            if (notify := forwarded.get()) is not None:
+                notify()
             return await future
         except asyncio.CancelledError:
             if worker.inflight.pop(job_id, None) is not None and worker.alive:
@@ -309,19 +317,15 @@ class WorkerRuntime:
 
     async def _watch(self, worker: _Worker) -> None:
         """Kill the worker once a pass overruns the timeout or it falls silent with jobs
-        waiting; checks a few times per timeout."""
+        waiting; checks a few times per pass timeout."""
         timeout = self._settings.provider_timeout_seconds
+        silence = max(timeout, self._settings.provider_start_timeout_seconds)
         loop = asyncio.get_running_loop()
         while worker.alive:
             await asyncio.sleep(min(timeout / 4, 1.0))
-            if worker.alive and worker.overdue(loop.time(), timeout):
-                what = "ran one pass" if worker.passes else "answered nothing"
-                self._log.error(
-                    "worker %s for over %.1f s; killing it (pid %d)",
-                    what,
-                    timeout,
-                    worker.process.pid,
-                )
+            why = worker.overdue(loop.time(), timeout, silence) if worker.alive else None
+            if why is not None:
+                self._log.error("worker %s; killing it (pid %d)", why, worker.process.pid)
                 self._forget(worker)
                 self._lose("timeout")
                 worker.abandon(TIMED_OUT)
