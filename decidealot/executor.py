@@ -24,6 +24,7 @@ import contextvars
 import logging
 import time
 from collections.abc import Iterator, Sequence
+from typing import cast
 
 from decidealot import logs, metrics
 from decidealot.catalog import Catalog
@@ -41,6 +42,7 @@ from decidealot.contract import (
     SystemOneResponse,
     UnloadedProvider,
     UnloadResponse,
+    Usage,
     ValidationIssue,
 )
 from decidealot.errors import (
@@ -51,7 +53,8 @@ from decidealot.errors import (
     RequestInvalid,
 )
 from decidealot.residency import Residency
-from providers.base import forwarded
+from providers.base import HostedProvider, LocalProvider, PreparedRequest, forwarded
+from providers.engine import Decision
 
 log = logging.getLogger("decidealot.executor")
 
@@ -121,7 +124,12 @@ class Executor:
         outcome = "cancelled"
         started = time.perf_counter()
         try:
-            response = await route.provider.decide(route.selector, request)
+            provider = route.provider
+            if provider.local:
+                local = cast(LocalProvider, provider)
+                response = await self._run_local(local, route.selector, request)
+            else:
+                response = await cast(HostedProvider, provider).decide(route.selector, request)
         except DecisionInputError as exc:
             outcome = "invalid"
             raise RequestInvalid(
@@ -207,6 +215,18 @@ class Executor:
             raise failures[min(failures)]
         return BatchResponse([r for r in results if r is not None])
 
+    async def _run_local(
+        self, provider: LocalProvider, selector: str, request: SystemOneRequest
+    ) -> SystemOneResponse:
+        """Prepare the job (inside the hold when the provider's preparation shares the lane),
+        then run it on the provider's runtime inside its residency slot and lane."""
+        prepared = None if provider.prepares_in_lane else await provider.prepare(selector, request)
+        async with self._residency.use(provider.runtime):
+            if prepared is None:
+                prepared = await provider.prepare(selector, request)
+            decision = await provider.runtime.submit(prepared.job)
+        return respond(prepared, decision)
+
     def _batch_slot(self) -> contextlib.AbstractAsyncContextManager[object]:
         return self._batch_calls if self._batch_calls is not None else contextlib.nullcontext()
 
@@ -219,6 +239,13 @@ class Executor:
         return UnloadResponse(
             providers=[UnloadedProvider(name, loaded) for name, loaded in was_loaded.items()]
         )
+
+
+def respond(prepared: PreparedRequest, decision: Decision) -> SystemOneResponse:
+    """The response to a local decision: the worker's answers, and every model token the
+    request cost (the worker's and the gateway's, e.g. CLM's encoder calls)."""
+    tokens = decision.input_tokens + prepared.gateway_tokens
+    return SystemOneResponse(decision.model, decision.answers, Usage(input_tokens=tokens))
 
 
 def _question_loc(exc: DecisionInputError) -> Loc:
