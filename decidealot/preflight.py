@@ -82,7 +82,7 @@ def _raise(problems: list[str]) -> None:
 def check_device(settings: Settings) -> None:
     """`DECIDEALOT_DEVICE=cuda` must name a GPU torch can use; raises ConfigError otherwise."""
     if settings.local_providers:
-        from providers.local import resolve_device
+        from providers.device import resolve_device
 
         resolve_device(settings)
 
