@@ -226,7 +226,7 @@ def checkpoint_path(settings: Settings, bundle_name: str) -> Path:
 def with_checkpoints(settings: Settings) -> Settings:
     """`settings` with every checkpoint setting filled (its override, else the installed
     bundle's path), so providers read paths from settings and never look at bundles."""
-    paths = {slot.override: checkpoint_path(settings, name) for name, slot in _SLOTS.items()}
+    paths = {place.override: checkpoint_path(settings, name) for name, place in _SLOTS.items()}
     return msgspec.structs.replace(settings, **paths)
 
 

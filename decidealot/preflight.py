@@ -82,9 +82,9 @@ def _raise(problems: list[str]) -> None:
 def check_device(settings: Settings) -> None:
     """`DECIDEALOT_DEVICE=cuda` must name a GPU torch can use; raises ConfigError otherwise."""
     if settings.local_providers:
-        from providers.device import resolve_device
+        from providers.device import check_cuda
 
-        resolve_device(settings)
+        check_cuda(settings)
 
 
 def prepare(settings: Settings, *, progress: bool, rehash: bool) -> None:

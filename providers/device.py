@@ -73,23 +73,28 @@ def _usable_cores() -> int:
 
 
 def resolve_device(settings: Settings) -> str:
-    """`cpu` or `cuda` for `DECIDEALOT_DEVICE`; `auto` is cuda when torch can use a GPU, and
-    `cuda` where torch sees none is a ConfigError (startup checks it, naming the setting).
+    """`cpu` or `cuda` for `DECIDEALOT_DEVICE`; `auto` is cuda when torch can use a GPU.
 
     Without NVIDIA driver files `auto` is cpu at no cost; with them, one subprocess of the
     worker's interpreter imports torch and asks (once per process and interpreter).
     """
-    if settings.device == "cpu":
-        return "cpu"
+    if settings.device != "auto":
+        return settings.device
     device = _probe_cuda(settings.worker_python or sys.executable)
-    if settings.device == "cuda" and device != "cuda":
+    log.info("DECIDEALOT_DEVICE=auto resolved to %s", device)
+    return device
+
+
+def check_cuda(settings: Settings) -> None:
+    """`DECIDEALOT_DEVICE=cuda` where torch sees no GPU is a ConfigError naming the setting
+    (startup runs this), not workers that report ready and then fail every pass."""
+    if settings.device != "cuda":
+        return
+    if _probe_cuda(settings.worker_python or sys.executable) != "cuda":
         raise ConfigError(
             "DECIDEALOT_DEVICE=cuda: torch in the worker's interpreter sees no CUDA device here; "
             "set DECIDEALOT_DEVICE=cpu (or auto), or run where a GPU and its driver are visible"
         )
-    if settings.device == "auto":
-        log.info("DECIDEALOT_DEVICE=auto resolved to %s", device)
-    return device
 
 
 @functools.cache
