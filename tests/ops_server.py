@@ -15,7 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Self
 
-from decidealot import config, logs
+from decidealot import logs
 from decidealot.catalog import LOCAL_MODELS
 from decidealot.config import Settings
 from decidealot.contract import ModelInfo, SystemOneRequest, SystemOneResponse, Usage
@@ -26,6 +26,7 @@ from providers.base import Provider
 from providers.engine import EngineSpec, Job
 from providers.local import ResidentRunner, WorkerRuntime
 from tests.conftest import RunningServer, start_server
+from tests.server import settings_from_env
 from tests.test_providers import FakeProvider
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -104,7 +105,7 @@ def running(pid: int) -> bool:
 
 
 def main() -> None:
-    settings = config.from_env()
+    settings = settings_from_env()
     logs.configure(settings.log_level, settings.log_format)
     residency = Residency(settings)
     run(Service(settings, build(settings, residency), residency))
