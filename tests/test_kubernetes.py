@@ -37,9 +37,11 @@ def _render(kustomization: str) -> dict[str, dict[str, Any]]:
     return {doc["kind"]: doc for doc in yaml.safe_load_all(rendered)}
 
 
-def _container(resources: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    (container,) = resources["Deployment"]["spec"]["template"]["spec"]["containers"]
-    return container
+def _pod(resources: dict[str, dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The Deployment's pod spec and its one container."""
+    pod = resources["Deployment"]["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    return pod, container
 
 
 @needs_kubectl
@@ -61,8 +63,7 @@ def test_the_renderings_validate_against_the_kubernetes_schemas() -> None:
 @pytest.mark.parametrize("kustomization", KUSTOMIZATIONS)
 def test_the_pod_runs_like_the_image(kustomization: str) -> None:
     resources = _render(kustomization)
-    pod = resources["Deployment"]["spec"]["template"]["spec"]
-    container = _container(resources)
+    pod, container = _pod(resources)
     dockerfile = (ROOT / "Dockerfile").read_text()
     user = re.search(r"^USER (\d+):(\d+)$", dockerfile, re.M)
     assert user is not None
@@ -86,8 +87,7 @@ def test_the_pod_runs_like_the_image(kustomization: str) -> None:
 @pytest.mark.parametrize("kustomization", KUSTOMIZATIONS)
 def test_sigterm_drains_before_the_grace_period_ends(kustomization: str) -> None:
     resources = _render(kustomization)
-    pod = resources["Deployment"]["spec"]["template"]["spec"]
-    container = _container(resources)
+    pod, container = _pod(resources)
     settings = config.from_env(resources["ConfigMap"]["data"])
     sleep = container["lifecycle"]["preStop"]["exec"]["command"]
     assert sleep[0] == "sleep"
@@ -103,8 +103,7 @@ def test_sigterm_drains_before_the_grace_period_ends(kustomization: str) -> None
 @pytest.mark.parametrize("kustomization", KUSTOMIZATIONS)
 def test_settings_are_known_names_and_keys_come_from_a_secret(kustomization: str) -> None:
     resources = _render(kustomization)
-    pod = resources["Deployment"]["spec"]["template"]["spec"]
-    container = _container(resources)
+    pod, container = _pod(resources)
     settings = resources["ConfigMap"]["data"]
     config.from_env(settings)  # the strict parse the pod's `serve` does
     assert not [name for name in settings if name.endswith("_API_KEY")]
@@ -124,10 +123,10 @@ def test_settings_are_known_names_and_keys_come_from_a_secret(kustomization: str
 
 @needs_kubectl
 def test_the_cuda_overlay_asks_for_a_gpu_and_the_cuda_image() -> None:
-    container = _container(_render("overlays/cuda"))
+    _, container = _pod(_render("overlays/cuda"))
     assert container["resources"]["limits"]["nvidia.com/gpu"] == 1
     assert container["image"].endswith("-cuda")
-    assert "nvidia.com/gpu" not in _container(_render("base"))["resources"]["limits"]
+    assert "nvidia.com/gpu" not in _pod(_render("base"))[1]["resources"]["limits"]
 
 
 @needs_kubectl
