@@ -12,7 +12,6 @@ import os
 
 from decidealot import config, logs
 from decidealot.http.server import run
-from decidealot.residency import Residency
 from decidealot.service import Service
 from tests.test_providers import build
 
@@ -27,8 +26,7 @@ def settings_from_env() -> config.Settings:
 def main() -> None:
     settings = settings_from_env()
     logs.configure(settings.log_level, settings.log_format)
-    residency = Residency(settings)
-    run(Service(settings, build(settings, residency), residency))
+    run(Service(settings, build(settings)))
 
 
 if __name__ == "__main__":
