@@ -37,6 +37,7 @@ from decidealot.contract import (
     Usage,
 )
 from decidealot.errors import DecisionInputError, ProviderUnavailable
+from decidealot.service import local_selectors
 from providers.base import HostedProvider, LocalProvider, PreparedRequest, Provider
 from providers.engine import Decision, Job
 
@@ -125,6 +126,8 @@ class FakeProvider:
         await self.runtime.unload()
 
     async def models(self) -> list[ModelInfo]:
+        if self.local:
+            return list(local_selectors(self.name))
         path = os.environ.get("DECIDEALOT_TEST_JEV_CATALOG")
         names: Any = json.loads(Path(path).read_text()) if path else ["jev-latest"]
         if names == "fail":
