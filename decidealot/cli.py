@@ -110,10 +110,12 @@ def _tiny_checkpoints(directory: str) -> int:
     except OSError as exc:
         print(f"decidealot: cannot write checkpoints to {root}: {exc.strerror}", file=sys.stderr)
         return 1
+    clm_head = paths.pop("clm-0.1-8b")
     print(f"# Random checkpoints of every local model in {root}: {TINY_NOTE}")
     for name, path in paths.items():
         print(f"export {slot(name).variable}={shlex.quote(str(path))}")
-    print("# CLM also needs DECIDEALOT_CLM_EMBEDDINGS_URL: an endpoint serving 4096-d vectors.")
+    print("# CLM's head, for use with DECIDEALOT_CLM_EMBEDDINGS_URL (4096-float vectors):")
+    print(f"# export {slot('clm-0.1-8b').variable}={shlex.quote(str(clm_head))}")
     return 0
 
 
