@@ -297,7 +297,12 @@ def test_an_installed_bundle_missing_a_file_stops_startup(
 
 
 def test_prepare_prints_where_each_checkpoint_is(tiny: dict[str, str], tmp_path: Path) -> None:
-    result = cli("prepare", **tiny, DECIDEALOT_MODEL_DIR=str(tmp_path / "models"))
+    result = cli(
+        "prepare",
+        **tiny,
+        DECIDEALOT_CLM_EMBEDDINGS_URL="http://127.0.0.1:9/v1",
+        DECIDEALOT_MODEL_DIR=str(tmp_path / "models"),
+    )
     assert result.returncode == 0, result.stderr
     assert f"von-1.1: {tiny['DECIDEALOT_VON_CHECKPOINT']}" in result.stdout.splitlines()
 
