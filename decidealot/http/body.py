@@ -141,9 +141,18 @@ def _unzstd(data: bytes, limit: int) -> bytes:
                 raise RequestTooLarge("the decoded request body exceeds the size limit")
     except zstandard.ZstdError as exc:
         if _ZSTD_WINDOW_TOO_LARGE in str(exc):
-            raise RequestTooLarge(
-                f"the zstd frame declares a window over {window} bytes, more than the size "
-                "limit allows: compress the body in one piece or at a lower level"
-            ) from None
+            raise _window_refusal(data, window) from None
         raise MalformedBody("the zstd body is corrupt") from None
     return bytes(out)
+
+
+def _window_refusal(data: bytes, window: int) -> RequestTooLarge:
+    """A frame of known size declares that size as its window: then the body itself is too
+    large. Otherwise the compressor chose a window the limit does not allow."""
+    declared = zstandard.get_frame_parameters(data).content_size  # the first frame's
+    if declared != zstandard.CONTENTSIZE_UNKNOWN and declared > window:
+        return RequestTooLarge("the decoded request body exceeds the size limit")
+    return RequestTooLarge(
+        f"the zstd frame declares a window over {window} bytes, more than the size limit "
+        "allows: compress the body in one piece or at a lower level"
+    )

@@ -7,7 +7,8 @@ load balancer need no session affinity (the tools never call back into the clien
 
 POST bodies are read under the REST API's rules before the SDK sees them (read timeout, size
 limit on the wire and decoded, gzip and zstd, JSON media type), with the same error envelopes;
-the SDK then gets the decoded JSON as a plain body.
+the SDK then gets the decoded JSON as a plain body, its tool-call arguments screened by the
+REST API's strict JSON parser (`decidealot.mcp.strict`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from mcp.server.transport_security import TransportSecuritySettings
 from decidealot.config import Settings
 from decidealot.errors import DecidealotError
 from decidealot.mcp.server import ServiceBackend, build_server
+from decidealot.mcp.strict import screen
 from decidealot.service import Service
 
 MCP_PATH = "/mcp"
@@ -128,7 +130,7 @@ class McpEndpoint:
                 except DecidealotError as error:  # 400, 408, 413 or 415, as the REST API
                     await send_error(send, error, [])
                     return
-                scope, receive = _plain(scope, receive, body)
+                scope, receive = _plain(scope, receive, screen(body))
             await manager.handle_request(scope, receive, send)  # type: ignore[arg-type]
 
         self.route = mcp_endpoint
