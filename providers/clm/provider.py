@@ -1,10 +1,12 @@
 """The CLM provider (gateway side; never imports torch, even indirectly).
 
-A decision renders every question's state text and option texts, bounds each by
-`clm_max_text_bytes` UTF-8 bytes (422, never truncated), embeds state texts (always fresh) and
-option texts (cached) at the configured endpoint, and sends the raw vectors to the head in its
-worker (`providers.clm.engine`, layout documented there). `usage.input_tokens` is the
-encoder's `prompt_tokens` for the calls actually made.
+A decision renders every question's state text and option texts (off the event loop), bounds
+each by `clm_max_text_bytes` UTF-8 bytes (422, never truncated), bounds the request's
+estimated cost by `DECIDEALOT_MAX_REQUEST_TOKENS` (422 before any encoder call), embeds each
+distinct state text (always fresh) and option text (cached) once at the configured endpoint,
+and sends each distinct vector once to the head in its worker, with an index saying which
+rows each question uses (`providers.clm.engine`, layout documented there).
+`usage.input_tokens` is the encoder's `prompt_tokens` for the calls actually made.
 
 Serial lane: by default the whole decision (encoder calls and head pass) runs inside one
 residency hold of the CLM runtime, on the lane `providers.local.lane_for` gives it, which it
@@ -16,24 +18,97 @@ a slot.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
 from typing import Protocol, Self
 
 from decidealot.catalog import LOCAL_MODELS
 from decidealot.config import Settings
 from decidealot.contract import ModelInfo, SystemOneRequest, SystemOneResponse, Usage
-from decidealot.errors import DecisionInputError
+from decidealot.errors import DecisionInputError, over_token_limit
 from decidealot.residency import Residency
 from providers.base import JobRunner, LocalRuntime
 from providers.clm.encoder_client import EncoderClient
-from providers.clm.render import RenderedQuestion, render_question
+from providers.clm.render import RenderedQuestion, render_questions
 from providers.engine import Decision, EngineSpec, Job
 
 CHECKPOINT = "clm-0.1-8b"
 QWEN3_8B_WIDTH = 4096
 """The contract: exactly 4096 floats per input, Qwen3-8B's hidden size."""
+
+
+_DIGITS = b"0123456789"
+
+
+def estimated_tokens(text: str) -> int:
+    """The encoder tokens `text` costs, estimated from its UTF-8 bytes so as never to fall far
+    below Qwen3's count: every digit is a token (Qwen splits numbers into single digits), every
+    other three bytes a token (English runs about 4.3 bytes a token, CJK 3 to 4.5, code and
+    identifiers 2.5 to 3.5), plus one for the end of the text. Only runs of rare byte sequences
+    (1 to 2 bytes a token) are undercounted, by at most three times."""
+    raw = text.encode()
+    rest = len(raw.translate(None, _DIGITS))
+    return 1 + (len(raw) - rest) + -(-rest // 3)
+
+
+@dataclass(frozen=True)
+class EncoderTexts:
+    """What one request sends its encoder, each distinct text once, and which of them each
+    question's rows are (the layout of `Job.vector_index`: state texts' rows first, then
+    option texts' rows)."""
+
+    states: list[str]
+    options: list[str]
+    index: list[int]
+
+    @property
+    def cost(self) -> int:
+        """Model tokens as `usage.input_tokens` counts them, at most: every distinct text sent
+        to the encoder (a cold cache), plus one head row per distinct vector."""
+        texts = (*self.states, *self.options)
+        return sum(map(estimated_tokens, texts)) + len(texts)
+
+
+def encoder_texts(request: SystemOneRequest, max_text_bytes: int) -> EncoderTexts:
+    """Render, bound and de-duplicate a request's texts; CPU work, so callers run it off the
+    event loop. Raises DecisionInputError for a text over `max_text_bytes`."""
+    states: dict[str, int] = {}
+    options: dict[str, int] = {}
+    rows: list[tuple[int, list[int]]] = []
+    for name, question in render_questions(request.state, request.questions):
+        _bounded(name, question, max_text_bytes)
+        state = states.setdefault(question.state_text, len(states))
+        rows.append(
+            (state, [options.setdefault(c.text, len(options)) for c in question.candidates])
+        )
+    index: list[int] = []
+    for state, option_rows in rows:
+        index.append(state)
+        index += [len(states) + row for row in option_rows]
+    return EncoderTexts(list(states), list(options), index)
+
+
+def _bounded(name: str, question: RenderedQuestion, limit: int) -> None:
+    """Reject, never truncate: the encoder only ever sees whole texts."""
+    size = len(question.state_text.encode())
+    if size > limit:
+        raise DecisionInputError(
+            name,
+            f"state plus instructions render to {size} UTF-8 bytes; CLM accepts at most "
+            f"{limit} (DECIDEALOT_CLM_MAX_TEXT_BYTES)",
+        )
+    for candidate in question.candidates:
+        size = len(candidate.text.encode())
+        if size > limit:
+            raise DecisionInputError(
+                name,
+                f"option text renders to {size} UTF-8 bytes; CLM accepts at most {limit} "
+                "(DECIDEALOT_CLM_MAX_TEXT_BYTES)",
+                loc=candidate.loc,
+            )
 
 
 class _Submitter(Protocol):
@@ -60,14 +135,17 @@ class ClmProvider:
         runner: JobRunner,
         *,
         max_text_bytes: int,
+        max_request_tokens: int = 0,
         hold: Callable[[], AbstractAsyncContextManager[object]] | None = None,
         runtime: LocalRuntime | None = None,
     ):
         """`hold` opens the scope the encoder calls and `runner` run in together (the
-        residency hold in the serial-lane setup); `runtime` is unloaded on close."""
+        residency hold in the serial-lane setup); `runtime` is unloaded on close.
+        `max_request_tokens` bounds a request's `EncoderTexts.cost` (0: no bound)."""
         self._encoder = encoder
         self._runner = runner
         self._max_text_bytes = max_text_bytes
+        self._max_request_tokens = max_request_tokens
         self._hold = hold or contextlib.nullcontext
         self._runtime = runtime
 
@@ -76,7 +154,7 @@ class ClmProvider:
         """The head's worker runtime, registered with residency on its lane (none when CLM may
         overlap local models), and the encoder client for the configured URL."""
         from decidealot.bundles import checkpoint_path
-        from providers.local import ResidentRunner, WorkerRuntime, lane_for
+        from providers.local import ResidentRunner, WorkerRuntime, lane_for, request_token_limit
 
         spec = EngineSpec(
             factory="providers.clm.engine:create",
@@ -88,13 +166,22 @@ class ClmProvider:
         runtime = WorkerRuntime(cls.name, spec, settings)  # resolves the device
         encoder = EncoderClient.from_settings(settings, width=QWEN3_8B_WIDTH)
         residency.register(runtime, *lane_for(cls.name, runtime.device, settings))
+        text_bytes = settings.clm_max_text_bytes
+        tokens = request_token_limit(settings, runtime.device)
         if settings.clm_parallel_with_local_models:
             runner: JobRunner = ResidentRunner(runtime, residency)
-            return cls(encoder, runner, max_text_bytes=settings.clm_max_text_bytes, runtime=runtime)
+            return cls(
+                encoder,
+                runner,
+                max_text_bytes=text_bytes,
+                max_request_tokens=tokens,
+                runtime=runtime,
+            )
         return cls(
             encoder,
             _Submit(runtime),
-            max_text_bytes=settings.clm_max_text_bytes,
+            max_text_bytes=text_bytes,
+            max_request_tokens=tokens,
             hold=lambda: residency.use(runtime),
             runtime=runtime,
         )
@@ -111,53 +198,31 @@ class ClmProvider:
         return list(LOCAL_MODELS[self.name])
 
     async def decide(self, selector: str, request: SystemOneRequest) -> SystemOneResponse:
-        rendered = {
-            name: self._bounded(name, render_question(request.state, question))
-            for name, question in request.questions.items()
-        }
+        texts = await asyncio.to_thread(encoder_texts, request, self._max_text_bytes)
+        limit = self._max_request_tokens
+        if limit and (cost := texts.cost) > limit:
+            raise over_token_limit(cost, limit)
         async with self._hold():
-            states = await self._encoder.embed(
-                [r.state_text for r in rendered.values()], cache=False
-            )
-            options = await self._encoder.embed(
-                [c.text for r in rendered.values() for c in r.candidates], cache=True
-            )
-            vectors = bytearray()
-            option_at = 0
-            for state_row, question in zip(states.rows, rendered.values(), strict=True):
-                count = len(question.candidates)
-                vectors += state_row + b"".join(options.rows[option_at : option_at + count])
-                option_at += count
-            job = Job(
-                checkpoint=CHECKPOINT,
-                state=request.state,
-                questions=request.questions,
-                config=request.config,
-                vectors=bytes(vectors),
-            )
+            job, encoder_tokens = await self._embedded_job(request, texts)
             decision = await self._runner.run(job)
-        tokens = states.prompt_tokens + options.prompt_tokens + decision.input_tokens
+        tokens = encoder_tokens + decision.input_tokens
         return SystemOneResponse(
             model=decision.model, answers=decision.answers, usage=Usage(input_tokens=tokens)
         )
 
-    def _bounded(self, name: str, question: RenderedQuestion) -> RenderedQuestion:
-        """Reject, never truncate: the encoder only ever sees whole texts."""
-        limit = self._max_text_bytes
-        size = len(question.state_text.encode())
-        if size > limit:
-            raise DecisionInputError(
-                name,
-                f"state plus instructions render to {size} UTF-8 bytes; CLM accepts at most "
-                f"{limit} (DECIDEALOT_CLM_MAX_TEXT_BYTES)",
-            )
-        for candidate in question.candidates:
-            size = len(candidate.text.encode())
-            if size > limit:
-                raise DecisionInputError(
-                    name,
-                    f"option text renders to {size} UTF-8 bytes; CLM accepts at most {limit} "
-                    "(DECIDEALOT_CLM_MAX_TEXT_BYTES)",
-                    loc=candidate.loc,
-                )
-        return question
+    async def _embedded_job(
+        self, request: SystemOneRequest, texts: EncoderTexts
+    ) -> tuple[Job, int]:
+        """The encoder calls and the job they feed: each distinct vector once, in the order
+        `texts.index` counts them; -> (job, encoder prompt tokens spent)."""
+        states = await self._encoder.embed(texts.states, cache=False)
+        options = await self._encoder.embed(texts.options, cache=True)
+        job = Job(
+            checkpoint=CHECKPOINT,
+            state=request.state,
+            questions=request.questions,
+            config=request.config,
+            vectors=b"".join((*states.rows, *options.rows)),
+            vector_index=texts.index,
+        )
+        return job, states.prompt_tokens + options.prompt_tokens
