@@ -64,14 +64,15 @@ class _Lane:
             self._count += 1
             return
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters.append((group, future))
+        waiter = (group, future)
+        self._waiters.append(waiter)
         try:
             await future
         except asyncio.CancelledError:
             if future.done() and not future.cancelled():
                 self.release()  # admitted just as we were cancelled: give the turn back
-            else:
-                self._waiters.remove((group, future))
+            elif waiter in self._waiters:  # a release() since may have dropped it already
+                self._waiters.remove(waiter)
             raise
 
     def release(self) -> None:

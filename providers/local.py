@@ -5,10 +5,13 @@ providers.worker` and waits for its `Ready` frame; unloading ends the process, s
 of torch and the checkpoint returns to the system. Jobs go to the worker as frames and come
 back by id, so any number of requests can be in flight at once and the worker batches them.
 
-A worker that exits, sends garbage, or makes no progress for
-`DECIDEALOT_PROVIDER_TIMEOUT_SECONDS` while jobs are in flight (no answer to any of them:
-its current pass has hung or overrun) is killed; every job in flight on it fails with
-`ProviderUnavailable` and `loaded` turns False, so the next request starts a new worker.
+The watchdog times forward passes, not jobs: the worker announces each pass (`Begin`) and
+reports it (`Pass`), so a request of many passes never trips it. A worker that exits, sends
+garbage, runs one pass for longer than `DECIDEALOT_PROVIDER_TIMEOUT_SECONDS`, or sends nothing
+at all for that long while jobs wait and no pass runs, is killed; every job in flight on it
+fails with `ProviderUnavailable` and `loaded` turns False, so the next request starts a new
+worker. A job whose caller is cancelled (its client hung up) is withdrawn with a `Cancel`
+frame: its rows not yet in a pass never run.
 Workers never outlive the gateway: they end when their stdin closes, and the kernel kills
 them when the gateway dies (`PR_SET_PDEATHSIG`, which fires when the thread that started the
 worker exits, i.e. when the event loop's thread does).
@@ -39,6 +42,8 @@ from decidealot.config import Settings
 from decidealot.errors import DecisionInputError, ProviderUnavailable
 from providers.engine import Decision, EngineSpec, Job
 from providers.frames import (
+    Begin,
+    Cancel,
     Failed,
     FrameError,
     InputError,
@@ -193,9 +198,26 @@ class _Worker:
         self.request_ids: dict[int, str] = {}
         """The request id each job in flight came with, for its failure's log line."""
         self.alive = True
-        self.progress_at = asyncio.get_running_loop().time()
+        self.heard_at = asyncio.get_running_loop().time()
+        """When the worker last sent a frame, or when jobs started waiting on an idle one."""
+        self.passes: dict[int, float] = {}
+        """Compute lane -> when its running pass began."""
         self.write_lock = asyncio.Lock()
         self.tasks: list[asyncio.Task[None]] = []
+
+    def overdue(self, now: float, timeout: float) -> bool:
+        """A pass has run past `timeout`, or jobs wait on a worker silent that long."""
+        if any(now - began > timeout for began in self.passes.values()):
+            return True
+        return bool(self.inflight) and not self.passes and now - self.heard_at > timeout
+
+    async def send(self, frame: bytes) -> None:
+        try:
+            async with self.write_lock:
+                self.process.stdin.write(frame)  # type: ignore[union-attr]
+                await self.process.stdin.drain()  # type: ignore[union-attr]
+        except ConnectionError:
+            pass  # the worker is gone; its reader task fails the futures
 
     def abandon(self, message: str) -> None:
         """Fail every job in flight and kill the process; its reader task reaps it."""
@@ -270,39 +292,39 @@ class WorkerRuntime:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Decision] = loop.create_future()
         if not worker.inflight:
-            worker.progress_at = loop.time()  # the timeout counts from here when it was idle
+            worker.heard_at = loop.time()  # silence counts from here when it was idle
         worker.inflight[job_id] = future
         worker.request_ids[job_id] = logs.request_id.get()
         try:
-            async with worker.write_lock:
-                worker.process.stdin.write(frame)  # type: ignore[union-attr]
-                await worker.process.stdin.drain()  # type: ignore[union-attr]
-        except ConnectionError:
-            pass  # the worker is gone; its reader task fails the future
-        try:
-            return await self._answer(worker, future)
+            await worker.send(frame)
+            return await future
+        except asyncio.CancelledError:
+            if worker.inflight.pop(job_id, None) is not None and worker.alive:
+                metrics.JOBS_WITHDRAWN.inc(provider=self.name)
+                _background(worker.send(encode(Cancel(job_id))))
+            raise
         finally:
             worker.inflight.pop(job_id, None)
             worker.request_ids.pop(job_id, None)
 
-    async def _answer(self, worker: _Worker, future: asyncio.Future[Decision]) -> Decision:
-        """Wait for the job's frame, killing the worker if it stops making progress."""
+    async def _watch(self, worker: _Worker) -> None:
+        """Kill the worker once a pass overruns the timeout or it falls silent with jobs
+        waiting; checks a few times per timeout."""
         timeout = self._settings.provider_timeout_seconds
         loop = asyncio.get_running_loop()
-        while not future.done():
-            remaining = worker.progress_at + timeout - loop.time()
-            if remaining <= 0:
+        while worker.alive:
+            await asyncio.sleep(min(timeout / 4, 1.0))
+            if worker.alive and worker.overdue(loop.time(), timeout):
+                what = "ran one pass" if worker.passes else "answered nothing"
                 self._log.error(
-                    "worker answered nothing for %.1f s; killing it (pid %d)",
+                    "worker %s for over %.1f s; killing it (pid %d)",
+                    what,
                     timeout,
                     worker.process.pid,
                 )
                 self._forget(worker)
                 self._lose("timeout")
                 worker.abandon(TIMED_OUT)
-                break
-            await asyncio.wait({future}, timeout=remaining)
-        return future.result()
 
     # -- process lifecycle -----------------------------------------------------------------
 
@@ -350,6 +372,7 @@ class WorkerRuntime:
             self._lost = False
             metrics.WORKER_RESTARTS.inc(provider=self.name)
         worker.tasks.append(_background(self._read_answers(worker)))
+        worker.tasks.append(_background(self._watch(worker)))
         return worker
 
     async def _handshake(self, process: asyncio.subprocess.Process) -> Ready | Failed | None:
@@ -357,8 +380,8 @@ class WorkerRuntime:
         start = Start(
             self._spec,
             token_budget(self._settings, self.device),
-            report_passes=True,
             concurrent_passes=concurrent_passes(self._settings, self.device),
+            job_token_limit=request_token_limit(self._settings, self.device),
         )
         try:
             process.stdin.write(encode(start))  # type: ignore[union-attr]
@@ -419,11 +442,16 @@ class WorkerRuntime:
         try:
             while (payload := await read_payload_async(stdout)) is not None:
                 frame = decode_from_worker(payload)
-                worker.progress_at = loop.time()
+                worker.heard_at = loop.time()
+                if isinstance(frame, Begin):
+                    worker.passes[frame.lane] = worker.heard_at
+                    continue
                 if isinstance(frame, Pass):
-                    metrics.FORWARD_PASS.observe(frame.seconds, provider=self.name)
-                    metrics.BATCH_SIZE.observe(frame.size, provider=self.name)
-                    metrics.BATCH_TOKENS.observe(frame.tokens, provider=self.name)
+                    worker.passes.pop(frame.lane, None)
+                    if frame.jobs:
+                        metrics.FORWARD_PASS.observe(frame.seconds, provider=self.name)
+                        metrics.BATCH_SIZE.observe(len(frame.jobs), provider=self.name)
+                        metrics.BATCH_TOKENS.observe(frame.tokens, provider=self.name)
                     continue
                 if not isinstance(frame, Result | InputError | JobFailed):
                     raise FrameError(f"unexpected {type(frame).__name__} frame")

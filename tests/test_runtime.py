@@ -33,6 +33,7 @@ def spec(log: Path | None = None, **options: object) -> EngineSpec:
 
 
 def settings(**values: object) -> Settings:
+    values.setdefault("max_request_tokens", 0)  # the arith engine counts state characters
     return Settings(device="cpu", **values)  # type: ignore[arg-type]
 
 

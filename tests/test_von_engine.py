@@ -232,7 +232,7 @@ def test_answers_are_unrounded_and_legend_echoes_levels(engines: dict[str, VonEn
     assert any(round(p, 4) != p for p in every)  # nothing is rounded to upstream's 4 places
 
 
-def test_prepared_job_reports_cost_and_group(engines: dict[str, VonEngine]) -> None:
+def test_prepared_job_reports_rows_tokens_and_group(engines: dict[str, VonEngine]) -> None:
     engine = engines["independent"]
     prepared = engine.prepare(
         _job(
@@ -250,7 +250,7 @@ def test_prepared_job_reports_cost_and_group(engines: dict[str, VonEngine]) -> N
     assert prepared.group == "von-1.1"
     lengths = [len(row.ids) for row in prepared.rows]
     assert len(lengths) == 3  # the zero-shot noul adds its no-state row
-    assert prepared.cost == 3 * max(lengths)
+    assert [row.tokens for row in prepared.rows] == lengths
     assert prepared.input_tokens == sum(lengths)
 
 
