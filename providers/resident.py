@@ -7,6 +7,7 @@ is the same, and lives here. Imports no torch, directly or indirectly.
 
 from __future__ import annotations
 
+import asyncio
 from typing import TYPE_CHECKING, ClassVar, Self
 
 from decidealot.catalog import LOCAL_MODELS
@@ -73,9 +74,10 @@ class ResidentProvider:
         return list(LOCAL_MODELS[self.name])
 
     async def decide(self, selector: str, request: SystemOneRequest) -> SystemOneResponse:
-        """Run the request as one job; `model` names the checkpoint that answered."""
+        """Run the request as one job; `model` names the checkpoint that answered. Choosing
+        the checkpoint may read the whole state (Laya's routing), so it runs off the loop."""
         job = Job(
-            checkpoint=self.checkpoint_for(selector, request),
+            checkpoint=await asyncio.to_thread(self.checkpoint_for, selector, request),
             state=request.state,
             questions=request.questions,
             config=request.config,
