@@ -104,6 +104,41 @@ def start_server(
     raise RuntimeError(f"{launcher} did not start")
 
 
+@dataclass
+class Timed:
+    """A request sent on another thread, with how `/health` answered while it ran."""
+
+    response: httpx.Response
+    seconds: float
+    slowest_health: float
+    health_polls: int
+
+
+def while_health_polls(url: str, path: str, body: bytes, timeout: float = 300) -> Timed:
+    """POST `body` to `path` on another thread and poll `/health` every 50 ms until it
+    answers: a slow /health shows work that held the gateway's event loop."""
+    import threading
+
+    answers: list[httpx.Response] = []
+
+    def send() -> None:
+        headers = {"Content-Type": "application/json"}
+        answers.append(httpx.post(url + path, content=body, headers=headers, timeout=timeout))
+
+    sender = threading.Thread(target=send)
+    started = time.monotonic()
+    sender.start()
+    slowest, polls = 0.0, 0
+    while sender.is_alive():
+        before = time.monotonic()
+        assert httpx.get(url + "/health", timeout=60).status_code == 200
+        slowest = max(slowest, time.monotonic() - before)
+        polls += 1
+        time.sleep(0.05)
+    sender.join()
+    return Timed(answers[0], time.monotonic() - started, slowest, polls)
+
+
 ALL_FAKES = {
     "DECIDEALOT_CLM_EMBEDDINGS_URL": "http://127.0.0.1:9/v1",
     "DECIDEALOT_TYPESAFE_API_KEY": "upstream-key",

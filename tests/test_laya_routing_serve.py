@@ -8,17 +8,14 @@ router sends the same state.
 
 from __future__ import annotations
 
-import threading
-import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import msgspec
 import pytest
 
 from tests.builders.laya_checkpoint import VARIANTS, build_laya_checkpoint
-from tests.conftest import RunningServer, start_server
+from tests.conftest import RunningServer, start_server, while_health_polls
 
 upstream_router = pytest.importorskip("laya.router")
 
@@ -58,7 +55,7 @@ def _huge_state(limit: int) -> dict[str, str]:
     return dict(reversed(fields.items()))
 
 
-def test_routing_a_huge_state_does_not_hold_the_loop(served: RunningServer, tmp_path: Path) -> None:
+def test_routing_a_huge_state_does_not_hold_the_loop(served: RunningServer) -> None:
     small = {"model": "laya", "state": LINE, "questions": {"billing": NOUL}}
     warm = httpx.post(served.url + "/v1/systemone", json=small, timeout=120)
     assert warm.status_code == 200, warm.text
@@ -66,32 +63,15 @@ def test_routing_a_huge_state_does_not_hold_the_loop(served: RunningServer, tmp_
     state = _huge_state(2 * 1024 * 1024 - 4096)
     body = msgspec.json.encode({"model": "laya", "state": state, "questions": {"billing": NOUL}})
     assert len(body) < 2 * 1024 * 1024
-    answer: list[httpx.Response] = []
+    timed = while_health_polls(served.url, "/v1/systemone", body)
 
-    def send() -> None:
-        answer.append(httpx.post(served.url + "/v1/systemone", content=body, timeout=300))
-
-    sender = threading.Thread(target=send)
-    started = time.monotonic()
-    sender.start()
-    slowest = 0.0
-    polls = 0
-    while sender.is_alive():
-        before = time.monotonic()
-        assert httpx.get(served.url + "/health", timeout=60).status_code == 200
-        slowest = max(slowest, time.monotonic() - before)
-        polls += 1
-        time.sleep(0.05)
-    sender.join()
-    took = time.monotonic() - started
-
-    [response] = answer
-    assert response.status_code == 200, response.text[:500]
-    assert took > 2 * STALL_SECONDS, "the request was too quick to show anything"
-    assert polls > 5
+    assert timed.response.status_code == 200, timed.response.text[:500]
+    assert timed.seconds > 2 * STALL_SECONDS, "the request was too quick to show anything"
+    assert timed.health_polls > 5
+    slowest = timed.slowest_health
     assert slowest < STALL_SECONDS, f"/health took {slowest:.2f} s while the state routed"
 
     upstream = upstream_router.Router(auto_task_detection=True)
     expected = upstream.route(state, {"billing": NOUL})["model"]
     assert expected == "multilingual"  # the German field, far past the 4000-character window
-    assert response.json()["model"] == f"laya-{expected}"
+    assert timed.response.json()["model"] == f"laya-{expected}"
