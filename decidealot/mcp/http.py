@@ -13,6 +13,7 @@ REST API's strict JSON parser (`decidealot.mcp.strict`).
 
 from __future__ import annotations
 
+import asyncio
 from contextlib import AbstractAsyncContextManager
 
 import msgspec
@@ -130,7 +131,8 @@ class McpEndpoint:
                 except DecidealotError as error:  # 400, 408, 413 or 415, as the REST API
                     await send_error(send, error, [])
                     return
-                scope, receive = _plain(scope, receive, screen(body))
+                screened = await asyncio.to_thread(screen, body)  # a parse: off the loop
+                scope, receive = _plain(scope, receive, screened)
             await manager.handle_request(scope, receive, send)  # type: ignore[arg-type]
 
         self.route = mcp_endpoint

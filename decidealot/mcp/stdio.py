@@ -166,7 +166,8 @@ class _ScreenedStdin:
 
     async def __aiter__(self) -> AsyncIterator[str]:
         async for line in self._wire:
-            yield screen(line).decode("utf-8", errors="replace")
+            screened = await asyncio.to_thread(screen, line)  # a parse: off the loop
+            yield screened.decode("utf-8", errors="replace")
 
 
 def _leave_now() -> NoReturn:
