@@ -86,14 +86,6 @@ def peak_rss(pid: int) -> int:
     raise AssertionError("no VmHWM")
 
 
-def test_token_estimate_is_documented_arithmetic() -> None:
-    assert estimated_tokens("") == 1
-    assert estimated_tokens("abc") == 2  # one token per three bytes, plus the end of text
-    assert estimated_tokens("abcd") == 3
-    assert estimated_tokens("2026-12-01") == 1 + 8 + 1  # digits one each; "--" a token
-    assert estimated_tokens("日本") == 1 + 2  # six UTF-8 bytes
-
-
 def test_over_the_token_bound_is_a_422_before_any_encoder_call(
     served: RunningServer, fake: FakeEmbeddings
 ) -> None:
