@@ -2,7 +2,8 @@
 worker process, 4096-wide vectors from the loopback fake embeddings endpoint).
 
 - `DECIDEALOT_MAX_REQUEST_TOKENS`: a request whose estimated encoder tokens plus head rows
-  pass the bound is a 422 at `body.questions` before any encoder call.
+  pass the bound is a 422 at `body.questions` before any encoder call; so is one that needs
+  more distinct vectors than half a worker frame holds, whatever the bound.
 - Memory: 400 choice questions over the same 255 labels carry 256 distinct vectors from the
   encoder client through the frame to the head, so neither the gateway nor the worker grows by
   more than a few tens of MB (each question's own copy would be 1.7 GB of vectors, past the
@@ -23,7 +24,7 @@ import httpx
 import msgspec
 import pytest
 
-from providers.clm.provider import estimated_tokens
+from providers.clm.provider import MAX_VECTORS, estimated_tokens
 from tests import ops_server
 from tests.builders.clm_head import build_clm_head
 from tests.conftest import RunningServer, start_server, while_health_polls
@@ -120,6 +121,26 @@ def test_over_the_token_bound_is_a_422_before_any_encoder_call(
     assert not any(state.strip() in text for call in fake.calls for text in call)
 
     assert _post(served, "/v1/systemone", small).status_code == 200
+
+
+def test_more_distinct_vectors_than_half_a_frame_is_a_422(
+    served: RunningServer, fake: FakeEmbeddings
+) -> None:
+    count = MAX_VECTORS // 255 + 1
+    questions = {
+        f"q{i}": {"type": "choice", "criteria": {f"{i}-{j}": None for j in range(255)}}
+        for i in range(count)
+    }
+    fake.reset()
+    response = _post(
+        served, "/v1/systemone", {"model": "clm", "state": "s", "questions": questions}
+    )
+    assert response.status_code == 422, response.text[:300]
+    [issue] = response.json()["detail"]
+    assert issue["loc"] == ["body", "questions"]
+    assert f"needs {count * 255 + 1} distinct encoder vectors" in issue["msg"]
+    assert f"at most {MAX_VECTORS}" in issue["msg"]
+    assert fake.calls == []
 
 
 def test_repeated_labels_cost_their_distinct_vectors_only(

@@ -34,10 +34,14 @@ from providers.base import JobRunner, LocalRuntime
 from providers.clm.encoder_client import EncoderClient
 from providers.clm.render import RenderedQuestion, render_questions
 from providers.engine import Decision, EngineSpec, Job
+from providers.frames import MAX_FRAME_BYTES
 
 CHECKPOINT = "clm-0.1-8b"
 QWEN3_8B_WIDTH = 4096
 """The contract: exactly 4096 floats per input, Qwen3-8B's hidden size."""
+MAX_VECTORS = MAX_FRAME_BYTES // (2 * QWEN3_8B_WIDTH * 4)
+"""Distinct vectors one request may carry (32768, 512 MiB of float32): half a worker frame,
+so no request reaches the frame limit, whatever DECIDEALOT_MAX_REQUEST_TOKENS allows."""
 
 
 _DIGITS = b"0123456789"
@@ -63,6 +67,10 @@ class EncoderTexts:
     states: list[str]
     options: list[str]
     index: list[int]
+
+    @property
+    def vectors(self) -> int:
+        return len(self.states) + len(self.options)
 
     @property
     def cost(self) -> int:
@@ -199,6 +207,12 @@ class ClmProvider:
 
     async def decide(self, selector: str, request: SystemOneRequest) -> SystemOneResponse:
         texts = await asyncio.to_thread(encoder_texts, request, self._max_text_bytes)
+        if texts.vectors > MAX_VECTORS:
+            raise DecisionInputError(
+                None,
+                f"this request needs {texts.vectors} distinct encoder vectors; CLM carries at "
+                f"most {MAX_VECTORS} per request: split its questions over several requests",
+            )
         limit = self._max_request_tokens
         if limit and (cost := texts.cost) > limit:
             raise over_token_limit(cost, limit)
