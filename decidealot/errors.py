@@ -15,6 +15,8 @@ class DecidealotError(Exception):
     status: int = 500
     code: str = "INTERNAL_ERROR"
     message: str = "the request could not be completed"
+    headers: dict[str, str] = {}  # noqa: RUF012 (read-only; subclasses replace it)
+    """Response headers this error adds (e.g. `Retry-After`)."""
 
     def __init__(self, message: str | None = None, details: dict[str, Json] | None = None):
         super().__init__(message or self.message)
@@ -60,6 +62,13 @@ class ProviderUnavailable(DecidealotError):
     """A provider cannot answer now: not ready, crashed, timed out, or answered badly."""
 
     status, code, message = 503, "PROVIDER_UNAVAILABLE", "the selected provider is unavailable"
+
+
+class ProviderOverloaded(ProviderUnavailable):
+    """`DECIDEALOT_MAX_PENDING_REQUESTS` decisions are already admitted: come back shortly."""
+
+    message = "the local providers are at capacity; retry shortly"
+    headers = {"Retry-After": "1"}  # noqa: RUF012 (as laya serve; the official SDK honours it)
 
 
 class RequestInvalid(DecidealotError):

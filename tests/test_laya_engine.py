@@ -297,8 +297,7 @@ def test_checkpoint_without_encoder_or_tokenizer_fails(
 async def test_provider_runs_in_a_real_worker(checkpoints: dict[str, Path], tmp_path: Path) -> None:
     """Gateway -> residency -> worker subprocess -> this engine, with the factory by name."""
     from decidealot.config import Settings
-    from decidealot.residency import Residency
-    from providers.laya.provider import LayaProvider
+    from decidealot.service import Service
 
     settings = Settings(
         device="cpu",
@@ -307,19 +306,19 @@ async def test_provider_runs_in_a_real_worker(checkpoints: dict[str, Path], tmp_
         laya_english_checkpoint=checkpoints["english"],
         laya_multilingual_checkpoint=checkpoints["multilingual"],
         laya_typed_decisions_checkpoint=checkpoints["typed-decisions"],
+        von_enabled=False,
     )
-    residency = Residency(settings)
-    provider = LayaProvider.from_settings(settings, residency)
+    service = Service(settings)
     questions = {"pay": {"type": "choice", "criteria": {"billing": "refunds", "tech": None}}}
     state = "Mein Konto wurde zweimal belastet, bitte helfen Sie mir."
     request = msgspec.convert(
         {"model": "laya", "state": state, "questions": questions}, SystemOneRequest
     )
     try:
-        response = await provider.decide("laya", request)
+        await service.start()
+        response = await service.executor.decide(request)
     finally:
-        await provider.close()
-        await residency.close()
+        await service.close()
     local = create(_spec(checkpoints))
     expected = local.run([local.prepare(_job("multilingual", state, questions))])[0]
     assert response.model == "laya-multilingual"

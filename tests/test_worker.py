@@ -52,8 +52,8 @@ class Rows:
         return sum(row.tokens for row in self.rows)
 
 
-def planner(budget: int, *jobs: tuple[str, list[int]], shape: PassShape = PassShape()) -> Planner:
-    plan = Planner(budget, shape)
+def planner(budget: int, *jobs: tuple[str, list[int]], shape: PassShape | None = None) -> Planner:
+    plan = Planner(budget, shape or PassShape())
     for job_id, (group, lengths) in enumerate(jobs):
         plan.add(job_id, Rows(group, [Tokens(n) for n in lengths]))
     return plan

@@ -2,39 +2,37 @@
 
 A decision renders every question's state text and option texts (off the event loop), bounds
 each by `clm_max_text_bytes` UTF-8 bytes (422, never truncated), bounds the request's
-estimated cost by `DECIDEALOT_MAX_REQUEST_TOKENS` (422 before any encoder call), embeds each
-distinct state text (always fresh) and option text (cached) once at the configured endpoint,
-and sends each distinct vector once to the head in its worker, with an index saying which
-rows each question uses (`providers.clm.engine`, layout documented there).
-`usage.input_tokens` is the encoder's `prompt_tokens` for the calls actually made.
+estimated cost by `DECIDEALOT_MAX_REQUEST_TOKENS` and its distinct vectors by `MAX_VECTORS`
+(422 before any encoder call), embeds each distinct state text (always fresh) and option text
+(cached) once at the configured endpoint, and sends each distinct vector once to the head in
+its worker, with an index saying which rows each question uses (`providers.clm.engine`,
+layout documented there). `usage.input_tokens` is the encoder's `prompt_tokens` for the calls
+actually made.
 
-Serial lane: by default the whole decision (encoder calls and head pass) runs inside one
-residency hold of the CLM runtime, on the lane `providers.local.lane_for` gives it, which it
-shares with Laya and Von, so the encoder (which may share the GPU or the cores) and the head
-never overlap another local model's forward pass. With `clm_parallel_with_local_models` the
-runtime takes no lane, the encoder calls run outside residency, and only the head pass holds
-a slot.
+Serial lane: by default the whole decision (encoder calls in `prepare`, and the head pass)
+runs inside one residency hold of the CLM runtime (`prepares_in_lane`), on the lane the service
+gives it, which it shares with Laya and Von, so the encoder (which may share the GPU or the
+cores) and the head never overlap another local model's forward pass. With
+`clm_parallel_with_local_models` the runtime takes no lane, the encoder calls run before the
+residency hold, and only the head pass holds a slot.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import Callable
-from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
-from typing import Protocol, Self
+from typing import Self
 
-from decidealot.catalog import LOCAL_MODELS
 from decidealot.config import Settings
-from decidealot.contract import ModelInfo, SystemOneRequest, SystemOneResponse, Usage
+from decidealot.contract import ModelInfo, SystemOneRequest
 from decidealot.errors import DecisionInputError, over_token_limit
-from decidealot.residency import Residency
-from providers.base import JobRunner, LocalRuntime
+from providers.base import LocalRuntime, PreparedRequest
 from providers.clm.encoder_client import EncoderClient
 from providers.clm.render import RenderedQuestion, render_questions
-from providers.engine import Decision, EngineSpec, Job
+from providers.device import request_token_limit
+from providers.engine import EngineSpec, Job
 from providers.frames import MAX_FRAME_BYTES
+from providers.local import WorkerRuntime
 
 CHECKPOINT = "clm-0.1-8b"
 QWEN3_8B_WIDTH = 4096
@@ -42,6 +40,22 @@ QWEN3_8B_WIDTH = 4096
 MAX_VECTORS = MAX_FRAME_BYTES // (2 * QWEN3_8B_WIDTH * 4)
 """Distinct vectors one request may carry (32768, 512 MiB of float32): half a worker frame,
 so no request reaches the frame limit, whatever DECIDEALOT_MAX_REQUEST_TOKENS allows."""
+RELEASE = "2026-09-19"  # contrastive-lm 0.1.0 dates its models so (clm.engine.RELEASE)
+
+SELECTORS = (
+    ModelInfo(
+        "clm",
+        "CLM System One decisions from the local Contrastive-LM/CLM-v0.1-8B head.",
+        RELEASE,
+    ),
+    ModelInfo("clm-latest", "Alias for the current CLM release.", RELEASE),
+    ModelInfo("clm-0.1", "Alias for the CLM v0.1 release.", RELEASE),
+    ModelInfo(
+        "clm-0.1-8b",
+        "Contrastive-LM/CLM-v0.1-8B projection head over Qwen3-8B vectors.",
+        RELEASE,
+    ),
+)
 
 
 _DIGITS = b"0123456789"
@@ -119,79 +133,47 @@ def _bounded(name: str, question: RenderedQuestion, limit: int) -> None:
             )
 
 
-class _Submitter(Protocol):
-    async def submit(self, job: Job) -> Decision: ...
-
-
-class _Submit:
-    """Runs a job on the runtime directly, for callers already inside its residency hold."""
-
-    def __init__(self, runtime: _Submitter):
-        self._runtime = runtime
-
-    async def run(self, job: Job) -> Decision:
-        return await self._runtime.submit(job)
-
-
 class ClmProvider:
     name = "clm"
     local = True
+    accepts_temperature = True
+    selectors = SELECTORS
 
     def __init__(
         self,
         encoder: EncoderClient,
-        runner: JobRunner,
+        runtime: LocalRuntime,
         *,
         max_text_bytes: int,
         max_request_tokens: int = 0,
-        hold: Callable[[], AbstractAsyncContextManager[object]] | None = None,
-        runtime: LocalRuntime | None = None,
+        prepares_in_lane: bool = True,
     ):
-        """`hold` opens the scope the encoder calls and `runner` run in together (the
-        residency hold in the serial-lane setup); `runtime` is unloaded on close.
+        """`prepares_in_lane`: the encoder calls run inside the residency hold, on the lane.
         `max_request_tokens` bounds a request's `EncoderTexts.cost` (0: no bound)."""
         self._encoder = encoder
-        self._runner = runner
+        self.runtime = runtime
         self._max_text_bytes = max_text_bytes
         self._max_request_tokens = max_request_tokens
-        self._hold = hold or contextlib.nullcontext
-        self._runtime = runtime
+        self.prepares_in_lane = prepares_in_lane
 
     @classmethod
-    def from_settings(cls, settings: Settings, residency: Residency) -> Self:
-        """The head's worker runtime, registered with residency on its lane (none when CLM may
-        overlap local models), and the encoder client for the configured URL."""
-        from decidealot.bundles import checkpoint_path
-        from providers.local import ResidentRunner, WorkerRuntime, lane_for, request_token_limit
-
+    def from_settings(cls, settings: Settings) -> Self:
+        """The head's worker runtime and the encoder client for the configured URL."""
+        head = settings.clm_head
         spec = EngineSpec(
             factory="providers.clm.engine:create",
-            checkpoints={CHECKPOINT: str(checkpoint_path(settings, CHECKPOINT))},
+            checkpoints={} if head is None else {CHECKPOINT: str(head)},
             preload=[CHECKPOINT],
             torch_threads=settings.torch_threads,
             options={"width": QWEN3_8B_WIDTH},
         )
         runtime = WorkerRuntime(cls.name, spec, settings)  # resolves the device
-        encoder = EncoderClient.from_settings(settings, width=QWEN3_8B_WIDTH)
-        residency.register(runtime, *lane_for(cls.name, runtime.device, settings))
-        text_bytes = settings.clm_max_text_bytes
-        tokens = request_token_limit(settings, runtime.device)
-        if settings.clm_parallel_with_local_models:
-            runner: JobRunner = ResidentRunner(runtime, residency)
-            return cls(
-                encoder,
-                runner,
-                max_text_bytes=text_bytes,
-                max_request_tokens=tokens,
-                runtime=runtime,
-            )
         return cls(
-            encoder,
-            _Submit(runtime),
-            max_text_bytes=text_bytes,
-            max_request_tokens=tokens,
-            hold=lambda: residency.use(runtime),
-            runtime=runtime,
+            EncoderClient.from_settings(settings, width=QWEN3_8B_WIDTH),
+            runtime,
+            max_text_bytes=settings.clm_max_text_bytes,
+            max_request_tokens=request_token_limit(settings, runtime.device),
+            prepares_in_lane=not settings.clm_parallel_with_local_models,
         )
 
     async def start(self) -> None:
@@ -199,13 +181,15 @@ class ClmProvider:
 
     async def close(self) -> None:
         await self._encoder.close()
-        if self._runtime is not None:
-            await self._runtime.unload()
+        await self.runtime.unload()
 
     async def models(self) -> list[ModelInfo]:
-        return list(LOCAL_MODELS[self.name])
+        return list(self.selectors)
 
-    async def decide(self, selector: str, request: SystemOneRequest) -> SystemOneResponse:
+    async def prepare(self, selector: str, request: SystemOneRequest) -> PreparedRequest:
+        """Render, bound and de-duplicate every text (off the loop), check the request's cost
+        before any encoder call, then embed and pack the head's job; the encoder's prompt
+        tokens are the gateway's share of `usage.input_tokens`."""
         texts = await asyncio.to_thread(encoder_texts, request, self._max_text_bytes)
         if texts.vectors > MAX_VECTORS:
             raise DecisionInputError(
@@ -216,19 +200,13 @@ class ClmProvider:
         limit = self._max_request_tokens
         if limit and (cost := texts.cost) > limit:
             raise over_token_limit(cost, limit)
-        async with self._hold():
-            job, encoder_tokens = await self._embedded_job(request, texts)
-            decision = await self._runner.run(job)
-        tokens = encoder_tokens + decision.input_tokens
-        return SystemOneResponse(
-            model=decision.model, answers=decision.answers, usage=Usage(input_tokens=tokens)
-        )
+        return await self._embedded_job(request, texts)
 
     async def _embedded_job(
         self, request: SystemOneRequest, texts: EncoderTexts
-    ) -> tuple[Job, int]:
+    ) -> PreparedRequest:
         """The encoder calls and the job they feed: each distinct vector once, in the order
-        `texts.index` counts them; -> (job, encoder prompt tokens spent)."""
+        `texts.index` counts them, with the encoder's prompt tokens spent."""
         states = await self._encoder.embed(texts.states, cache=False)
         options = await self._encoder.embed(texts.options, cache=True)
         job = Job(
@@ -239,4 +217,4 @@ class ClmProvider:
             vectors=b"".join((*states.rows, *options.rows)),
             vector_index=texts.index,
         )
-        return job, states.prompt_tokens + options.prompt_tokens
+        return PreparedRequest(job, states.prompt_tokens + options.prompt_tokens)
