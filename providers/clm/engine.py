@@ -24,7 +24,8 @@ import numpy as np
 import torch
 
 from decidealot.contract import Answer, Question, ScoreQuestion
-from providers import answers
+from providers.answers import answer as build_answer
+from providers.answers import first_max
 from providers.clm.head import HeadFileError, HeadPair, load_heads
 from providers.clm.render import option_keys, score_legend
 from providers.engine import Decision, EngineSpec, Job, PassShape
@@ -71,7 +72,7 @@ def confidence(probs: Sequence[float]) -> float:
     """Top probability minus the mean of the others, clamped to [0, 1]; 1 for one option."""
     if len(probs) < 2:
         return 1.0
-    best = answers.first_max(probs)
+    best = first_max(probs)
     rest = [p for i, p in enumerate(probs) if i != best]
     return max(0.0, min(1.0, probs[best] - sum(rest) / len(rest)))
 
@@ -79,7 +80,7 @@ def confidence(probs: Sequence[float]) -> float:
 def answer(question: Question, logits: list[float]) -> Answer:
     """Upstream's readout; nothing is rounded. A noul's options are `NOUL_KEYS`, [false, true]."""
     legend = score_legend(question) if isinstance(question, ScoreQuestion) else None
-    return answers.answer(question, softmax(logits), confidence, true_index=1, legend=legend)
+    return build_answer(question, softmax(logits), confidence, true_index=1, legend=legend)
 
 
 class ClmEngine(RunsTogether):
