@@ -99,13 +99,11 @@ def create_app(service: Service) -> ASGIApp:
     def docs() -> Response[str]:
         return Response(_DOCS_PAGE, media_type="text/html")
 
+    exposition = metrics.ServiceCollector(service.residency)
+
     @get("/metrics", sync_to_thread=False)
     def metrics_text() -> Response[bytes]:
-        residency = service.residency
-        for name in residency.names:
-            metrics.PROVIDER_RESIDENT.set(float(residency.loaded(name)), provider=name)
-        # Litestar appends "; charset=utf-8" to text media types
-        return Response(metrics.REGISTRY.render().encode(), media_type=metrics.MEDIA_TYPE)
+        return Response(exposition.render(), media_type=metrics.MEDIA_TYPE)
 
     app = Litestar(
         route_handlers=[
