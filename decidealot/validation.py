@@ -74,8 +74,11 @@ def _no_constant(name: str) -> Any:
 
 
 def _finite_float(text: str) -> float:
+    """Finite, and inside the 64-bit integer range like `_int64`: JSON (and the OpenAPI
+    document's JSON Schema) knows numbers by value, not by spelling, so 1e20 is refused as
+    100000000000000000000 is. Every double past 2**53 is whole, so no fraction is lost."""
     value = float(text)
-    if not math.isfinite(value):
+    if not -(2**63) <= value < 2**64:  # NaN and the infinities fail too
         raise ValueError(f"the number {text[:32]} is out of range")
     return value
 

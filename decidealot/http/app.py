@@ -30,8 +30,10 @@ href="https://unpkg.com/swagger-ui-dist@5/swagger-ui.css"></head><body><div id="
 <script>SwaggerUIBundle({url: "/openapi.json", dom_id: "#ui"});</script></body></html>"""
 
 
-def _json(value: Any, status: int = 200) -> Response[bytes]:
-    return Response(msgspec.json.encode(value), status_code=status, media_type=_JSON)
+def _json(value: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response[bytes]:
+    return Response(
+        msgspec.json.encode(value), status_code=status, media_type=_JSON, headers=headers
+    )
 
 
 def _on_error(_: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:
@@ -42,7 +44,8 @@ def _on_error(_: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:
     if isinstance(exc, HTTPException):
         fallback = "BAD_REQUEST" if exc.status_code < 500 else "INTERNAL_ERROR"
         code = _HTTP_CODES.get(exc.status_code, fallback)
-        return _json(ErrorBody(code, str(exc.detail)), exc.status_code)
+        # Litestar's 405 names the route's methods in `Allow`, as RFC 9110 asks
+        return _json(ErrorBody(code, str(exc.detail)), exc.status_code, exc.headers)
     logs.log_failure(log, exc, "a route")
     return Response(error_body(DecidealotError()), status_code=500, media_type=_JSON)
 
@@ -52,7 +55,6 @@ def create_app(service: Service) -> ASGIApp:
     (request ids, auth, admission) like any route."""
     settings = service.settings
     mcp = McpEndpoint(service)
-    schema = msgspec.json.encode(openapi.build(settings))
 
     async def body_of(request: Request[Any, Any, Any]) -> Any:
         return parse_json(
@@ -91,15 +93,16 @@ def create_app(service: Service) -> ASGIApp:
     async def unload() -> Response[bytes]:
         return _json(await service.executor.unload())
 
-    @get("/openapi.json", sync_to_thread=False)
-    def openapi_json() -> Response[bytes]:
-        return Response(schema, media_type=_JSON)
+    @get("/openapi.json")
+    async def openapi_json() -> Response[bytes]:
+        models = await openapi.accepted_models(service.catalog)
+        return _json(openapi.build(settings, models))
+
+    exposition = metrics.ServiceCollector(service.residency)
 
     @get("/docs", sync_to_thread=False)
     def docs() -> Response[str]:
         return Response(_DOCS_PAGE, media_type="text/html")
-
-    exposition = metrics.ServiceCollector(service.residency)
 
     @get("/metrics", sync_to_thread=False)
     def metrics_text() -> Response[bytes]:
