@@ -1,4 +1,4 @@
-"""The served OpenAPI document is one tools can trust, over real HTTP.
+"""The served OpenAPI document is one tools can trust, and `/docs` works offline, over real HTTP.
 
 Schemathesis runs with every check it has: its CLI (`schemathesis run <base>/openapi.json -c
 all`, each phase: examples, coverage with undeclared methods and missing headers, fuzzing)
@@ -13,11 +13,13 @@ whose lazy fixture loader does not run under pytest 9.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urljoin
 
 import httpx
 import jsonschema
@@ -26,6 +28,7 @@ import schemathesis
 from hypothesis import HealthCheck, given, settings
 from schemathesis import GenerationMode
 from schemathesis.checks import CHECKS, load_all_checks
+from swagger_ui_bundle import swagger_ui_path
 
 from decidealot import validation
 from decidealot.config import Settings
@@ -270,3 +273,35 @@ def test_openapi_and_mcp_state_the_same_bounds(gateway: RunningServer) -> None:
     openapi_config = components["SystemOneRequest"]["properties"]["config"]
     assert temperature == openapi_config["properties"]["temperature"]
     assert temperature["maximum"] == validation.MAX_TEMPERATURE
+
+
+# -- /docs -----------------------------------------------------------------------------------
+
+_LINKS = re.compile(r'(?:src|href)="([^"]+)"')
+
+
+def test_docs_and_their_assets_are_served_offline_and_public(secured: RunningServer) -> None:
+    """Every asset the page loads is a relative URL this service answers, from the
+    swagger-ui-bundle package (nothing reaches a CDN or the hub, which are unreachable here);
+    the page and assets need no key, the document it loads does, and the page sends it."""
+    page = httpx.get(secured.url + "/docs")
+    assert page.status_code == 200
+    assert page.headers["content-type"].startswith("text/html")
+    links = _LINKS.findall(page.text)
+    assert {"docs/assets/swagger-ui.css", "docs/assets/swagger-ui-bundle.js"} <= set(links)
+    for link in links:
+        assert "//" not in link and ":" not in link, link  # relative: served by this service
+        asset = httpx.get(urljoin(secured.url + "/docs", link))
+        assert asset.status_code == 200, link
+        assert asset.content == (swagger_ui_path / link.rsplit("/", 1)[1]).read_bytes()
+    assert 'url: "openapi.json"' in page.text and "validatorUrl: null" in page.text
+    assert '"Bearer " + token' in page.text
+
+    assert httpx.get(secured.url + "/docs/assets/index.html").status_code == 404
+    assert httpx.get(secured.url + "/openapi.json").status_code == 401
+    document = httpx.get(secured.url + "/openapi.json", headers=BEARER).json()
+    assert document["components"]["securitySchemes"]["bearer"] == {
+        "type": "http",
+        "scheme": "bearer",
+    }
+    assert document["security"] == [{"bearer": []}]

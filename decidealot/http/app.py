@@ -12,7 +12,7 @@ from litestar.exceptions import HTTPException
 from decidealot import logs, metrics
 from decidealot.contract import ErrorBody, ValidationErrorBody
 from decidealot.errors import DecidealotError, ProviderUnavailable, RequestInvalid
-from decidealot.http import openapi
+from decidealot.http import docs, openapi
 from decidealot.http.body import read_body
 from decidealot.http.middleware import ASGIApp, Gateway, error_body
 from decidealot.mcp.http import MCP_PATH, McpEndpoint
@@ -23,11 +23,6 @@ log = logging.getLogger("decidealot.http")
 
 _JSON = "application/json"
 _HTTP_CODES = {404: "NOT_FOUND", 405: "METHOD_NOT_ALLOWED"}
-_DOCS_PAGE = """<!doctype html><html><head><title>Decidealot API</title>
-<meta charset="utf-8"><link rel="stylesheet"
-href="https://unpkg.com/swagger-ui-dist@5/swagger-ui.css"></head><body><div id="ui"></div>
-<script src="https://unpkg.com/swagger-ui-dist@5/swagger-ui-bundle.js"></script>
-<script>SwaggerUIBundle({url: "/openapi.json", dom_id: "#ui"});</script></body></html>"""
 
 
 def _json(value: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response[bytes]:
@@ -100,10 +95,6 @@ def create_app(service: Service) -> ASGIApp:
 
     exposition = metrics.ServiceCollector(service.residency)
 
-    @get("/docs", sync_to_thread=False)
-    def docs() -> Response[str]:
-        return Response(_DOCS_PAGE, media_type="text/html")
-
     @get("/metrics", sync_to_thread=False)
     def metrics_text() -> Response[bytes]:
         return Response(exposition.render(), media_type=metrics.MEDIA_TYPE)
@@ -116,7 +107,7 @@ def create_app(service: Service) -> ASGIApp:
             systemone_batch,
             unload,
             openapi_json,
-            docs,
+            *docs.route_handlers(),
             metrics_text,
             mcp.route,
         ],
@@ -130,4 +121,4 @@ def create_app(service: Service) -> ASGIApp:
         logging_config=None,
     )
     routes = {route.path for route in app.routes} - {MCP_PATH}
-    return Gateway(app, service, routes=routes, mounts=[MCP_PATH])
+    return Gateway(app, service, routes=routes, mounts=[MCP_PATH, docs.ASSETS_PATH])

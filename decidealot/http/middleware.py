@@ -21,7 +21,10 @@ from decidealot.service import Service
 
 log = logging.getLogger("decidealot.http")
 
-PUBLIC_PATHS = frozenset({"/health"})
+PUBLIC_PATHS = frozenset({"/health", "/docs"})
+PUBLIC_PREFIXES = ("/docs/assets/",)
+"""The Swagger page and its static assets: a browser cannot send a bearer token to open
+them; the page itself sends it for /openapi.json and every call (decidealot.http.docs)."""
 UNADMITTED_PATHS = frozenset({"/metrics"})
 """Behind auth, but answered while draining too: a scrape can watch the drain."""
 _METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
@@ -104,7 +107,7 @@ class Gateway:
         path = scope["path"]
         metrics.HTTP_IN_FLIGHT.inc()
         try:
-            if path in PUBLIC_PATHS:
+            if path in PUBLIC_PATHS or path.startswith(PUBLIC_PREFIXES):
                 await self._app(scope, receive, send_with_id)
             elif self._key is not None and not self._authorized(headers):
                 await send_error(send_with_id, Unauthorized(), [(b"www-authenticate", b"Bearer")])
