@@ -112,11 +112,13 @@ def _declare_models(request: dict[str, Any], models: dict[str, bool] | None) -> 
     model["description"] = "A name from GET /v1/models: the catalog when this was served."
     tempered = [name for name, temperature in models.items() if temperature]
     plain = [name for name, temperature in models.items() if not temperature]
-    request["anyOf"] = [
+    choices = [
         *([{"properties": {"model": {"enum": tempered}}}] if tempered else []),
         *([{"properties": {"model": {"enum": plain}, "config": {"maxProperties": 0}}}]
           if plain else []),
     ]  # fmt: skip
+    if choices:  # an empty anyOf is not a schema; the empty enum already admits nothing
+        request["anyOf"] = choices
 
 
 def build(settings: Settings, models: dict[str, bool] | None = None) -> dict[str, Any]:
@@ -195,7 +197,7 @@ def build(settings: Settings, models: dict[str, bool] | None = None) -> dict[str
                         **guarded,
                         "403": _text("The SDK's DNS-rebinding check: an Origin not allowed."),
                         "406": {
-                            "description": "Accept names neither JSON nor event streams.",
+                            "description": "Accept does not admit both JSON and event streams.",
                             "content": {"application/json": {"schema": _ref("JSONRPCError")}},
                         },
                         **{k: _ERRORS[k] for k in ("408", "413", "415", "503")},
