@@ -22,9 +22,12 @@ CONFIG_DESCRIPTION = (
 )
 
 
-NUMBER = {"type": "number", "minimum": -(2**63), "exclusiveMaximum": 2**64}
-"""What `validation.parse_json` takes for a number anywhere in a body: the 64-bit integer
-range, however the number is spelled."""
+INTEGER = {"type": "integer", "minimum": -(2**63), "maximum": 2**64 - 1}
+SMALL_NUMBER = {"type": "number", "minimum": -(2**53), "maximum": 2**53}
+"""Together, what `validation.parse_json` takes for a number anywhere in a body: the 64-bit
+integer range, however the number is spelled. Every double past 2**53 is whole, so the two
+cover each number once; spelled as one bounded `number`, hypothesis-based generators reject
+most of what they draw."""
 
 
 def _json_value(ref: dict[str, str]) -> dict[str, Any]:
@@ -33,7 +36,8 @@ def _json_value(ref: dict[str, str]) -> dict[str, Any]:
     return {
         "anyOf": [
             {"type": ["null", "boolean", "string"]},
-            NUMBER,
+            INTEGER,
+            SMALL_NUMBER,
             {"type": "array", "items": ref},
             {"type": "object", "additionalProperties": ref},
         ]
