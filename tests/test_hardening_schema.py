@@ -177,6 +177,9 @@ def test_mcp_refuses_what_the_document_calls_invalid(gateway: RunningServer) -> 
         assert response.json()["code"] == "MALFORMED_BODY"
     valid = {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}
     assert httpx.post(gateway.url + "/mcp", json=valid, headers=MCP_HEADERS).status_code == 200
+    # a JSON media type the REST API takes reaches the SDK as plain JSON, not its text 400
+    suffixed = MCP_HEADERS | {"Content-Type": "application/vnd.example+json"}
+    assert httpx.post(gateway.url + "/mcp", json=valid, headers=suffixed).status_code == 200
 
 
 def _validator(document: dict[str, Any], name: str) -> jsonschema.Draft202012Validator:
@@ -213,6 +216,13 @@ def test_model_lists_the_catalog_as_it_is_now(launch: Callable[..., RunningServe
     assert down.status_code == 200
     model = down.json()["components"]["schemas"]["SystemOneRequest"]["properties"]["model"]
     assert "enum" not in model and "GET /v1/models" in model["description"]
+
+
+def test_an_empty_catalog_still_gives_a_valid_schema() -> None:
+    components = openapi.build(Settings(), {})["components"]["schemas"]
+    request = components["SystemOneRequest"]
+    assert request["properties"]["model"]["enum"] == [] and "anyOf" not in request
+    jsonschema.Draft202012Validator.check_schema(request)
 
 
 def test_numbers_are_bounded_as_the_parser_bounds_them(gateway: RunningServer) -> None:
@@ -294,6 +304,7 @@ def test_docs_and_their_assets_are_served_offline_and_public(secured: RunningSer
         asset = httpx.get(urljoin(secured.url + "/docs", link))
         assert asset.status_code == 200, link
         assert asset.content == (swagger_ui_path / link.rsplit("/", 1)[1]).read_bytes()
+        assert asset.headers["cache-control"] == "max-age=86400"
     assert 'url: "openapi.json"' in page.text and "validatorUrl: null" in page.text
     assert '"Bearer " + token' in page.text
 
