@@ -26,6 +26,7 @@ import jsonschema
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
+from prometheus_client.parser import text_string_to_metric_families
 from schemathesis import GenerationMode
 from schemathesis.checks import CHECKS, load_all_checks
 from swagger_ui_bundle import swagger_ui_path
@@ -316,3 +317,11 @@ def test_docs_and_their_assets_are_served_offline_and_public(secured: RunningSer
         "scheme": "bearer",
     }
     assert document["security"] == [{"bearer": []}]
+    scrape = httpx.get(secured.url + "/metrics", headers=BEARER).text
+    routes = {
+        sample.labels["route"]
+        for family in text_string_to_metric_families(scrape)
+        if family.name == "decidealot_http_requests"
+        for sample in family.samples
+    }
+    assert {"/docs", "/docs/assets"} <= routes and not any("{" in r for r in routes)

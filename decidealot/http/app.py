@@ -128,5 +128,5 @@ def create_app(service: Service) -> ASGIApp:
         debug=False,
         logging_config=None,
     )
-    routes = {route.path for route in app.routes} - {MCP_PATH}
+    routes = {route.path for route in app.routes if "{" not in route.path} - {MCP_PATH}
     return Gateway(app, service, routes=routes, mounts=[MCP_PATH, docs.ASSETS_PATH])
