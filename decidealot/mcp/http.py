@@ -7,12 +7,14 @@ load balancer need no session affinity (the tools never call back into the clien
 
 POST bodies are read under the REST API's rules before the SDK sees them (read timeout, size
 limit on the wire and decoded, gzip and zstd, JSON media type, here required), with the same
-error envelopes; the SDK then gets the decoded JSON as a plain body. Other methods get the
-same envelope in a 405 that names POST in `Allow`.
+error envelopes; the SDK then gets the decoded JSON as a plain body, its tool-call arguments
+screened by the REST API's strict JSON parser (`decidealot.mcp.strict`). Other methods get
+the same envelope in a 405 that names POST in `Allow`.
 """
 
 from __future__ import annotations
 
+import asyncio
 from contextlib import AbstractAsyncContextManager
 
 import msgspec
@@ -25,6 +27,7 @@ from mcp.server.transport_security import TransportSecuritySettings
 from decidealot.config import Settings
 from decidealot.errors import DecidealotError, MalformedBody, UnsupportedMediaType
 from decidealot.mcp.server import ServiceBackend, build_server
+from decidealot.mcp.strict import screen
 from decidealot.service import Service
 
 MCP_PATH = "/mcp"
@@ -109,14 +112,17 @@ def _plain(scope: Scope, receive: Receive, body: bytes) -> tuple[Scope, Receive]
     return {**scope, "headers": headers}, replay
 
 
-def _check_message(body: bytes) -> None:
-    """One JSON-RPC message exactly as the SDK's schema (in the OpenAPI document) states it:
-    the SDK's own parse is lax (`"code": true` passes as an integer) and answers plain
-    JSON-RPC errors, so a body the document calls invalid gets our 400 envelope first."""
+def _screened(body: bytes) -> bytes:
+    """The body with its tool-call arguments screened (`decidealot.mcp.strict`), if it is one
+    JSON-RPC message exactly as the SDK's schema (in the OpenAPI document) states it: the
+    SDK's own parse is lax (`"code": true` passes as an integer) and answers plain JSON-RPC
+    errors, so a body the document calls invalid gets our 400 envelope first."""
+    screened = screen(body)
     try:
-        jsonrpc_message_adapter.validate_json(body, strict=True)
+        jsonrpc_message_adapter.validate_json(screened, strict=True)
     except ValueError:  # pydantic's ValidationError, and invalid JSON
         raise MalformedBody("the body is not one JSON-RPC 2.0 message") from None
+    return screened
 
 
 class McpEndpoint:
@@ -152,11 +158,11 @@ class McpEndpoint:
                 if b"content-type" not in headers:
                     raise UnsupportedMediaType("send the JSON-RPC message as application/json")
                 body = await read_body(receive, headers, body_settings)
-                _check_message(body)
+                screened = await asyncio.to_thread(_screened, body)  # parses: off the loop
             except DecidealotError as error:  # 400, 408, 413 or 415, as the REST API
                 await send_error(send, error, [])
                 return
-            scope, receive = _plain(scope, receive, body)
+            scope, receive = _plain(scope, receive, screened)
             await manager.handle_request(scope, receive, send)  # type: ignore[arg-type]
 
         self.route = mcp_endpoint
