@@ -15,7 +15,7 @@ import logging
 import time
 from collections.abc import Sequence
 
-from decidealot import logs, metrics
+from decidealot import logs, metrics, tracing
 from decidealot.catalog import Catalog
 from decidealot.contract import (
     BatchRequest,
@@ -65,6 +65,7 @@ class Executor:
             asyncio.Semaphore(max_batch_concurrency) if max_batch_concurrency > 0 else None
         )
 
+    @tracing.traced("decision")
     async def decide(self, request: SystemOneRequest, loc: Loc | None = None) -> SystemOneResponse:
         """Answer one request; `loc` is where the request sits in the body (default `["body"]`)."""
         where = ["body"] if loc is None else loc
@@ -81,6 +82,7 @@ class Executor:
                     )
                 ]
             )
+        tracing.annotate(provider=route.provider.name, model=request.model)
         outcome = "cancelled"
         started = time.perf_counter()
         try:

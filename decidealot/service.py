@@ -10,7 +10,7 @@ import importlib
 import logging
 from collections.abc import Sequence
 
-from decidealot import logs
+from decidealot import logs, tracing
 from decidealot.catalog import Catalog
 from decidealot.config import Settings
 from decidealot.contract import Health, ModelList
@@ -89,11 +89,13 @@ class Service:
 
     def enter(self) -> bool:
         """Admit one request; False once the service is draining."""
-        if self.draining:
-            return False
-        self._in_flight += 1
-        self._idle.clear()
-        return True
+        with tracing.span("admission") as span:
+            if self.draining:
+                span.fail("draining")
+                return False
+            self._in_flight += 1
+            self._idle.clear()
+            return True
 
     def leave(self) -> None:
         self._in_flight -= 1

@@ -82,6 +82,10 @@ class Pass(msgspec.Struct, tag="pass", frozen=True):
     size: int
     tokens: int
     seconds: float
+    ids: list[int] = []
+    """The job ids it answered, so the gateway can trace the pass under each job's request."""
+    started: float = 0.0
+    """When `engine.run` began, in `time.time()` seconds (same host, same clock)."""
 
 
 ToWorker: TypeAlias = Start | Submit

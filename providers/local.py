@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from decidealot import logs, metrics
+from decidealot import logs, metrics, tracing
 from decidealot.config import Settings
 from decidealot.errors import DecisionInputError, ProviderUnavailable
 from providers.engine import Decision, EngineSpec, Job
@@ -179,6 +179,8 @@ class _Worker:
         self.inflight: dict[int, asyncio.Future[Decision]] = {}
         self.request_ids: dict[int, str] = {}
         """The request id each job in flight came with, for its failure's log line."""
+        self.spans: dict[int, tracing.SpanContext | None] = {}
+        """The span each job in flight was submitted under, to parent its forward pass."""
         self.alive = True
         self.progress_at = asyncio.get_running_loop().time()
         self.write_lock = asyncio.Lock()
@@ -260,6 +262,7 @@ class WorkerRuntime:
             worker.progress_at = loop.time()  # the timeout counts from here when it was idle
         worker.inflight[job_id] = future
         worker.request_ids[job_id] = logs.request_id.get()
+        worker.spans[job_id] = tracing.current()
         try:
             async with worker.write_lock:
                 worker.process.stdin.write(frame)  # type: ignore[union-attr]
@@ -271,6 +274,7 @@ class WorkerRuntime:
         finally:
             worker.inflight.pop(job_id, None)
             worker.request_ids.pop(job_id, None)
+            worker.spans.pop(job_id, None)
 
     async def _answer(self, worker: _Worker, future: asyncio.Future[Decision]) -> Decision:
         """Wait for the job's frame, killing the worker if it stops making progress."""
@@ -411,6 +415,16 @@ class WorkerRuntime:
                     metrics.FORWARD_PASS.observe(frame.seconds, provider=self.name)
                     metrics.BATCH_SIZE.observe(frame.size, provider=self.name)
                     metrics.BATCH_TOKENS.observe(frame.tokens, provider=self.name)
+                    for job_id in frame.ids:
+                        tracing.record(
+                            "forward_pass",
+                            worker.spans.get(job_id),
+                            frame.started,
+                            frame.started + frame.seconds,
+                            provider=self.name,
+                            jobs=frame.size,
+                            tokens=frame.tokens,
+                        )
                     continue
                 if not isinstance(frame, Result | InputError | JobFailed):
                     raise FrameError(f"unexpected {type(frame).__name__} frame")

@@ -181,6 +181,7 @@ class Host:
 
     def _run(self, batch: Sequence[Pending]) -> None:
         started = time.perf_counter()
+        wall_started = time.time()
         try:
             decisions = self._engine.run([item.prepared for item in batch])
             if len(decisions) != len(batch):
@@ -194,7 +195,9 @@ class Host:
             return
         if self._report_passes:
             tokens = int(sum(item.prepared.cost for item in batch))
-            self._writer.write(Pass(len(batch), tokens, time.perf_counter() - started))
+            seconds = time.perf_counter() - started
+            ids = [item.id for item in batch]
+            self._writer.write(Pass(len(batch), tokens, seconds, ids, wall_started))
         for item, decision in zip(batch, decisions, strict=True):
             self._send(item.id, Result(item.id, decision))
 
