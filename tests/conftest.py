@@ -61,11 +61,13 @@ def start_server(
     folder: Path,
     *,
     launcher: str = "tests.server",
+    args: tuple[str, ...] = (),
     hosted: tuple[str, ...] = ("jev-latest", "jev-1.13.0", "von"),
     **env: str,
 ) -> RunningServer:
-    """Start `python -m <launcher>` (the production server over test providers) with
-    DECIDEALOT_* overrides in `env` and the fake TypeSafe catalog `hosted`; waits for /health."""
+    """Start `python -m <launcher> <args>` (the production server over test providers, or
+    `decidealot serve` itself) with DECIDEALOT_* overrides in `env` and the fake TypeSafe
+    catalog `hosted`; waits for /health."""
     folder.mkdir(parents=True, exist_ok=True)
     port = _free_port()
     events, catalog, log = folder / "events.jsonl", folder / "jev.json", folder / "server.log"
@@ -81,7 +83,7 @@ def start_server(
     }
     with log.open("wb") as log_out:
         process = subprocess.Popen(
-            [sys.executable, "-m", launcher],
+            [sys.executable, "-m", launcher, *args],
             cwd=_ROOT,
             env=full_env,
             stdout=log_out,
