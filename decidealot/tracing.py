@@ -164,6 +164,8 @@ def traced(
     def decorate(function: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:
         @functools.wraps(function)
         async def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
+            if _tracer is None:
+                return await function(*args, **kwargs)
             with span(name, kind=kind):
                 return await function(*args, **kwargs)
 

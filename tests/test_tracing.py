@@ -122,11 +122,12 @@ def traced(
 
 
 def post(server: RunningServer, path: str, body: Any, **headers: str) -> httpx.Response:
+    """With the key `traced` wants (servers without a key ignore it)."""
     return httpx.post(
         server.url + path,
         json=body,
         headers={"Authorization": f"Bearer {API_KEY}", **headers},
-        timeout=60,
+        timeout=120,
     )
 
 
@@ -215,9 +216,15 @@ def test_an_invalid_request_fails_its_validation_span(
     assert_clean(receiver, API_KEY)
 
 
-def mcp_call(server: RunningServer, arguments: dict[str, Any], **meta: str) -> httpx.Response:
+def mcp_call(
+    server: RunningServer,
+    arguments: dict[str, Any],
+    meta: dict[str, str] | None = None,
+    **headers: str,
+) -> httpx.Response:
+    """`tools/call system_one` as one stateless POST to /mcp, `meta` as its `_meta`."""
     params: dict[str, Any] = {"name": "system_one", "arguments": arguments}
-    if meta:
+    if meta is not None:
         params["_meta"] = meta
     message = {"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": params}
     return httpx.post(
@@ -227,6 +234,7 @@ def mcp_call(server: RunningServer, arguments: dict[str, Any], **meta: str) -> h
             "Authorization": f"Bearer {API_KEY}",
             "Accept": "application/json, text/event-stream",
             "Content-Type": "application/json",
+            **headers,
         },
         timeout=60,
     )
@@ -236,7 +244,7 @@ def test_an_mcp_call_continues_the_traceparent_in_its_meta(
     traced: RunningServer, receiver: OtlpReceiver
 ) -> None:
     trace_id, parent_id, header = caller()
-    response = mcp_call(traced, decision("von"), traceparent=header)
+    response = mcp_call(traced, decision("von"), meta={"traceparent": header})
     assert response.status_code == 200 and '"isError":false' in response.text, response.text
 
     spans = in_trace(receiver, trace_id, "tools/call system_one", "forward_pass")
@@ -252,24 +260,7 @@ def test_an_mcp_call_without_meta_nests_under_its_http_request(
     traced: RunningServer, receiver: OtlpReceiver
 ) -> None:
     trace_id, parent_id, header = caller()
-    response = httpx.post(
-        traced.url + "/mcp",
-        content=json.dumps(
-            {
-                "jsonrpc": "2.0",
-                "id": 7,
-                "method": "tools/call",
-                "params": {"name": "system_one", "arguments": decision("laya")},
-            }
-        ),
-        headers={
-            "Authorization": f"Bearer {API_KEY}",
-            "Accept": "application/json, text/event-stream",
-            "Content-Type": "application/json",
-            "traceparent": header,
-        },
-        timeout=60,
-    )
+    response = mcp_call(traced, decision("laya"), traceparent=header)
     assert response.status_code == 200, response.text
     spans = in_trace(receiver, trace_id, "POST /mcp", "tools/call system_one", "forward_pass")
     request = one(spans, "POST /mcp")
@@ -303,12 +294,7 @@ def test_spans_still_queued_at_sigterm_are_sent_before_exit(
         tmp_path, **otel_env(receiver) | {"OTEL_BSP_SCHEDULE_DELAY": "600000"}
     )
     trace_id, _, header = caller()
-    response = httpx.post(
-        server.url + "/v1/systemone",
-        json=decision("laya"),
-        headers={"traceparent": header},
-        timeout=60,
-    )
+    response = post(server, "/v1/systemone", decision("laya"), traceparent=header)
     assert response.status_code == 200
     assert server.stop() == 0
     spans = [s for s in receiver.wait_for(lambda _: True, timeout=0) if s.trace_id == trace_id]
@@ -329,12 +315,7 @@ def test_typesafe_calls_carry_the_trace(tmp_path: Path, receiver: OtlpReceiver) 
         )
         try:
             trace_id, parent_id, header = caller()
-            response = httpx.post(
-                server.url + "/v1/systemone",
-                json=decision("jev-latest"),
-                headers={"traceparent": header},
-                timeout=60,
-            )
+            response = post(server, "/v1/systemone", decision("jev-latest"), traceparent=header)
             assert response.status_code == 200, response.text
             spans = in_trace(receiver, trace_id, "POST /v1/systemone", "typesafe")
         finally:
@@ -378,12 +359,7 @@ def test_encoder_calls_and_the_head_pass_carry_the_trace(
                 "instructions": SECRETS[1],
                 "criteria": {"yes": SECRETS[2], "no": "not urgent"},
             }
-            response = httpx.post(
-                server.url + "/v1/systemone",
-                json=body,
-                headers={"traceparent": header},
-                timeout=120,
-            )
+            response = post(server, "/v1/systemone", body, traceparent=header)
             assert response.status_code == 200, response.text
             spans = in_trace(receiver, trace_id, "encoder", "forward_pass", "queue.lane")
         finally:
