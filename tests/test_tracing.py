@@ -26,7 +26,7 @@ from tests import ops_server
 from tests.builders.clm_head import build_clm_head
 from tests.conftest import RunningServer, start_server
 from tests.fake_embeddings import FakeEmbeddings
-from tests.fake_typesafe import FakeTypeSafe, serve
+from tests.fake_typesafe import SYSTEM_ONE_PATH, FakeTypeSafe, Fault, serve
 from tests.otlp_receiver import OtlpReceiver, ReceivedSpan
 from tests.test_mcp import over_stdio
 
@@ -318,8 +318,16 @@ def test_typesafe_calls_carry_the_trace(tmp_path: Path, receiver: OtlpReceiver) 
             response = post(server, "/v1/systemone", decision("jev-latest"), traceparent=header)
             assert response.status_code == 200, response.text
             spans = in_trace(receiver, trace_id, "POST /v1/systemone", "typesafe")
+            sent = [r.headers.get("traceparent") for r in typesafe.calls("/v1/systemone")]
+            typesafe.persistent[SYSTEM_ONE_PATH] = Fault(status=401)
+            failed_id, _, failing = caller()
+            response = post(server, "/v1/systemone", decision("jev-latest"), traceparent=failing)
+            assert response.status_code == 503
+            failed = one(in_trace(receiver, failed_id, "typesafe"), "typesafe")
         finally:
             assert server.stop() == 0
+    assert failed.attributes["decidealot.failure"] == "key_rejected"
+    assert failed.status == 2 and failed.attributes["error.type"] == "ProviderUnavailable"
     request = one(spans, "POST /v1/systemone")
     assert request.parent_id == parent_id
     calls = [s for s in spans if s.name == "typesafe"]
@@ -327,7 +335,6 @@ def test_typesafe_calls_carry_the_trace(tmp_path: Path, receiver: OtlpReceiver) 
     assert decided.kind == CLIENT
     assert decided.attributes["http.request.method"] == "POST"
     assert decided.attributes["url.path"] == "/v1/systemone"
-    sent = [r.headers.get("traceparent") for r in typesafe.calls("/v1/systemone")]
     assert sent == [f"00-{trace_id}-{decided.span_id}-01"]
     assert_clean(receiver, TYPESAFE_KEY)
 
@@ -362,17 +369,25 @@ def test_encoder_calls_and_the_head_pass_carry_the_trace(
             response = post(server, "/v1/systemone", body, traceparent=header)
             assert response.status_code == 200, response.text
             spans = in_trace(receiver, trace_id, "encoder", "forward_pass", "queue.lane")
+            sent = list(embeddings.traceparents)
+            embeddings.mode = "wrong_width"
+            failed_id, _, failing = caller()
+            response = post(server, "/v1/systemone", body, traceparent=failing)
+            assert response.status_code == 503
+            failed = one(in_trace(receiver, failed_id, "encoder"), "encoder")
         finally:
             assert server.stop() == 0
     finally:
         embeddings.stop()
+    assert failed.attributes["decidealot.failure"] == "invalid_reply"
+    assert failed.status == 2 and failed.attributes["error.type"] == "ProviderUnavailable"
     request = one(spans, "POST /v1/systemone")
     assert request.parent_id == parent_id
     made = one(spans, "decision", request)
     assert made.attributes["decidealot.provider"] == "clm"
     encoder = [s for s in spans if s.name == "encoder"]
     assert encoder and all(s.kind == CLIENT for s in encoder)
-    assert set(embeddings.traceparents) == {f"00-{trace_id}-{s.span_id}-01" for s in encoder}
+    assert set(sent) == {f"00-{trace_id}-{s.span_id}-01" for s in encoder}
     lane = one(spans, "queue.lane")
     assert lane.attributes["decidealot.lane"] == "local"
     one(spans, "queue.slot")
