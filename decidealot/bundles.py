@@ -187,6 +187,13 @@ def checkpoint_path(settings: Settings, bundle_name: str) -> Path:
     return installed / slot.entry if slot.entry else installed
 
 
+def with_checkpoints(settings: Settings) -> Settings:
+    """`settings` with every checkpoint setting filled (its override, else the installed
+    bundle's path), so providers read paths from settings and never look at bundles."""
+    paths = {slot.override: checkpoint_path(settings, name) for name, slot in _SLOTS.items()}
+    return msgspec.structs.replace(settings, **paths)
+
+
 def enabled_bundles(settings: Settings) -> list[Manifest]:
     """Manifests of the bundles this configuration needs downloaded (overrides excluded)."""
     return [

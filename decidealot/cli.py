@@ -59,10 +59,10 @@ def _serve(settings: config.Settings) -> int:
 
 
 def _models(settings: config.Settings) -> int:
-    from decidealot.catalog import LOCAL_MODELS
+    from decidealot.service import local_selectors
 
     for provider in settings.local_providers:
-        for info in LOCAL_MODELS[provider]:
+        for info in local_selectors(provider):
             print(msgspec.json.encode(info).decode())
     return 0
 

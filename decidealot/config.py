@@ -55,6 +55,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     batch_token_budget: int = 0  # 0: by device, see providers.local.token_budget
     worker_passes: int = 0  # 0: by device, see providers.local.concurrent_passes
     worker_python: str | None = None  # None: the gateway's own interpreter
+    max_request_tokens: int | None = None  # None: by device, see providers.local; 0: no bound
+    max_pending_requests: int = 64  # 0: no bound
 
     # Laya.
     laya_enabled: bool = True
@@ -299,6 +301,8 @@ def from_env(environ: Mapping[str, str] | None = None) -> Settings:
     read("batch_token_budget", _token_budget)
     read("worker_passes", lambda n, r: _int(n, r, low=0, high=64))
     read("worker_python", _file)
+    read("max_request_tokens", lambda n, r: _int(n, r, low=0))
+    read("max_pending_requests", lambda n, r: _int(n, r, low=0))
     read("laya_enabled", _bool)
     read("laya_english_checkpoint", _dir)
     read("laya_multilingual_checkpoint", _dir)

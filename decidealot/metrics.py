@@ -313,3 +313,24 @@ UPSTREAM_FAILURES = REGISTRY.counter(
     "invalid_reply or not_started.",
     ("provider", "route", "reason"),
 )
+REQUESTS_CANCELLED = REGISTRY.counter(
+    "decidealot_requests_cancelled_total",
+    "Decision requests to local providers whose caller went away (HTTP client disconnected, "
+    "MCP request cancelled) before the answer, by provider: their waits ended and their "
+    "queued passes were withdrawn.",
+    ("provider",),
+)
+JOBS_WITHDRAWN = REGISTRY.counter(
+    "decidealot_jobs_withdrawn_total",
+    "Jobs withdrawn from a worker after their caller went away, by provider.",
+    ("provider",),
+)
+ADMISSION_REJECTED = REGISTRY.counter(
+    "decidealot_admission_rejected_total",
+    "Decision requests answered 503 at once because DECIDEALOT_MAX_PENDING_REQUESTS were "
+    "already admitted to local providers.",
+)
+PENDING_REQUESTS = REGISTRY.gauge(
+    "decidealot_pending_requests",
+    "Decision requests admitted to local providers and not yet answered.",
+)

@@ -9,7 +9,7 @@ runtime are otherwise admitted at once, which is what lets its worker batch them
 
 A lane is a second, independent gate: runtimes registered on the same lane take turns holding
 it by group, any number of one group's decisions at a time, so passes of different groups
-never overlap. `providers.local.lane_for` says which lane and group each provider takes.
+never overlap. `decidealot.service.lane_for` says which lane and group each provider takes.
 """
 
 from __future__ import annotations
@@ -64,14 +64,15 @@ class _Lane:
             self._count += 1
             return
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters.append((group, future))
+        waiter = (group, future)
+        self._waiters.append(waiter)
         try:
             await future
         except asyncio.CancelledError:
             if future.done() and not future.cancelled():
                 self.release()  # admitted just as we were cancelled: give the turn back
-            else:
-                self._waiters.remove((group, future))
+            elif waiter in self._waiters:  # a release() since may have dropped it already
+                self._waiters.remove(waiter)
             raise
 
     def release(self) -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from decidealot import config, logs
 from decidealot.http.server import run
-from decidealot.residency import Residency
 from decidealot.service import Service
 from tests.test_providers import build
 
@@ -18,8 +17,7 @@ from tests.test_providers import build
 def main() -> None:
     settings = config.from_env()
     logs.configure(settings.log_level, settings.log_format)
-    residency = Residency(settings)
-    run(Service(settings, build(settings, residency), residency))
+    run(Service(settings, build(settings)))
 
 
 if __name__ == "__main__":

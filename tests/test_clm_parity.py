@@ -36,6 +36,7 @@ from providers.clm.provider import ClmProvider
 from providers.clm.render import render_question
 from providers.engine import EngineSpec, Job
 from tests.builders.clm_head import InProcessClmRunner, build_clm_head
+from tests.decide import Deciding
 from tests.devices import DEVICES, assert_fp32_matmul_is_ieee
 from tests.fake_embeddings import FakeEmbeddings
 
@@ -198,7 +199,7 @@ async def test_answers_match_upstream_engine(
     if device != "cpu":
         assert_fp32_matmul_is_ieee()
         runner.engine = create(_spec(head, device=device))  # the runner builds a CPU engine
-    provider = ClmProvider(encoder, runner, max_text_bytes=8192)
+    provider = Deciding(ClmProvider(encoder, runner, max_text_bytes=8192))
     rng = random.Random(head_name)
     try:
         for _ in range(40):

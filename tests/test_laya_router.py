@@ -12,8 +12,8 @@ import msgspec
 import pytest
 
 from decidealot.config import Settings
-from decidealot.contract import NoulAnswer, SystemOneRequest
-from providers.engine import Decision, Job
+from decidealot.contract import SystemOneRequest
+from decidealot.service import build_providers, lane_for
 from providers.laya import lang
 from providers.laya.provider import LayaProvider
 from providers.laya.router import AUTO_SELECTORS, TYPED_DECISION_WORKFLOWS, route, workflow_of
@@ -197,26 +197,6 @@ CONTRACT_MODELS = [
 ]
 
 
-class FakeRunner:
-    """Records jobs and answers each with a fixed noul, naming the routed checkpoint."""
-
-    def __init__(self) -> None:
-        self.jobs: list[Job] = []
-
-    async def run(self, job: Job) -> Decision:
-        self.jobs.append(job)
-        answers = {name: NoulAnswer(noul=0.25) for name in job.questions}
-        return Decision(model=f"laya-{job.checkpoint}", answers=answers, input_tokens=17)
-
-
-class FakeResidency:
-    def __init__(self) -> None:
-        self.registered: list[tuple[Any, str | None, str | None]] = []
-
-    def register(self, runtime: Any, lane: str | None = None, group: str | None = None) -> None:
-        self.registered.append((runtime, lane, group))
-
-
 def _request(model: str, state: Any, names: list[str]) -> SystemOneRequest:
     questions = {name: {"type": "noul", "instructions": "Is it late?"} for name in names}
     return msgspec.convert(
@@ -225,7 +205,7 @@ def _request(model: str, state: Any, names: list[str]) -> SystemOneRequest:
 
 
 async def test_provider_lists_the_contract_models() -> None:
-    provider = LayaProvider(FakeRunner())
+    provider = LayaProvider(None)  # type: ignore[arg-type]
     assert provider.name == "laya" and provider.local is True
     models = await provider.models()
     assert [(m.name, m.description) for m in models] == CONTRACT_MODELS
@@ -256,26 +236,23 @@ async def test_provider_lists_the_contract_models() -> None:
 async def test_provider_routes_and_answers(
     selector: str, state: Any, names: list[str], checkpoint: str
 ) -> None:
-    runner = FakeRunner()
-    response = await LayaProvider(runner).decide(selector, _request(selector, state, names))
-    (job,) = runner.jobs
+    provider = LayaProvider(None)  # type: ignore[arg-type]
+    job, gateway_tokens = await provider.prepare(selector, _request(selector, state, names))
     assert job.checkpoint == checkpoint
     assert job.state == state and list(job.questions) == names
-    assert response.model == f"laya-{checkpoint}"
-    assert set(response.answers) == set(names)
-    assert response.usage.input_tokens == 17 and response.usage.output_tokens == 0
+    assert gateway_tokens == 0
 
 
-def test_from_settings_registers_a_worker_runtime(tmp_path: Path) -> None:
-    pytest.importorskip("providers.local")
+def test_the_service_builds_a_worker_runtime_on_its_lane(tmp_path: Path) -> None:
     own = tmp_path / "my-english"
     settings = Settings(
         device="cpu", model_dir=tmp_path / "models", laya_english_checkpoint=own, torch_threads=3
     )
-    residency = FakeResidency()
-    provider = LayaProvider.from_settings(settings, residency)  # type: ignore[arg-type]
-    ((runtime, lane, group),) = residency.registered
-    assert runtime.name == "laya" and (lane, group) == ("local", "models") and not runtime.loaded
+    (provider,) = build_providers(msgspec.structs.replace(settings, von_enabled=False))
+    assert isinstance(provider, LayaProvider)
+    runtime = provider.runtime
+    assert lane_for("laya", runtime.device, settings) == ("local", "models")
+    assert runtime.name == "laya" and not runtime.loaded
     spec = runtime._spec
     assert spec.factory == "providers.laya.engine:create"
     assert spec.checkpoints == {

@@ -18,12 +18,25 @@ from decidealot.config import Settings
 from decidealot.contract import NoulQuestion
 from decidealot.errors import DecisionInputError, ProviderBusy, ProviderUnavailable
 from decidealot.residency import Residency
-from providers import local
+from providers import device, local
+from providers.device import resolve_device
 from providers.engine import EngineSpec, Job
-from providers.local import ResidentRunner, WorkerRuntime, resolve_device
+from providers.local import WorkerRuntime
 from tests.engines.arith import answer
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+class ResidentRunner:
+    """A decision's way through residency to a runtime, as the executor takes it."""
+
+    def __init__(self, runtime: WorkerRuntime, residency: Residency) -> None:
+        self._runtime = runtime
+        self._residency = residency
+
+    async def run(self, job: Job) -> object:
+        async with self._residency.use(self._runtime):
+            return await self._runtime.submit(job)
 
 
 def spec(log: Path | None = None, **options: object) -> EngineSpec:
@@ -33,6 +46,7 @@ def spec(log: Path | None = None, **options: object) -> EngineSpec:
 
 
 def settings(**values: object) -> Settings:
+    values.setdefault("max_request_tokens", 0)  # the arith engine counts state characters
     return Settings(device="cpu", **values)  # type: ignore[arg-type]
 
 
@@ -282,11 +296,11 @@ async def test_settings_reach_the_worker_but_keys_do_not(runtime, tmp_path, monk
 
 @pytest.fixture
 def driver_files(tmp_path, monkeypatch):
-    local._probe_cuda.cache_clear()
+    device._probe_cuda.cache_clear()
     marker = tmp_path / "nvidia-version"
-    monkeypatch.setattr(local, "_NVIDIA_DRIVER_FILES", (marker,))
+    monkeypatch.setattr(device, "_NVIDIA_DRIVER_FILES", (marker,))
     yield marker
-    local._probe_cuda.cache_clear()
+    device._probe_cuda.cache_clear()
 
 
 def test_an_explicit_device_is_kept() -> None:
@@ -498,7 +512,7 @@ def test_the_gateway_never_imports_torch() -> None:
 
 def test_token_budget_follows_the_device_unless_set() -> None:
     from decidealot.config import ConfigError, from_env
-    from providers.local import token_budget
+    from providers.device import token_budget
 
     assert token_budget(Settings(), "cpu") == 4096
     assert token_budget(Settings(), "cuda") == 32768
@@ -509,9 +523,9 @@ def test_token_budget_follows_the_device_unless_set() -> None:
 
 
 def test_concurrent_passes_fill_the_cores_on_cpu_and_stay_serial_on_cuda(monkeypatch) -> None:
-    from providers.local import concurrent_passes
+    from providers.device import concurrent_passes
 
-    monkeypatch.setattr(local.os, "sched_getaffinity", lambda pid: set(range(8)))
+    monkeypatch.setattr(device.os, "sched_getaffinity", lambda pid: set(range(8)))
     assert concurrent_passes(Settings(torch_threads=1), "cpu") == 8
     assert concurrent_passes(Settings(torch_threads=2), "cpu") == 4
     assert concurrent_passes(Settings(torch_threads=3), "cpu") == 2

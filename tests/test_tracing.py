@@ -14,17 +14,19 @@ import os
 import secrets
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from decidealot import config
 from tests import ops_server
 from tests.builders.clm_head import build_clm_head
-from tests.conftest import RunningServer, start_server
+from tests.conftest import ALL_FAKES, RunningServer, start_server
 from tests.fake_embeddings import FakeEmbeddings
 from tests.fake_typesafe import SYSTEM_ONE_PATH, FakeTypeSafe, Fault, serve
 from tests.otlp_receiver import OtlpReceiver, ReceivedSpan
@@ -154,6 +156,7 @@ def test_an_http_request_continues_the_callers_trace(
     assert forward.attributes["decidealot.provider"] == "laya"
     assert forward.attributes["decidealot.jobs"] >= 1
     assert forward.attributes["decidealot.tokens"] > 0
+    assert forward.attributes["decidealot.rows"] >= 1
     assert made.start_ns <= forward.start_ns <= forward.end_ns <= made.end_ns
     assert_clean(receiver, API_KEY)
 
@@ -214,6 +217,33 @@ def test_an_invalid_request_fails_its_validation_span(
     assert one(spans, "validation").attributes["error.type"] == "RequestInvalid"
     assert not [s for s in spans if s.name == "decision"]
     assert_clean(receiver, API_KEY)
+
+
+def pending(server: RunningServer) -> float:
+    """`decidealot_pending_requests` as the server reports it now."""
+    text = httpx.get(server.url + "/metrics", headers={"Authorization": f"Bearer {API_KEY}"}).text
+    samples = (s for f in text_string_to_metric_families(text) for s in f.samples)
+    return next((s.value for s in samples if s.name == "decidealot_pending_requests"), 0.0)
+
+
+def test_a_request_over_the_pending_bound_fails_its_admission_span(
+    launch: Callable[..., RunningServer], receiver: OtlpReceiver
+) -> None:
+    server = launch(**ALL_FAKES, DECIDEALOT_MAX_PENDING_REQUESTS="1", **otel_env(receiver))
+    slow = {**decision("laya"), "state": {"fake": {"sleep": 3.0}}}
+    with ThreadPoolExecutor(1) as pool:
+        admitted = pool.submit(post, server, "/v1/systemone", slow)
+        while pending(server) < 1:
+            assert not admitted.done(), admitted.result().text
+        trace_id, _, header = caller()
+        refused = post(server, "/v1/systemone", decision("laya"), traceparent=header)
+        assert refused.status_code == 503
+        assert admitted.result().status_code == 200
+    spans = in_trace(receiver, trace_id, "POST /v1/systemone", "admission")
+    admission = one(spans, "admission", one(spans, "POST /v1/systemone"))
+    assert admission.status == 2 and admission.attributes["error.type"] == "ProviderOverloaded"
+    assert admission.attributes["decidealot.pending"] == 1
+    assert not [s for s in spans if s.name == "decision"]
 
 
 def mcp_call(

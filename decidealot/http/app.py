@@ -14,6 +14,7 @@ from decidealot.contract import ErrorBody, ValidationErrorBody
 from decidealot.errors import DecidealotError, ProviderUnavailable, RequestInvalid
 from decidealot.http import openapi
 from decidealot.http.body import read_body
+from decidealot.http.disconnect import CLIENT_GONE, ClientGone, unless_gone
 from decidealot.http.middleware import ASGIApp, Gateway, error_body
 from decidealot.mcp.http import MCP_PATH, McpEndpoint
 from decidealot.service import Service
@@ -38,7 +39,9 @@ def _on_error(_: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:
     if isinstance(exc, RequestInvalid):
         return _json(ValidationErrorBody(exc.issues), 422)
     if isinstance(exc, DecidealotError):
-        return Response(error_body(exc), status_code=exc.status, media_type=_JSON)
+        return Response(
+            error_body(exc), status_code=exc.status, media_type=_JSON, headers=exc.headers
+        )
     if isinstance(exc, HTTPException):
         fallback = "BAD_REQUEST" if exc.status_code < 500 else "INTERNAL_ERROR"
         code = _HTTP_CODES.get(exc.status_code, fallback)
@@ -73,9 +76,11 @@ def create_app(service: Service) -> ASGIApp:
     async def systemone(request: Request[Any, Any, Any]) -> Response[bytes]:
         try:  # answered here, not raised: rejections are the hot path under bad clients
             validated = await validate_request(await body_of(request), service.catalog)
-            return _json(await service.executor.decide(validated))
+            return _json(await unless_gone(request.receive, service.executor.decide(validated)))
         except DecidealotError as exc:
             return _on_error(request, exc)
+        except ClientGone:
+            return Response(b"", status_code=CLIENT_GONE)
 
     @post("/v1/systemone/batch")
     async def systemone_batch(request: Request[Any, Any, Any]) -> Response[bytes]:
@@ -83,9 +88,12 @@ def create_app(service: Service) -> ASGIApp:
             batch = await validate_batch(
                 await body_of(request), service.catalog, settings.max_batch_requests
             )
-            return _json(await service.executor.decide_batch(batch))
+            decided = service.executor.decide_batch(batch)
+            return _json(await unless_gone(request.receive, decided))
         except DecidealotError as exc:
             return _on_error(request, exc)
+        except ClientGone:
+            return Response(b"", status_code=CLIENT_GONE)
 
     @post("/v1/models/unload")
     async def unload() -> Response[bytes]:

@@ -13,7 +13,7 @@ upstream `contrastive-lm` 0.1.0 does.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,7 +31,8 @@ from decidealot.contract import (
 )
 from providers.clm.head import HeadFileError, HeadPair, load_heads
 from providers.clm.render import option_keys, score_legend
-from providers.engine import Decision, EngineSpec, Job
+from providers.engine import Decision, EngineSpec, Job, PassShape
+from providers.passes import RunsTogether
 
 FLOAT32_BYTES = 4
 _NORM_EPS = 1e-12  # upstream's l2: v / (|v| + 1e-12)
@@ -39,16 +40,23 @@ _NORM_EPS = 1e-12  # upstream's l2: v / (|v| + 1e-12)
 
 @dataclass(frozen=True)
 class PreparedJob:
-    """One job's rows, checked against its questions, waiting for a pass."""
+    """One job's vectors, checked against its questions, waiting for a pass. The job is one
+    row of a pass: the heads are tiny, and answering it whole matches upstream to the bit."""
 
-    cost: int
-    """Rows (vectors) this job adds to a pass."""
+    tokens: int
+    """Vectors this job adds to a pass."""
     group: str
     """The checkpoint key: jobs of one head share a pass."""
     job: Job
-    rows: torch.Tensor
+    vectors: torch.Tensor
     """Unit-length float32 rows, in the job's layout."""
     option_counts: list[int]
+    input_tokens = 0
+    """The head reads vectors; the gateway adds the encoder's prompt tokens itself."""
+
+    @property
+    def rows(self) -> list[PreparedJob]:
+        return [self]
 
 
 def softmax(logits: list[float]) -> list[float]:
@@ -86,8 +94,10 @@ def answer(question: Question, logits: list[float]) -> Answer:
     return NoulAnswer(noul=dist["true"])
 
 
-class ClmEngine:
+class ClmEngine(RunsTogether):
     """Serves one or more head files by checkpoint key; every head loads at creation."""
+
+    shape = PassShape()
 
     def __init__(self, heads: dict[str, HeadPair], device: str):
         self._heads = heads
@@ -110,14 +120,19 @@ class ClmEngine:
         return PreparedJob(rows, job.checkpoint, job, torch.from_numpy(unit), counts)
 
     @torch.inference_mode()
-    def run(self, batch: Sequence[PreparedJob]) -> list[Decision]:
-        """Each job's rows go through the towers as one pass of their own: the heads are tiny,
-        and a job's answers then match upstream's, and its own answers alone, to the bit."""
-        heads = self._heads[batch[0].group]
-        return [self._decide(heads, prepared) for prepared in batch]
+    def forward(self, group: Hashable, rows: Sequence[PreparedJob]) -> list[Decision]:
+        """Each job's vectors go through the towers on their own: the heads are tiny, and a
+        job's answers then match upstream's, and its own answers alone, to the bit."""
+        heads = self._heads[str(group)]
+        return [self._decide(heads, prepared) for prepared in rows]
+
+    def finish(self, prepared: PreparedJob, outputs: Sequence[object]) -> Decision:
+        (decision,) = outputs
+        assert isinstance(decision, Decision)
+        return decision
 
     def _decide(self, heads: HeadPair, prepared: PreparedJob) -> Decision:
-        unit = prepared.rows.to(self._device)
+        unit = prepared.vectors.to(self._device)
         is_state = self._state_mask(prepared.option_counts).to(self._device)
         states = heads.state(unit[is_state])
         options = heads.action(unit[~is_state])

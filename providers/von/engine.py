@@ -1,14 +1,15 @@
-"""The Von engine a worker hosts: jobs -> packed rows -> one padded forward pass -> answers.
+"""The Von engine a worker hosts: jobs -> packed rows -> padded forward passes -> answers.
 
 `prepare` renders and tokenises a job's questions (one row each, plus a no-state row for each
-zero-shot noul); `run` scores the rows of every job in the batch together, then reads each job's
-answers out of its own rows, so a job's answers are the same alone or batched.
+zero-shot noul); the worker's planner packs rows of concurrent jobs into passes cut by `shape`;
+`forward` scores one pass; `finish` reads a job's answers out of its own rows, so a job's
+answers are the same alone or batched.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,9 +23,10 @@ from decidealot.contract import (
     ScoreQuestion,
 )
 from decidealot.errors import DecisionInputError
-from providers.engine import Decision, EngineSpec, Job
+from providers.engine import Decision, EngineSpec, Job, PassShape
+from providers.passes import RunsTogether
 from providers.von import readout
-from providers.von.model import WINDOW, Row, VonModel
+from providers.von.model import CPU_PASS_TOKENS, WINDOW, Row, VonModel
 from providers.von.render import (
     fit_state,
     format_state,
@@ -62,17 +64,17 @@ class VonPrepared:
     rows: list[Row]
     plans: list[_Plan]
     input_tokens: int
-    cost: int
     group: str
 
 
-class VonEngine:
+class VonEngine(RunsTogether):
     """Serves the checkpoints of one `EngineSpec`; a checkpoint loads once, on first use.
     `prepare` and `run` may be called from several threads at once."""
 
     def __init__(self, spec: EngineSpec):
         self._checkpoints = {key: Path(path) for key, path in spec.checkpoints.items()}
         self._device = torch.device(spec.device)
+        self.shape = PassShape(CPU_PASS_TOKENS if self._device.type == "cpu" else None)
         max_state_tokens = spec.options.get("max_state_tokens", DEFAULT_MAX_STATE_TOKENS)
         if not isinstance(max_state_tokens, int) or max_state_tokens < 1:
             raise ValueError("Von engine option max_state_tokens must be a positive integer")
@@ -132,11 +134,9 @@ class VonEngine:
             plans.append(_Plan(name, question, options, row, null_row, state_tokens))
         if rows:
             input_tokens = sum(len(row.ids) for row in rows)
-            cost = len(rows) * max(len(row.ids) for row in rows)
         else:  # upstream's estimate when no pass ran
             input_tokens = max(1, len(state) // 4) + max(1, instruction_chars // 4)
-            cost = 0
-        return VonPrepared(job.checkpoint, rows, plans, input_tokens, cost, job.checkpoint)
+        return VonPrepared(job.checkpoint, rows, plans, input_tokens, job.checkpoint)
 
     @staticmethod
     def _row(
@@ -163,26 +163,16 @@ class VonEngine:
             raise DecisionInputError(name, "criteria could not be packed as separate options")
         return Row(ids, markers, shared)
 
-    def run(self, batch: Sequence[VonPrepared]) -> list[Decision]:
-        if not batch:
-            return []
-        checkpoints = {prepared.checkpoint for prepared in batch}
-        if len(checkpoints) > 1:
-            raise ValueError("a Von batch must hold jobs of one checkpoint")
-        model = self._model(batch[0].checkpoint)
-        rows = [row for prepared in batch for row in prepared.rows]
+    def forward(self, group: Hashable, rows: Sequence[Row]) -> list[torch.Tensor]:
         with torch.inference_mode():
-            logits = model.logits(rows) if rows else []
-            decisions = []
-            start = 0
-            for prepared in batch:
-                job_logits = logits[start : start + len(prepared.rows)]
-                start += len(prepared.rows)
-                answers = {
-                    plan.name: self._answer(model, plan, job_logits) for plan in prepared.plans
-                }
-                decisions.append(Decision(prepared.checkpoint, answers, prepared.input_tokens))
-        return decisions
+            return self._model(str(group)).logits(rows)
+
+    def finish(self, prepared: VonPrepared, outputs: Sequence[object]) -> Decision:
+        model = self._model(prepared.checkpoint)
+        logits: list[torch.Tensor] = list(outputs)  # type: ignore[arg-type]
+        with torch.inference_mode():
+            answers = {plan.name: self._answer(model, plan, logits) for plan in prepared.plans}
+        return Decision(prepared.checkpoint, answers, prepared.input_tokens)
 
     @staticmethod
     def _answer(model: VonModel, plan: _Plan, logits: list[torch.Tensor]) -> Answer:

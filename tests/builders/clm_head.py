@@ -74,8 +74,12 @@ def build_clm_head(
 
 
 class InProcessClmRunner:
-    """A `JobRunner` that runs the CLM engine in this process, round-tripping jobs and
+    """A `LocalRuntime` that runs the CLM engine in this process, round-tripping jobs and
     decisions through msgpack as the worker's frames would."""
+
+    name = "clm"
+    device = "cpu"
+    loaded = True
 
     def __init__(self, head: Path, *, width: int):
         spec = EngineSpec(
@@ -86,7 +90,13 @@ class InProcessClmRunner:
         self.engine = create(spec)
         self.jobs = 0
 
-    async def run(self, job: Job) -> Decision:
+    async def load(self) -> None:
+        pass
+
+    async def unload(self) -> None:
+        pass
+
+    async def submit(self, job: Job) -> Decision:
         self.jobs += 1
         wire_job = msgspec.msgpack.decode(msgspec.msgpack.encode(job), type=Job)
         decision = self.engine.run([self.engine.prepare(wire_job)])[0]
