@@ -7,8 +7,9 @@ FROM ${PYTHON_IMAGE} AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PATH=/opt/venv/bin:$PATH
 RUN python -m venv /opt/venv
 WORKDIR /src
-COPY pyproject.toml README.md ./
-COPY .ci/install .ci/install
+# Every version but torch's comes from requirements.lock (.ci/install checks the result).
+COPY pyproject.toml README.md LICENSE requirements.lock ./
+COPY .ci/install .ci/locked.py .ci/
 COPY decidealot decidealot
 COPY providers providers
 COPY bundles bundles

@@ -103,7 +103,7 @@ def main() -> None:
     parser.add_argument("--size", choices=("tiny", "base"), default="tiny")
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--large-questions", type=int, default=200)
+    parser.add_argument("--large-questions", type=int, default=64)  # laya-serve takes <= 64
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--cache", type=Path, default=Path(".bench-out/checkpoints"))
     args = parser.parse_args()

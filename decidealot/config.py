@@ -1,12 +1,15 @@
 """Every DECIDEALOT_* setting, parsed and checked once at startup.
 
 A bad value raises `ConfigError` with one line naming the variable and what it accepts; the CLI
-prints that line and exits non-zero. Nothing else in the service reads the environment, except
-the OpenTelemetry SDK, which reads the OTEL_* variables checked here (see `decidealot.tracing`).
+prints that line and exits non-zero. Nothing else in the service reads the environment, so a
+`DECIDEALOT_*` name that `from_env` does not read is a typo and is refused the same way, with
+the closest name it does read; so are settings that contradict each other. The one exception:
+the OpenTelemetry SDK reads the OTEL_* variables checked here (see `decidealot.tracing`).
 """
 
 from __future__ import annotations
 
+import difflib
 import importlib.util
 import math
 import os
@@ -22,6 +25,7 @@ Device = Literal["auto", "cpu", "cuda"]
 LogFormat = Literal["json", "text"]
 
 DEFAULT_TYPESAFE_BASE_URL = "https://api.typesafe.ai"
+_PREFIX = "DECIDEALOT_"
 
 
 class ConfigError(ValueError):
@@ -271,12 +275,68 @@ def _trace_exporters(env: Mapping[str, str]) -> tuple[str, ...]:
 
 
 def from_env(environ: Mapping[str, str] | None = None) -> Settings:
-    """Read every DECIDEALOT_* variable once; empty values count as unset."""
+    """Read every DECIDEALOT_* variable once; empty values count as unset. Unknown names and
+    contradictions are refused so that a typo never silently leaves a default in place."""
     env = os.environ if environ is None else environ
+    known: set[str] = set()
+    settings = _parse(env, known)
+    unknown = sorted(name for name, raw in env.items() if _is_unknown(name, raw, known))
+    if unknown:
+        raise ConfigError("; ".join(_unknown(name, known) for name in unknown))
+    _check_consistent(settings)
+    return settings
+
+
+def known_variables() -> frozenset[str]:
+    """Every DECIDEALOT_* name `from_env` reads: the names its `read` lines spell."""
+    known: set[str] = set()
+    _parse({}, known)
+    return frozenset(known)
+
+
+def _is_unknown(name: str, raw: str, known: set[str]) -> bool:
+    return name.startswith(_PREFIX) and bool(raw.strip()) and name not in known
+
+
+def _unknown(name: str, known: set[str]) -> str:
+    closest = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.0)[0]
+    return f"{name}: not a Decidealot setting; the closest one is {closest}"
+
+
+def _check_consistent(settings: Settings) -> None:
+    """Settings that each parse but ask for something the others rule out."""
+    if settings.jev_enabled and settings.typesafe_api_key is None:
+        raise ConfigError(
+            "DECIDEALOT_JEV_ENABLED=true needs DECIDEALOT_TYPESAFE_API_KEY: "
+            "Jev is TypeSafe's hosted API"
+        )
+    checkpoints = (
+        ("laya", settings.laya_enabled, "laya_english_checkpoint"),
+        ("laya", settings.laya_enabled, "laya_multilingual_checkpoint"),
+        ("laya", settings.laya_enabled, "laya_typed_decisions_checkpoint"),
+        ("von", settings.von_enabled, "von_checkpoint"),
+    )
+    for provider, enabled, field in checkpoints:
+        if not enabled and getattr(settings, field) is not None:
+            raise ConfigError(
+                f"{_PREFIX}{field.upper()} is set but {_PREFIX}{provider.upper()}_ENABLED=false"
+            )
+    if not settings.clm_enabled:
+        for field in ("clm_head", "clm_embeddings_api_key"):
+            if getattr(settings, field) is not None:
+                raise ConfigError(
+                    f"{_PREFIX}{field.upper()} is set but CLM is off: "
+                    f"it needs {_PREFIX}CLM_EMBEDDINGS_URL"
+                )
+
+
+def _parse(env: Mapping[str, str], known: set[str]) -> Settings:
+    """Parse the settings present in `env`; every name a `read` line spells goes into `known`."""
     values: dict[str, object] = {}
 
     def read(field: str, parse: Callable[[str, str], T]) -> None:
-        name = "DECIDEALOT_" + field.upper()
+        name = _PREFIX + field.upper()
+        known.add(name)
         raw = env.get(name)
         if raw is not None and raw.strip():
             values[field] = parse(name, raw)

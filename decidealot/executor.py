@@ -27,7 +27,7 @@ from collections.abc import Iterator, Sequence
 from typing import cast
 
 from decidealot import logs, metrics, tracing
-from decidealot.catalog import Catalog
+from decidealot.catalog import Catalog, Route
 from decidealot.contract import (
     BatchRequest,
     BatchResponse,
@@ -105,12 +105,13 @@ class Executor:
         """Answer one request, admitted on its own."""
         route = (await self._catalog.resolve([request.model]))[request.model]
         with self._admitted(route is not None and route.provider.local):
-            return await self._decide(request, ["body"])
+            return await self._decide(request, route, ["body"])
 
     @tracing.traced("decision")
-    async def _decide(self, request: SystemOneRequest, where: Loc) -> SystemOneResponse:
-        """Answer one admitted request; `where` is its place in the body."""
-        route = (await self._catalog.resolve([request.model]))[request.model]
+    async def _decide(
+        self, request: SystemOneRequest, route: Route | None, where: Loc
+    ) -> SystemOneResponse:
+        """Answer one admitted request on its route; `where` is its place in the body."""
         if route is None:  # a hosted name that vanished since validation
             raise RequestInvalid(
                 [
@@ -183,9 +184,9 @@ class Executor:
                 async with self._batch_slot():
                     if stop.is_set():
                         return
-                    results[index] = await self._decide(
-                        batch.requests[index], ["body", "requests", index]
-                    )
+                    request = batch.requests[index]
+                    where: Loc = ["body", "requests", index]
+                    results[index] = await self._decide(request, routes[request.model], where)
             except Exception as exc:
                 failures[index] = exc
                 stop.set()

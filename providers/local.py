@@ -97,6 +97,9 @@ class _Worker:
         """Compute lane -> when its running pass began."""
         self.write_lock = asyncio.Lock()
         self.tasks: list[asyncio.Task[None]] = []
+        """Its stderr forwarder and frame reader, which end with the process."""
+        self.watchdog: asyncio.Task[None] | None = None
+        """Sleeps between checks: cancelled when the worker stops."""
 
     def overdue(self, now: float, pass_timeout: float, silence_timeout: float) -> str | None:
         """Why the worker counts as hung: a pass ran past `pass_timeout`, or jobs wait while
@@ -269,7 +272,7 @@ class WorkerRuntime:
             self._lost = False
             metrics.WORKER_RESTARTS.inc(provider=self.name)
         worker.tasks.append(_background(self._read_answers(worker)))
-        worker.tasks.append(_background(self._watch(worker)))
+        worker.watchdog = _background(self._watch(worker))
         return worker
 
     async def _handshake(self, process: asyncio.subprocess.Process) -> Ready | Failed | None:
@@ -301,6 +304,8 @@ class WorkerRuntime:
         """End the process: stdin closes (a ready worker exits by itself), then a kill after
         a grace; at once with `kill`, for a worker that never became ready."""
         worker.alive = False
+        if worker.watchdog is not None:
+            worker.watchdog.cancel()
         for future in worker.inflight.values():
             if not future.done():
                 future.set_exception(ProviderUnavailable(STOPPED))

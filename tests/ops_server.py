@@ -15,7 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Self
 
-from decidealot import config, logs
+from decidealot import logs
 from decidealot.config import Settings
 from decidealot.contract import ModelInfo, SystemOneRequest
 from decidealot.http.server import run
@@ -24,6 +24,7 @@ from providers.base import PreparedRequest, Provider
 from providers.engine import EngineSpec, Job
 from providers.local import WorkerRuntime
 from tests.conftest import RunningServer, start_server
+from tests.server import settings_from_env
 from tests.test_providers import FakeProvider
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -97,7 +98,7 @@ def running(pid: int) -> bool:
 
 
 def main() -> None:
-    settings = config.from_env()
+    settings = settings_from_env()
     logs.configure(settings.log_level, settings.log_format)
     run(Service(settings, build(settings)))
 
