@@ -223,6 +223,8 @@ def _port(name: str, raw: str) -> int:
     return _int(name, raw, low=1, high=65535)
 
 
+FROM_OTEL = frozenset({"trace_exporters"})
+"""Settings fields read from the standard OTEL_* variables rather than a DECIDEALOT_* one."""
 _OTLP_ENDPOINTS = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
 _OTLP_PROTOCOLS = ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL")
 _OTEL_SDK_MODULES = ("opentelemetry.sdk", "opentelemetry.exporter.otlp.proto.http")

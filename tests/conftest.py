@@ -72,11 +72,12 @@ def start_server(
     port = _free_port()
     events, catalog, log = folder / "events.jsonl", folder / "jev.json", folder / "server.log"
     catalog.write_text(json.dumps(list(hosted)))
+    # the fakes' DECIDEALOT_TEST_* variables only for test launchers: `decidealot` refuses them
+    fakes = {"DECIDEALOT_TEST_EVENTS": str(events), "DECIDEALOT_TEST_JEV_CATALOG": str(catalog)}
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("DECIDEALOT_")} | {
         "DECIDEALOT_HOST": "127.0.0.1",
         "DECIDEALOT_PORT": str(port),
-        "DECIDEALOT_TEST_EVENTS": str(events),
-        "DECIDEALOT_TEST_JEV_CATALOG": str(catalog),
+        **(fakes if launcher.startswith("tests.") else {}),
         "DECIDEALOT_MODEL_DIR": str(folder / "models"),
         "DECIDEALOT_LOG_FORMAT": "json",
         **env,
