@@ -49,7 +49,11 @@ class Job(msgspec.Struct, frozen=True):
     questions: dict[str, Question]
     config: dict[str, Json] = {}
     vectors: bytes = b""
-    """CLM only: float32 embeddings the gateway obtained from the encoder."""
+    """CLM only: float32 embeddings the gateway obtained from the encoder, each distinct one
+    once (layout in `providers.clm.engine`)."""
+    vector_index: list[int] = []
+    """CLM only: per question in order, the row of `vectors` holding its state, then one row
+    per option in answer order; questions that share a text share its row."""
 
 
 class Decision(msgspec.Struct):

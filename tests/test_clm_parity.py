@@ -237,6 +237,7 @@ def _job(request: SystemOneRequest, rng: random.Random) -> Job:
         questions=request.questions,
         config=request.config,
         vectors=vectors.numpy().tobytes(),
+        vector_index=list(range(rows)),
     )
 
 

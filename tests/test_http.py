@@ -385,6 +385,28 @@ def test_the_limit_applies_to_decoded_bytes(small: RunningServer, encoding: str)
     assert response.json()["code"] == "REQUEST_TOO_LARGE"
 
 
+def _streamed_zstd(data: bytes, window_log: int) -> bytes:
+    """A frame as a streaming compressor writes it: no content size, the window it was given."""
+    params = zstandard.ZstdCompressionParameters(window_log=window_log, write_content_size=False)
+    compressor = zstandard.ZstdCompressor(compression_params=params).compressobj()
+    return compressor.compress(data) + compressor.flush()
+
+
+def test_zstd_windows_are_bounded_by_the_body_limit(small: RunningServer) -> None:
+    """A 128 MiB window (zstd's default ceiling) around a tiny body is refused before any
+    decoding; a window within the 4 KiB limit decodes."""
+    huge = _streamed_zstd(big_request(10), 27)
+    assert zstandard.get_frame_parameters(huge).window_size == 1 << 27
+    refused = httpx.post(small.url + "/v1/systemone", content=huge,
+                         headers={"content-encoding": "zstd"})  # fmt: skip
+    assert refused.status_code == 413, refused.text
+    assert refused.json()["code"] == "REQUEST_TOO_LARGE"
+    assert "window over 4096 bytes" in refused.json()["message"]
+    fits = httpx.post(small.url + "/v1/systemone", content=_streamed_zstd(big_request(10), 12),
+                      headers={"content-encoding": "zstd"})  # fmt: skip
+    assert fits.status_code == 200, fits.text
+
+
 def test_corrupt_and_unknown_encodings(small: RunningServer) -> None:
     corrupt = httpx.post(small.url + "/v1/systemone", content=b"not zstd at all",
                          headers={"content-encoding": "zstd"})  # fmt: skip

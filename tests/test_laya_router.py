@@ -124,6 +124,46 @@ def _corpus() -> list[Any]:
     return SAMPLES + [_mixed_state(rng) for _ in range(300)]
 
 
+def _long_state(rng: random.Random) -> Any:
+    """Past upstream's 4000-character windows: long English lines and fields, with a foreign
+    line or field (or none) before, across or after the window, in strings and structures."""
+
+    def line(pool: str) -> str:
+        return " ".join(rng.choice(WORDS[pool].split()) for _ in range(rng.randint(4, 40)))
+
+    english = [line("en") for _ in range(rng.randint(60, 400))]
+    foreign = line(rng.choice([k for k in sorted(WORDS) if k != "en"]))
+    if rng.random() < 0.8:
+        english.insert(rng.randint(0, len(english)), foreign)
+    if rng.random() < 0.2:
+        english.append(foreign * rng.randint(100, 300))  # one line longer than the window
+    shape = rng.random()
+    if shape < 0.3:
+        return "\n".join(english)
+    if shape < 0.7:
+        cut = rng.randint(1, len(english))
+        return {"note": "\n".join(english[:cut]), "message": "\n".join(english[cut:])}
+    return [" ".join(english[i : i + 20]) for i in range(0, len(english), 20)]
+
+
+def test_long_states_read_what_upstream_reads(upstream: Any) -> None:
+    """Upstream reads the whole state's first 4000 characters, its lines up to 4000 characters
+    in all (the segment scan), then every line of every string value, each cut at 4000: a
+    foreign field far past the window still leaves the English checkpoint."""
+    keys = ("script", "language", "is_english", "language_undecided", "mixed_segment")
+    rng = random.Random("laya-long")
+    routed = set()
+    for _ in range(60):
+        state = _long_state(rng)
+        assert len(msgspec.json.encode(state)) > 4000
+        theirs = upstream_lang.analyse(state)
+        assert {k: lang.analyse(state)[k] for k in keys} == {k: theirs[k] for k in keys}
+        expected = upstream.route(state, {"q": {"type": "noul"}})["model"]
+        assert route("laya", state, ["q"]) == expected
+        routed.add(expected)
+    assert routed == {"english", "multilingual"}
+
+
 @pytest.fixture(scope="module")
 def upstream() -> Any:
     return upstream_router.Router(auto_task_detection=True)

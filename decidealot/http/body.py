@@ -2,7 +2,9 @@
 
 The limit applies to the bytes on the wire (Content-Length is refused up front, chunked bodies
 as soon as they pass it) and again to the decoded bytes, which are produced in bounded pieces,
-so neither a huge upload nor a zip bomb is ever held in memory.
+so neither a huge upload nor a zip bomb is ever held in memory. A zstd frame may also declare
+the window its decoder must hold (up to 128 MiB by zstd's default); the window is bounded by the
+body limit too, so decoding memory never depends on what a frame declares.
 """
 
 from __future__ import annotations
@@ -24,6 +26,10 @@ from decidealot.errors import (
 )
 
 _PIECE = 64 * 1024
+_ZSTD_MIN_WINDOW = 1 << 10
+"""zstd's smallest window (ZSTD_WINDOWLOG_ABSOLUTEMIN)."""
+_ZSTD_WINDOW_TOO_LARGE = "Frame requires too much memory"
+"""zstd's text for frameParameter_windowTooLarge, the one ZstdError that is not corruption."""
 
 Headers = dict[bytes, bytes]
 
@@ -113,14 +119,40 @@ def _gunzip(data: bytes, limit: int) -> bytes:
     return bytes(out)
 
 
+def zstd_window_limit(limit: int) -> int:
+    """The largest window a zstd frame may declare: the body limit rounded up to a power of two.
+
+    A frame of known size (one-shot compression, as the TypeSafe SDK sends) declares a window of
+    at most its content size, so every body within the limit fits; a streamed frame's window
+    comes from its compression level and may not.
+    """
+    return max(_ZSTD_MIN_WINDOW, 1 << (limit - 1).bit_length())
+
+
 def _unzstd(data: bytes, limit: int) -> bytes:
     out = bytearray()
-    reader = zstandard.ZstdDecompressor().stream_reader(io.BytesIO(data), read_across_frames=True)
+    window = zstd_window_limit(limit)
+    decompressor = zstandard.ZstdDecompressor(max_window_size=window)
+    reader = decompressor.stream_reader(io.BytesIO(data), read_across_frames=True)
     try:
         while piece := reader.read(_PIECE):
             out += piece
             if len(out) > limit:
                 raise RequestTooLarge("the decoded request body exceeds the size limit")
-    except zstandard.ZstdError:
+    except zstandard.ZstdError as exc:
+        if _ZSTD_WINDOW_TOO_LARGE in str(exc):
+            raise _window_refusal(data, window) from None
         raise MalformedBody("the zstd body is corrupt") from None
     return bytes(out)
+
+
+def _window_refusal(data: bytes, window: int) -> RequestTooLarge:
+    """A frame of known size declares that size as its window: then the body itself is too
+    large. Otherwise the compressor chose a window the limit does not allow."""
+    declared = zstandard.get_frame_parameters(data).content_size  # the first frame's
+    if declared != zstandard.CONTENTSIZE_UNKNOWN and declared > window:
+        return RequestTooLarge("the decoded request body exceeds the size limit")
+    return RequestTooLarge(
+        f"the zstd frame declares a window over {window} bytes, more than the size limit "
+        "allows: compress the body in one piece or at a lower level"
+    )

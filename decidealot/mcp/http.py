@@ -7,11 +7,13 @@ load balancer need no session affinity (the tools never call back into the clien
 
 POST bodies are read under the REST API's rules before the SDK sees them (read timeout, size
 limit on the wire and decoded, gzip and zstd, JSON media type), with the same error envelopes;
-the SDK then gets the decoded JSON as a plain body.
+the SDK then gets the decoded JSON as a plain body, its tool-call arguments screened by the
+REST API's strict JSON parser (`decidealot.mcp.strict`).
 """
 
 from __future__ import annotations
 
+import asyncio
 from contextlib import AbstractAsyncContextManager
 
 import msgspec
@@ -23,6 +25,7 @@ from mcp.server.transport_security import TransportSecuritySettings
 from decidealot.config import Settings
 from decidealot.errors import DecidealotError
 from decidealot.mcp.server import ServiceBackend, build_server
+from decidealot.mcp.strict import screen
 from decidealot.service import Service
 
 MCP_PATH = "/mcp"
@@ -128,7 +131,8 @@ class McpEndpoint:
                 except DecidealotError as error:  # 400, 408, 413 or 415, as the REST API
                     await send_error(send, error, [])
                     return
-                scope, receive = _plain(scope, receive, body)
+                screened = await asyncio.to_thread(screen, body)  # a parse: off the loop
+                scope, receive = _plain(scope, receive, screened)
             await manager.handle_request(scope, receive, send)  # type: ignore[arg-type]
 
         self.route = mcp_endpoint

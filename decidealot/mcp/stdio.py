@@ -17,8 +17,9 @@ import os
 import signal
 import sys
 from collections.abc import AsyncIterator, Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
+import anyio
 import httpx
 from mcp.server.stdio import stdio_server
 
@@ -26,6 +27,7 @@ from decidealot import logs, tracing
 from decidealot.config import ConfigError, Settings, from_env
 from decidealot.mcp.forward import ForwardingBackend
 from decidealot.mcp.server import Backend, ServiceBackend, build_server
+from decidealot.mcp.strict import screen
 from decidealot.service import Service
 
 log = logging.getLogger("decidealot.mcp")
@@ -141,8 +143,33 @@ async def _run(backend: Backend, stop: asyncio.Event) -> bool:
 
 async def _session(backend: Backend) -> None:
     server = build_server(backend)
-    async with stdio_server() as (read_stream, write_stream):
+    stdin: Any = _ScreenedStdin(_claim_stdin())  # the SDK only iterates its lines
+    async with stdio_server(stdin=stdin) as (read_stream, write_stream):
         await server.run(read_stream, write_stream, server.create_initialization_options())
+
+
+def _claim_stdin() -> anyio.AsyncFile[bytes]:
+    """The wire on a private descriptor, fd 0 pointed at the null device, as the SDK does when
+    it reads stdin itself: provider workers and stray reads never take the client's lines. The
+    private descriptor is never closed: the reading thread may outlive the session."""
+    wire = os.fdopen(os.dup(0), "rb", closefd=False)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    return anyio.wrap_file(wire)
+
+
+class _ScreenedStdin:
+    """stdin as the SDK reads it (UTF-8 lines, undecodable bytes replaced), each line screened
+    by the HTTP API's strict parser first (`decidealot.mcp.strict`)."""
+
+    def __init__(self, wire: anyio.AsyncFile[bytes]) -> None:
+        self._wire = wire
+
+    async def __aiter__(self) -> AsyncIterator[str]:
+        async for line in self._wire:
+            screened = await asyncio.to_thread(screen, line)  # a parse: off the loop
+            yield screened.decode("utf-8", errors="replace")
 
 
 def _leave_now() -> NoReturn:

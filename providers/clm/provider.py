@@ -1,10 +1,13 @@
 """The CLM provider (gateway side; never imports torch, even indirectly).
 
-A decision renders every question's state text and option texts, bounds each by
-`clm_max_text_bytes` UTF-8 bytes (422, never truncated), embeds state texts (always fresh) and
-option texts (cached) at the configured endpoint, and sends the raw vectors to the head in its
-worker (`providers.clm.engine`, layout documented there). `usage.input_tokens` is the
-encoder's `prompt_tokens` for the calls actually made.
+A decision renders every question's state text and option texts (off the event loop), bounds
+each by `clm_max_text_bytes` UTF-8 bytes (422, never truncated), bounds the request's
+estimated cost by `DECIDEALOT_MAX_REQUEST_TOKENS` and its distinct vectors by `MAX_VECTORS`
+(422 before any encoder call), embeds each distinct state text (always fresh) and option text
+(cached) once at the configured endpoint, and sends each distinct vector once to the head in
+its worker, with an index saying which rows each question uses (`providers.clm.engine`,
+layout documented there). `usage.input_tokens` is the encoder's `prompt_tokens` for the calls
+actually made.
 
 Serial lane: by default the whole decision (encoder calls in `prepare`, and the head pass)
 runs inside one residency hold of the CLM runtime (`prepares_in_lane`), on the lane the service
@@ -16,20 +19,27 @@ residency hold, and only the head pass holds a slot.
 
 from __future__ import annotations
 
+import asyncio
+from dataclasses import dataclass
 from typing import Self
 
 from decidealot.config import Settings
 from decidealot.contract import ModelInfo, SystemOneRequest
-from decidealot.errors import DecisionInputError
+from decidealot.errors import DecisionInputError, over_token_limit
 from providers.base import LocalRuntime, PreparedRequest
 from providers.clm.encoder_client import EncoderClient
-from providers.clm.render import RenderedQuestion, render_question
+from providers.clm.render import RenderedQuestion, render_questions
+from providers.device import request_token_limit
 from providers.engine import EngineSpec, Job
+from providers.frames import MAX_FRAME_BYTES
 from providers.local import WorkerRuntime
 
 CHECKPOINT = "clm-0.1-8b"
 QWEN3_8B_WIDTH = 4096
 """The contract: exactly 4096 floats per input, Qwen3-8B's hidden size."""
+MAX_VECTORS = MAX_FRAME_BYTES // (2 * QWEN3_8B_WIDTH * 4)
+"""Distinct vectors one request may carry (32768, 512 MiB of float32): half a worker frame,
+so no request reaches the frame limit, whatever DECIDEALOT_MAX_REQUEST_TOKENS allows."""
 RELEASE = "2026-09-19"  # contrastive-lm 0.1.0 dates its models so (clm.engine.RELEASE)
 
 SELECTORS = (
@@ -48,6 +58,81 @@ SELECTORS = (
 )
 
 
+_DIGITS = b"0123456789"
+
+
+def estimated_tokens(text: str) -> int:
+    """The encoder tokens `text` costs, estimated from its UTF-8 bytes: every digit one token
+    (Qwen splits numbers into single digits), every other two bytes one token, plus one for the
+    end of the text. Every byte-level BPE token holds at least one byte, so this is never below
+    half of Qwen3's true count; ordinary text runs 2.5 to 4.5 bytes a token, so for prose in
+    any language, JSON and code it is above the true count (tests/test_clm_tokens.py)."""
+    raw = text.encode()
+    rest = len(raw.translate(None, _DIGITS))
+    return 1 + (len(raw) - rest) + -(-rest // 2)
+
+
+@dataclass(frozen=True)
+class EncoderTexts:
+    """What one request sends its encoder, each distinct text once, and which of them each
+    question's rows are (the layout of `Job.vector_index`: state texts' rows first, then
+    option texts' rows)."""
+
+    states: list[str]
+    options: list[str]
+    index: list[int]
+
+    @property
+    def vectors(self) -> int:
+        return len(self.states) + len(self.options)
+
+    @property
+    def cost(self) -> int:
+        """Model tokens as `usage.input_tokens` counts them, at most: every distinct text sent
+        to the encoder (a cold cache), plus one head row per distinct vector."""
+        texts = (*self.states, *self.options)
+        return sum(map(estimated_tokens, texts)) + len(texts)
+
+
+def encoder_texts(request: SystemOneRequest, max_text_bytes: int) -> EncoderTexts:
+    """Render, bound and de-duplicate a request's texts; CPU work, so callers run it off the
+    event loop. Raises DecisionInputError for a text over `max_text_bytes`."""
+    states: dict[str, int] = {}
+    options: dict[str, int] = {}
+    rows: list[tuple[int, list[int]]] = []
+    for name, question in render_questions(request.state, request.questions):
+        _bounded(name, question, max_text_bytes)
+        state = states.setdefault(question.state_text, len(states))
+        rows.append(
+            (state, [options.setdefault(c.text, len(options)) for c in question.candidates])
+        )
+    index: list[int] = []
+    for state, option_rows in rows:
+        index.append(state)
+        index += [len(states) + row for row in option_rows]
+    return EncoderTexts(list(states), list(options), index)
+
+
+def _bounded(name: str, question: RenderedQuestion, limit: int) -> None:
+    """Reject, never truncate: the encoder only ever sees whole texts."""
+    size = len(question.state_text.encode())
+    if size > limit:
+        raise DecisionInputError(
+            name,
+            f"state plus instructions render to {size} UTF-8 bytes; CLM accepts at most "
+            f"{limit} (DECIDEALOT_CLM_MAX_TEXT_BYTES)",
+        )
+    for candidate in question.candidates:
+        size = len(candidate.text.encode())
+        if size > limit:
+            raise DecisionInputError(
+                name,
+                f"option text renders to {size} UTF-8 bytes; CLM accepts at most {limit} "
+                "(DECIDEALOT_CLM_MAX_TEXT_BYTES)",
+                loc=candidate.loc,
+            )
+
+
 class ClmProvider:
     name = "clm"
     local = True
@@ -60,12 +145,15 @@ class ClmProvider:
         runtime: LocalRuntime,
         *,
         max_text_bytes: int,
+        max_request_tokens: int = 0,
         prepares_in_lane: bool = True,
     ):
-        """`prepares_in_lane`: the encoder calls run inside the residency hold, on the lane."""
+        """`prepares_in_lane`: the encoder calls run inside the residency hold, on the lane.
+        `max_request_tokens` bounds a request's `EncoderTexts.cost` (0: no bound)."""
         self._encoder = encoder
         self.runtime = runtime
         self._max_text_bytes = max_text_bytes
+        self._max_request_tokens = max_request_tokens
         self.prepares_in_lane = prepares_in_lane
 
     @classmethod
@@ -79,10 +167,12 @@ class ClmProvider:
             torch_threads=settings.torch_threads,
             options={"width": QWEN3_8B_WIDTH},
         )
+        runtime = WorkerRuntime(cls.name, spec, settings)  # resolves the device
         return cls(
             EncoderClient.from_settings(settings, width=QWEN3_8B_WIDTH),
-            WorkerRuntime(cls.name, spec, settings),  # resolves the device
+            runtime,
             max_text_bytes=settings.clm_max_text_bytes,
+            max_request_tokens=request_token_limit(settings, runtime.device),
             prepares_in_lane=not settings.clm_parallel_with_local_models,
         )
 
@@ -97,48 +187,34 @@ class ClmProvider:
         return list(self.selectors)
 
     async def prepare(self, selector: str, request: SystemOneRequest) -> PreparedRequest:
-        """Render and bound every text, embed them, and pack the vectors into the head's job;
-        the encoder's prompt tokens are the gateway's share of `usage.input_tokens`."""
-        rendered = {
-            name: self._bounded(name, render_question(request.state, question))
-            for name, question in request.questions.items()
-        }
-        states = await self._encoder.embed([r.state_text for r in rendered.values()], cache=False)
-        options = await self._encoder.embed(
-            [c.text for r in rendered.values() for c in r.candidates], cache=True
-        )
-        vectors = bytearray()
-        option_at = 0
-        for state_row, question in zip(states.rows, rendered.values(), strict=True):
-            count = len(question.candidates)
-            vectors += state_row + b"".join(options.rows[option_at : option_at + count])
-            option_at += count
+        """Render, bound and de-duplicate every text (off the loop), check the request's cost
+        before any encoder call, then embed and pack the head's job; the encoder's prompt
+        tokens are the gateway's share of `usage.input_tokens`."""
+        texts = await asyncio.to_thread(encoder_texts, request, self._max_text_bytes)
+        if texts.vectors > MAX_VECTORS:
+            raise DecisionInputError(
+                None,
+                f"this request needs {texts.vectors} distinct encoder vectors; CLM carries at "
+                f"most {MAX_VECTORS} per request: split its questions over several requests",
+            )
+        limit = self._max_request_tokens
+        if limit and (cost := texts.cost) > limit:
+            raise over_token_limit(cost, limit)
+        return await self._embedded_job(request, texts)
+
+    async def _embedded_job(
+        self, request: SystemOneRequest, texts: EncoderTexts
+    ) -> PreparedRequest:
+        """The encoder calls and the job they feed: each distinct vector once, in the order
+        `texts.index` counts them, with the encoder's prompt tokens spent."""
+        states = await self._encoder.embed(texts.states, cache=False)
+        options = await self._encoder.embed(texts.options, cache=True)
         job = Job(
             checkpoint=CHECKPOINT,
             state=request.state,
             questions=request.questions,
             config=request.config,
-            vectors=bytes(vectors),
+            vectors=b"".join((*states.rows, *options.rows)),
+            vector_index=texts.index,
         )
         return PreparedRequest(job, states.prompt_tokens + options.prompt_tokens)
-
-    def _bounded(self, name: str, question: RenderedQuestion) -> RenderedQuestion:
-        """Reject, never truncate: the encoder only ever sees whole texts."""
-        limit = self._max_text_bytes
-        size = len(question.state_text.encode())
-        if size > limit:
-            raise DecisionInputError(
-                name,
-                f"state plus instructions render to {size} UTF-8 bytes; CLM accepts at most "
-                f"{limit} (DECIDEALOT_CLM_MAX_TEXT_BYTES)",
-            )
-        for candidate in question.candidates:
-            size = len(candidate.text.encode())
-            if size > limit:
-                raise DecisionInputError(
-                    name,
-                    f"option text renders to {size} UTF-8 bytes; CLM accepts at most {limit} "
-                    "(DECIDEALOT_CLM_MAX_TEXT_BYTES)",
-                    loc=candidate.loc,
-                )
-        return question

@@ -1,11 +1,13 @@
 """`LayaProvider`: the gateway side of Laya, behind `providers.base.LocalProvider`.
 
-Routes each request to one of three checkpoints (`providers.laya.router`, pure Python), then
-runs it as one job on the Laya worker, which hosts all three. Imports no torch, directly or
-indirectly.
+Routes each request to one of three checkpoints (`providers.laya.router`, pure Python, on a
+worker thread: it may read a large state whole), then runs it as one job on the Laya worker,
+which hosts all three. Imports no torch, directly or indirectly.
 """
 
 from __future__ import annotations
+
+import asyncio
 
 from decidealot.config import Settings
 from decidealot.contract import ModelInfo, SystemOneRequest
@@ -55,4 +57,6 @@ class LayaProvider(ResidentProvider):
         return {key: str(path) for key, path in paths.items() if path is not None}
 
     async def checkpoint_for(self, selector: str, request: SystemOneRequest) -> str:
-        return route(selector, request.state, request.questions)
+        """Routing reads every line of every string value (as upstream), so it runs off the
+        event loop."""
+        return await asyncio.to_thread(route, selector, request.state, request.questions)
