@@ -222,12 +222,17 @@ class Executor:
     async def _run_local(
         self, provider: LocalProvider, selector: str, request: SystemOneRequest
     ) -> SystemOneResponse:
-        """Prepare the job (inside the hold when the provider's preparation shares the lane),
-        then run it on the provider's runtime inside its residency slot and lane."""
-        prepared = None if provider.prepares_in_lane else await provider.prepare(selector, request)
+        """Prepare the job before any wait (so refusals are immediate), finish its preparation
+        inside the hold when it shares the lane, then run it on the provider's runtime inside
+        its residency slot and lane."""
+        prepared = await provider.prepare(selector, request)
+        if prepared.rest is not None and not provider.prepares_in_lane:
+            prepared = await prepared.rest()
         async with self._residency.use(provider.runtime):
-            if prepared is None:
-                prepared = await provider.prepare(selector, request)
+            if prepared.rest is not None:
+                prepared = await prepared.rest()
+            if prepared.job is None:
+                raise RuntimeError(f"provider {provider.name} prepared no job")
             decision = await provider.runtime.submit(prepared.job)
         return respond(prepared, decision)
 

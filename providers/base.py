@@ -9,7 +9,7 @@ residency, the catalog or bundles; transport code never sees tensors.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from typing import NamedTuple, Protocol, runtime_checkable
 
@@ -82,8 +82,12 @@ class PreparedRequest(NamedTuple):
     """What a local provider made of a request: the worker's job, and model tokens the
     gateway already spent on it (CLM's encoder calls), which `usage.input_tokens` adds."""
 
-    job: Job
+    job: Job | None
+    """None while `rest` is still to run."""
     gateway_tokens: int = 0
+    rest: Callable[[], Awaitable[PreparedRequest]] | None = None
+    """Work that makes the job and must keep to the provider's lane (CLM's encoder calls): run
+    inside the residency hold when the provider `prepares_in_lane`."""
 
 
 @runtime_checkable
@@ -91,8 +95,11 @@ class LocalProvider(Provider, Protocol):
     runtime: LocalRuntime
 
     prepares_in_lane: bool
-    """`prepare` runs inside the residency hold (CLM's encoder shares the serial lane)."""
+    """A prepared request's `rest` runs inside the residency hold (CLM's encoder shares the
+    serial lane)."""
 
     async def prepare(self, selector: str, request: SystemOneRequest) -> PreparedRequest:
-        """The job that answers `request` sent to `selector`. Raises `DecisionInputError` or
-        `ProviderUnavailable` as `HostedProvider.decide` does."""
+        """The job that answers `request` sent to `selector`, or the `rest` that makes it. Runs
+        before any residency wait, so whatever refuses a request (routing, bounds, the work
+        bound) answers at once. Raises `DecisionInputError` or `ProviderUnavailable` as
+        `HostedProvider.decide` does."""

@@ -21,4 +21,7 @@ class Deciding:
 
     async def decide(self, selector: str, request: SystemOneRequest) -> SystemOneResponse:
         prepared = await self.provider.prepare(selector, request)
+        if prepared.rest is not None:
+            prepared = await prepared.rest()
+        assert prepared.job is not None
         return respond(prepared, await self.provider.runtime.submit(prepared.job))

@@ -289,17 +289,23 @@ async def test_the_executor_runs_the_encoder_calls_inside_the_hold_unless_parall
     residency.register(provider.runtime, "local", "clm")
     catalog = Catalog([provider])
     await catalog.start()
-    holding: list[int] = []
-    prepare = provider.prepare
+    holding: dict[str, int] = {}
+    prepare, embed = provider.prepare, provider._embedded_job
 
     async def watched_prepare(selector: str, request: SystemOneRequest) -> object:
-        holding.append(residency.active("clm"))  # decisions inside the hold at this moment
+        holding["prepare"] = residency.active("clm")  # decisions inside the hold now
         return await prepare(selector, request)
 
+    async def watched_embed(*args: object) -> object:
+        holding["encoder"] = residency.active("clm")
+        return await embed(*args)  # type: ignore[arg-type]
+
     provider.prepare = watched_prepare  # type: ignore[method-assign]
+    provider._embedded_job = watched_embed  # type: ignore[method-assign]
     response = await Executor(catalog, residency, ["clm"]).decide(_request())
     assert set(response.answers) == {"queue", "urgent"} and len(fake.calls) == 2
-    assert holding == [1 if in_lane else 0]
+    # bounds are checked before any wait; the encoder calls keep to the lane unless parallel
+    assert holding == {"prepare": 0, "encoder": 1 if in_lane else 0}
     await residency.close()
 
 

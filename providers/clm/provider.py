@@ -20,6 +20,7 @@ residency hold, and only the head pass holds a slot.
 from __future__ import annotations
 
 import asyncio
+import functools
 from dataclasses import dataclass
 from typing import Self
 
@@ -187,9 +188,9 @@ class ClmProvider:
         return list(self.selectors)
 
     async def prepare(self, selector: str, request: SystemOneRequest) -> PreparedRequest:
-        """Render, bound and de-duplicate every text (off the loop), check the request's cost
-        before any encoder call, then embed and pack the head's job; the encoder's prompt
-        tokens are the gateway's share of `usage.input_tokens`."""
+        """Render, bound and de-duplicate every text (off the loop) and check the request's
+        cost, before any wait; the encoder calls and the head's job are the `rest` (the
+        encoder's prompt tokens are the gateway's share of `usage.input_tokens`)."""
         texts = await asyncio.to_thread(encoder_texts, request, self._max_text_bytes)
         if texts.vectors > MAX_VECTORS:
             raise DecisionInputError(
@@ -200,7 +201,7 @@ class ClmProvider:
         limit = self._max_request_tokens
         if limit and (cost := texts.cost) > limit:
             raise over_token_limit(cost, limit)
-        return await self._embedded_job(request, texts)
+        return PreparedRequest(None, rest=functools.partial(self._embedded_job, request, texts))
 
     async def _embedded_job(
         self, request: SystemOneRequest, texts: EncoderTexts
