@@ -18,6 +18,7 @@ import math
 import re
 from typing import Any
 
+from decidealot import tracing
 from decidealot.catalog import Catalog, Route
 from decidealot.contract import (
     BatchRequest,
@@ -152,6 +153,7 @@ class _Issues(list[ValidationIssue]):
         self.add(loc, "Extra inputs are not permitted", "extra_forbidden", value)
 
 
+@tracing.traced("validation")
 async def validate_request(obj: Json, catalog: Catalog) -> SystemOneRequest:
     """One `POST /v1/systemone` body (decoded JSON) -> validated request, or RequestInvalid."""
     issues = _Issues()
@@ -164,6 +166,7 @@ async def validate_request(obj: Json, catalog: Catalog) -> SystemOneRequest:
     return request
 
 
+@tracing.traced("validation")
 async def validate_batch(obj: Json, catalog: Catalog, max_requests: int = 0) -> BatchRequest:
     """A `POST /v1/systemone/batch` body; every item (config included) is checked first."""
     issues = _Issues()

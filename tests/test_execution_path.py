@@ -123,9 +123,10 @@ def _serve(folder: Path, checkpoints: dict[str, str], **env: str) -> Iterator[Se
 @pytest.fixture(scope="module")
 def unbounded(tmp_path_factory: pytest.TempPathFactory, checkpoints) -> Iterator[Serve]:
     """One pass at a time, a 3 s pass timeout, no work bound (`0` turns it off)."""
+    laya_only = {k: v for k, v in checkpoints.items() if not k.startswith("DECIDEALOT_VON_")}
     yield from _serve(
         tmp_path_factory.mktemp("unbounded"),
-        checkpoints,
+        laya_only,
         DECIDEALOT_PROVIDER_TIMEOUT_SECONDS="3",
         DECIDEALOT_MAX_REQUEST_TOKENS="0",
         DECIDEALOT_VON_ENABLED="false",
