@@ -14,7 +14,7 @@ COPY decidealot decidealot
 COPY providers providers
 COPY bundles bundles
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
-RUN TORCH_INDEX_URL="$TORCH_INDEX_URL" bash .ci/install /src
+RUN TORCH_INDEX_URL="$TORCH_INDEX_URL" EXTRAS=otel bash .ci/install /src
 
 FROM ${PYTHON_IMAGE}
 RUN groupadd --gid 10001 decidealot \

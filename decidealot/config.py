@@ -3,12 +3,14 @@
 A bad value raises `ConfigError` with one line naming the variable and what it accepts; the CLI
 prints that line and exits non-zero. Nothing else in the service reads the environment, so a
 `DECIDEALOT_*` name that `from_env` does not read is a typo and is refused the same way, with
-the closest name it does read; so are settings that contradict each other.
+the closest name it does read; so are settings that contradict each other. The one exception:
+the OpenTelemetry SDK reads the OTEL_* variables checked here (see `decidealot.tracing`).
 """
 
 from __future__ import annotations
 
 import difflib
+import importlib.util
 import math
 import os
 from collections.abc import Callable, Mapping
@@ -91,6 +93,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
 
     # MCP.
     mcp_allowed_hosts: tuple[str, ...] = ()
+
+    # Tracing, from the standard OTEL_* variables.
+    trace_exporters: tuple[str, ...] = ()  # (): off; ("otlp",): OTLP over HTTP
 
     def __repr__(self) -> str:  # keys never reach a log line or a traceback
         return f"Settings(host={self.host!r}, port={self.port}, providers={self.providers})"
@@ -218,6 +223,59 @@ def _port(name: str, raw: str) -> int:
     return _int(name, raw, low=1, high=65535)
 
 
+FROM_OTEL = frozenset({"trace_exporters"})
+"""Settings fields read from the standard OTEL_* variables rather than a DECIDEALOT_* one."""
+_OTLP_ENDPOINTS = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
+_OTLP_PROTOCOLS = ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL")
+_OTEL_SDK_MODULES = ("opentelemetry.sdk", "opentelemetry.exporter.otlp.proto.http")
+
+
+def _importable(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:  # a parent package is missing
+        return False
+
+
+def _trace_exporters(env: Mapping[str, str]) -> tuple[str, ...]:
+    """Tracing is off unless OTEL_TRACES_EXPORTER names otlp or an OTLP endpoint is set
+    (and OTEL_SDK_DISABLED is not true); only OTLP over HTTP (http/protobuf) is supported."""
+
+    def value(name: str) -> str | None:
+        raw = env.get(name)
+        return raw.strip() if raw is not None and raw.strip() else None
+
+    disabled = value("OTEL_SDK_DISABLED")
+    if disabled is not None and _bool("OTEL_SDK_DISABLED", disabled):
+        return ()
+    named = value("OTEL_TRACES_EXPORTER")
+    endpoints = [(name, raw) for name in _OTLP_ENDPOINTS if (raw := value(name)) is not None]
+    if named is not None:
+        exporters = tuple(dict.fromkeys(e.strip().lower() for e in named.split(",")))
+        if not set(exporters) <= {"otlp", "none"} or len(exporters) > 1:
+            raise ConfigError(f"OTEL_TRACES_EXPORTER: expected otlp or none, got {named!r}")
+        if exporters == ("none",):
+            return ()
+        switch = "OTEL_TRACES_EXPORTER"
+    elif endpoints:
+        switch = endpoints[0][0]
+    else:
+        return ()
+    for name, raw in endpoints:
+        _url(name, raw)
+    for name in _OTLP_PROTOCOLS:
+        protocol = value(name)
+        if protocol is not None:
+            if protocol.lower() != "http/protobuf":
+                raise ConfigError(f"{name}: expected http/protobuf, got {protocol!r}")
+            break
+    if not all(map(_importable, _OTEL_SDK_MODULES)):
+        raise ConfigError(
+            f"{switch}: tracing needs the OpenTelemetry SDK; install decidealot[otel]"
+        )
+    return ("otlp",)
+
+
 def from_env(environ: Mapping[str, str] | None = None) -> Settings:
     """Read every DECIDEALOT_* variable once; empty values count as unset. Unknown names and
     contradictions are refused so that a typo never silently leaves a default in place."""
@@ -329,4 +387,5 @@ def _parse(env: Mapping[str, str], known: set[str]) -> Settings:
     read("typesafe_timeout_seconds", _seconds)
     read("typesafe_retry_seconds", lambda n, r: _seconds(n, r, allow_zero=True))
     read("mcp_allowed_hosts", _hosts)
+    values["trace_exporters"] = _trace_exporters(env)
     return Settings(**values)  # type: ignore[arg-type]

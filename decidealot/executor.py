@@ -26,7 +26,7 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import cast
 
-from decidealot import logs, metrics
+from decidealot import logs, metrics, tracing
 from decidealot.catalog import Catalog, Route
 from decidealot.contract import (
     BatchRequest,
@@ -89,10 +89,11 @@ class Executor:
         if not local:
             yield
             return
-        if self._max_pending and self._pending >= self._max_pending:
-            metrics.ADMISSION_REJECTED.inc()
-            raise ProviderOverloaded()
-        self._pending += 1
+        with tracing.span("admission", pending=self._pending):
+            if self._max_pending and self._pending >= self._max_pending:
+                metrics.ADMISSION_REJECTED.inc()
+                raise ProviderOverloaded()
+            self._pending += 1
         metrics.PENDING_REQUESTS.set(self._pending)
         try:
             yield
@@ -106,6 +107,7 @@ class Executor:
         with self._admitted(route is not None and route.provider.local):
             return await self._decide(request, route, ["body"])
 
+    @tracing.traced("decision")
     async def _decide(
         self, request: SystemOneRequest, route: Route | None, where: Loc
     ) -> SystemOneResponse:
@@ -122,6 +124,7 @@ class Executor:
                     )
                 ]
             )
+        tracing.annotate(provider=route.provider.name, model=request.model)
         outcome = "cancelled"
         started = time.perf_counter()
         try:

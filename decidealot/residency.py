@@ -22,7 +22,7 @@ from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from decidealot import metrics
+from decidealot import metrics, tracing
 from decidealot.config import Settings
 from decidealot.contract import UnloadedProvider
 from decidealot.errors import ProviderBusy, ProviderUnavailable
@@ -161,13 +161,15 @@ class Residency:
     async def use(self, runtime: LocalRuntime) -> AsyncIterator[None]:
         """Hold `runtime` loaded (and its lane) for one decision."""
         slot = self._slots[runtime.name]
-        await self._admit(slot)
+        with tracing.span("queue.slot", provider=runtime.name):
+            await self._admit(slot)
         try:
             lane = self._lanes.get(slot.lane) if slot.lane is not None else None
             if lane is None:
                 yield
             else:
-                await lane.acquire(slot.group)
+                with tracing.span("queue.lane", provider=runtime.name, lane=slot.lane or ""):
+                    await lane.acquire(slot.group)
                 try:
                     yield
                 finally:

@@ -32,7 +32,7 @@ from collections.abc import Coroutine
 
 import msgspec
 
-from decidealot import logs, metrics
+from decidealot import logs, metrics, tracing
 from decidealot.config import Settings
 from decidealot.errors import DecisionInputError, ProviderUnavailable
 from providers.base import forwarded
@@ -89,6 +89,8 @@ class _Worker:
         self.inflight: dict[int, asyncio.Future[Decision]] = {}
         self.request_ids: dict[int, str] = {}
         """The request id each job in flight came with, for its failure's log line."""
+        self.spans: dict[int, tracing.SpanContext | None] = {}
+        """The span each job in flight was submitted under, to parent its forward pass."""
         self.alive = True
         self.heard_at = asyncio.get_running_loop().time()
         """When the worker last sent a frame, or when jobs started waiting on an idle one."""
@@ -194,6 +196,7 @@ class WorkerRuntime:
             worker.heard_at = loop.time()  # silence counts from here when it was idle
         worker.inflight[job_id] = future
         worker.request_ids[job_id] = logs.request_id.get()
+        worker.spans[job_id] = tracing.current()
         try:
             await worker.send(frame)
             if (notify := forwarded.get()) is not None:
@@ -207,6 +210,7 @@ class WorkerRuntime:
         finally:
             worker.inflight.pop(job_id, None)
             worker.request_ids.pop(job_id, None)
+            worker.spans.pop(job_id, None)
 
     async def _watch(self, worker: _Worker) -> None:
         """Kill the worker once a pass overruns the timeout or it falls silent with jobs
@@ -351,6 +355,17 @@ class WorkerRuntime:
                         metrics.FORWARD_PASS.observe(frame.seconds, provider=self.name)
                         metrics.BATCH_SIZE.observe(len(frame.jobs), provider=self.name)
                         metrics.BATCH_TOKENS.observe(frame.tokens, provider=self.name)
+                    for job_id in frame.jobs:
+                        tracing.record(
+                            "forward_pass",
+                            worker.spans.get(job_id),
+                            frame.started,
+                            frame.started + frame.seconds,
+                            provider=self.name,
+                            jobs=len(frame.jobs),
+                            rows=frame.rows,
+                            tokens=frame.tokens,
+                        )
                     continue
                 if not isinstance(frame, Result | InputError | JobFailed):
                     raise FrameError(f"unexpected {type(frame).__name__} frame")

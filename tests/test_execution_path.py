@@ -122,11 +122,14 @@ def _serve(folder: Path, checkpoints: dict[str, str], **env: str) -> Iterator[Se
 
 @pytest.fixture(scope="module")
 def unbounded(tmp_path_factory: pytest.TempPathFactory, checkpoints) -> Iterator[Serve]:
-    """One pass at a time, a 3 s pass timeout, no work bound (`0` turns it off)."""
+    """One pass at a time of at most 1024 tokens, a 1 s pass timeout, no work bound (`0`
+    turns it off)."""
+    laya_only = {k: v for k, v in checkpoints.items() if not k.startswith("DECIDEALOT_VON_")}
     yield from _serve(
         tmp_path_factory.mktemp("unbounded"),
-        checkpoints,
-        DECIDEALOT_PROVIDER_TIMEOUT_SECONDS="3",
+        laya_only,
+        DECIDEALOT_PROVIDER_TIMEOUT_SECONDS="1",
+        DECIDEALOT_BATCH_TOKEN_BUDGET="1024",
         DECIDEALOT_MAX_REQUEST_TOKENS="0",
         DECIDEALOT_VON_ENABLED="false",
     )
@@ -167,8 +170,8 @@ def test_a_request_of_many_passes_never_trips_the_pass_timeout(unbounded: Serve)
     assert response.status_code == 200, response.text
     assert len(response.json()["answers"]) == 600
     passes = unbounded.metric("decidealot_forward_pass_seconds_count") - passes_before
-    assert passes > 10  # cut into passes within the token budget, each reported
-    assert took > 3 or passes > 30  # longer in all than one pass may take, or many passes
+    assert passes > 30  # cut into passes within the token budget, each reported
+    assert took > 1  # longer in all than one pass may take
     assert unbounded.metric("decidealot_worker_failures_total") == 0
     assert unbounded.metric("decidealot_worker_restarts_total") == 0
 

@@ -59,6 +59,14 @@ def passes(log: Path) -> list[dict[str, object]]:
     return [record for record in records if "size" in record]
 
 
+async def started_pass(log: Path, seconds: float = 30.0) -> None:
+    """Wait until the arith engine has logged a pass (the worker is up, whatever the load)."""
+    deadline = time.monotonic() + seconds
+    while not (log.exists() and passes(log)):
+        assert time.monotonic() < deadline, "no pass started"
+        await asyncio.sleep(0.02)
+
+
 def running(pid: int) -> bool:
     """False once the process is gone or a zombie nobody has reaped yet."""
     try:
@@ -361,14 +369,14 @@ async def test_idle_unload_ends_the_worker(runtime) -> None:
         await residency.close()
 
 
-async def test_after_a_crash_the_next_decision_starts_a_new_worker(runtime) -> None:
+async def test_after_a_crash_the_next_decision_starts_a_new_worker(runtime, tmp_path) -> None:
     residency = Residency(settings(provider_idle_unload_seconds=0))
     worker = runtime()
     residency.register(worker, lane=None)
     runner = ResidentRunner(worker, residency)
     try:
         in_flight = asyncio.create_task(runner.run(job("slow", sleep=5)))
-        await asyncio.sleep(0.3)
+        await started_pass(tmp_path / "log")
         pid = worker.pid
         os.kill(pid, signal.SIGKILL)  # type: ignore[arg-type]
         with pytest.raises(ProviderUnavailable):
@@ -427,7 +435,7 @@ async def test_decisions_through_residency_still_share_passes(runtime, tmp_path)
     runner = ResidentRunner(worker, residency)
     try:
         slow = asyncio.create_task(runner.run(job("slow", sleep=1.0)))
-        await asyncio.sleep(0.3)
+        await started_pass(tmp_path / "log")  # its pass runs: the five queue behind it
         await asyncio.gather(*(runner.run(job(f"s{i}")) for i in range(5)))
         await slow
     finally:

@@ -29,7 +29,7 @@ from mcp_types import (
     TextContent,
 )
 
-from decidealot import __version__, logs
+from decidealot import __version__, logs, tracing
 from decidealot.contract import ErrorBody, Json, ValidationErrorBody, ValidationIssue
 from decidealot.errors import DecidealotError, ProviderUnavailable, RequestInvalid, RequestTooLarge
 from decidealot.mcp.strict import rejection
@@ -167,6 +167,8 @@ def build_server(backend: Backend) -> Server[Any]:
         ctx: ServerRequestContext[Any], params: CallToolRequestParams
     ) -> CallToolResult:
         operation = operations.get(params.name)
+        if (request_id := logs.request_id.get()) != "-":  # over /mcp; stdio has none
+            tracing.annotate(request_id=request_id)  # on the SDK's span for this message
         if operation is None:
             raise MCPError(code=INVALID_PARAMS, message=f"unknown tool {params.name!r}")
         arguments = params.arguments or {}

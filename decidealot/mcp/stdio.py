@@ -23,7 +23,7 @@ import anyio
 import httpx
 from mcp.server.stdio import stdio_server
 
-from decidealot import logs
+from decidealot import logs, tracing
 from decidealot.config import ConfigError, Settings, from_env
 from decidealot.mcp.forward import ForwardingBackend
 from decidealot.mcp.server import Backend, ServiceBackend, build_server
@@ -46,6 +46,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"decidealot mcp: {exc}", file=sys.stderr)
         return 2
     logs.configure(settings.log_level, settings.log_format)
+    tracing.setup(settings)
     if args.url is None:
         from decidealot import preflight  # huggingface_hub: only when needed
 
@@ -59,6 +60,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # one that arrives before its handlers are in place.
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(_serve(settings, args.url))
+    tracing.shutdown()
     return 0
 
 
@@ -179,6 +181,7 @@ def _leave_now() -> NoReturn:
     messages are flushed as they are written), so os._exit, as `decidealot serve` does.
     """
     log.info("MCP over stdio stopped")
+    tracing.shutdown()
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
