@@ -133,7 +133,7 @@ def test_a_request_of_many_passes_never_trips_the_pass_timeout(unbounded: Runnin
 def test_a_small_request_waits_about_one_pass_behind_a_large_one(unbounded: RunningServer) -> None:
     alone = post(unbounded, "/v1/systemone", SMALL).json()
     with ThreadPoolExecutor(2) as pool:
-        large = pool.submit(unbounded.post, "/v1/systemone", heavy(600, tag="large"))
+        large = pool.submit(post, unbounded, "/v1/systemone", heavy(600, tag="large"))
         time.sleep(1.0)  # the large request is in its passes
         started = time.monotonic()
         small = post(unbounded, "/v1/systemone", SMALL)
