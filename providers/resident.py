@@ -56,6 +56,7 @@ class ResidentProvider:
             checkpoints=cls.checkpoints(settings),
             preload=cls.preload(),
             torch_threads=settings.torch_threads,
+            options={"precision": settings.precision},
         )
         runtime = WorkerRuntime(cls.name, spec, settings)
         residency.register(runtime, *lane_for(cls.name, runtime.device, settings))

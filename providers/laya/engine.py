@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
-from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -18,8 +17,9 @@ import torch
 from decidealot.contract import Question
 from providers.engine import Decision, EngineSpec, Job
 from providers.laya import readout
-from providers.laya.model import Checkpoint, load_checkpoint
+from providers.laya.model import PASS_INPUTS, Checkpoint, load_checkpoint
 from providers.laya.render import Row, render_rows
+from providers.precision import engine_precision
 
 CHECKPOINT_KEYS = ("english", "multilingual", "typed-decisions")
 PASS_TOKEN_LIMIT = 262_144
@@ -50,6 +50,7 @@ class LayaEngine:
             raise ValueError(f"unknown Laya checkpoint keys: {sorted(unknown)}")
         self._paths = dict(spec.checkpoints)
         self._device = torch.device(spec.device)
+        self._precision = engine_precision(spec.options, spec.device)
         self._loaded: dict[str, Checkpoint] = {}
         self._load_lock = threading.Lock()
         for key in spec.preload:
@@ -68,7 +69,7 @@ class LayaEngine:
             raise ValueError(f"Laya checkpoint {key!r} is not configured")
         with self._load_lock:
             if key not in self._loaded:
-                self._loaded[key] = load_checkpoint(self._paths[key], self._device)
+                self._loaded[key] = load_checkpoint(self._paths[key], self._device, self._precision)
             return self._loaded[key]
 
     def prepare(self, job: Job) -> PreparedJob:
@@ -131,23 +132,11 @@ class LayaEngine:
             marker_pos[i, : len(row.markers)] = torch.tensor(row.markers)
             marker_mask[i, : len(row.markers)] = True
         qtype = torch.tensor([row.qtype for row in rows], dtype=torch.long)
-        device = self._device
-        with torch.inference_mode(), self._autocast(checkpoint):
-            out = checkpoint.model(
-                input_ids.to(device),
-                attention.to(device),
-                marker_pos.to(device),
-                marker_mask.to(device),
-                qtype.to(device),
-            )
-        values = out.float().cpu().tolist()
+        tensors = (input_ids, attention, marker_pos, marker_mask, qtype)
+        inputs = {name: t.to(self._device) for name, t in zip(PASS_INPUTS, tensors, strict=True)}
+        out = checkpoint.forward(inputs)
+        values = out.cpu().tolist()
         return [values[i][: len(row.markers)] for i, row in enumerate(rows)]
-
-    def _autocast(self, checkpoint: Checkpoint) -> AbstractContextManager[object]:
-        """Upstream autocasts only on GPU; CPU stays fp32."""
-        if self._device.type != "cuda":
-            return nullcontext()
-        return torch.autocast(device_type="cuda", dtype=checkpoint.amp_dtype)
 
 
 def _passes(rows: Sequence[Row], pass_cost: int) -> list[tuple[int, int]]:
