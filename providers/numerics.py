@@ -28,6 +28,9 @@ INT8_MAX = 127.0
 PROBE_TOLERANCE = 0.02
 """Most a probe probability may move under int8; the served bound is 0.05 (tests)."""
 
+PROBE_LENGTH = 256
+"""Tokens per probe row (at most a checkpoint's row budget): about a typical row's length."""
+
 
 class Int8Linear(nn.Module):
     """`y = x W^T + b` with W int8 per output channel and x int8 per token."""
