@@ -24,7 +24,6 @@ from decidealot.config import ConfigError, from_env
 from decidealot.contract import Answer, ChoiceAnswer, NoulAnswer, Question, ScoreAnswer
 from providers.engine import EngineSpec, Job
 from providers.laya.engine import LayaEngine
-from providers.precision import engine_precision
 from providers.von.engine import VonEngine
 from tests.builders.laya_checkpoint import VARIANTS, build_laya_checkpoint
 from tests.builders.von_checkpoint import build_von_checkpoint
@@ -199,6 +198,8 @@ def test_precisions_each_device_runs_are_accepted(env: dict[str, str], precision
 
 def test_an_engine_refuses_a_precision_its_resolved_device_cannot_run() -> None:
     """`auto` is checked once the worker resolves it: int8 on a GPU is refused there."""
+    from providers.precision import engine_precision
+
     with pytest.raises(ValueError, match="DECIDEALOT_PRECISION: int8 runs on cpu only"):
         engine_precision({"precision": "int8"}, "cuda")
     assert engine_precision({}, "cpu") == "fp32"
