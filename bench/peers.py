@@ -13,7 +13,7 @@ decision (for ONNXAgent, its process's). Then int8 against fp32 over the same re
 three question types: max and mean |dp|, share of equal choices, mean |d score|.
 
     .venv/bin/python bench/peers.py                      # about 12 minutes on 2 cores
-    .venv/bin/python bench/peers.py --seconds 5 --quality 48 --laya-size tiny --von-size tiny
+    .venv/bin/python bench/peers.py --sections laya --laya-size tiny --seconds 5
 """
 
 from __future__ import annotations
@@ -348,7 +348,7 @@ def laya_section(args: argparse.Namespace, logs: Path) -> list[str]:
         }
         peers[ONNX_AGENT] = lambda n, s, _offset: run_onnx_agent(english, graph, states_file, n, s)
         results, cpu_ms = load_points(peers, args.clients, args.seconds)
-        quality_states = [f"Quality {i}:" + states[i % len(states)] for i in range(args.quality)]
+        quality_states = [f"Quality {i}:" + states[i] for i in range(args.laya_quality)]
         fp32 = answers(urls["decidealot fp32"] + "/v1/systemone", "laya-english", quality_states)
         int8 = answers(urls["decidealot int8"] + "/v1/systemone", "laya-english", quality_states)
     return [
@@ -408,7 +408,7 @@ def von_section(args: argparse.Namespace, logs: Path) -> list[str]:
             for name, url in urls.items()
         }
         results, cpu_ms = load_points(peers, args.clients, args.seconds)
-        quality_states = [f"Quality {i}:" + states[i % len(states)] for i in range(args.quality)]
+        quality_states = [f"Quality {i}:" + states[i] for i in range(args.von_quality)]
         fp32 = answers(urls["decidealot fp32"] + "/v1/systemone", "von-1.1", quality_states)
         int8 = answers(urls["decidealot int8"] + "/v1/systemone", "von-1.1", quality_states)
     return [
@@ -439,7 +439,12 @@ def main() -> int:
         "--clients", type=lambda s: [int(n) for n in s.split(",")], default=[1, 8, 32]
     )
     parser.add_argument("--seconds", type=float, default=20.0)
-    parser.add_argument("--quality", type=int, default=210, help="requests compared int8 / fp32")
+    parser.add_argument(
+        "--laya-quality", type=int, default=210, help="Laya requests compared int8 / fp32"
+    )
+    parser.add_argument(
+        "--von-quality", type=int, default=210, help="Von requests compared int8 / fp32"
+    )
     parser.add_argument("--laya-size", default="base")
     parser.add_argument("--von-size", default="small")
     parser.add_argument("--sections", default="laya,von")
