@@ -23,7 +23,7 @@ from transformers.initialization import no_init_weights
 
 from providers.laya.readout import Temperatures
 from providers.laya.render import Budget, Specials
-from providers.numerics import AUTOCAST, PROBE_LENGTH, quantize_guarded
+from providers.numerics import AUTOCAST, PROBE_LENGTH, PROBE_ROWS, quantize_guarded
 
 LAYER_NORM_EPS = 1e-5
 MASKED_LOGIT = -1e4
@@ -165,7 +165,7 @@ def int8_encoder(model: DecisionModel, specials: Specials, budget: Budget) -> li
     """Make the encoder's linear layers int8 (`providers.numerics`), checked on a probe of random
     rows with four markers each; the head and scorer stay fp32. Returns the roles kept fp32."""
     generator = torch.Generator().manual_seed(0)
-    rows, options = 3, 4
+    rows, options = PROBE_ROWS, 4
     length = min(budget.max_len, PROBE_LENGTH)
     ids = torch.randint(0, model.encoder.config.vocab_size, (rows, length), generator=generator)
     marker_pos = torch.linspace(1, length - 2, options).long().expand(rows, -1).contiguous()

@@ -22,7 +22,7 @@ from torch import nn
 from transformers import AutoConfig, AutoTokenizer, ModernBertModel, PreTrainedTokenizerBase
 from transformers.initialization import no_init_weights
 
-from providers.numerics import AUTOCAST, PROBE_LENGTH, quantize_guarded
+from providers.numerics import AUTOCAST, PROBE_LENGTH, PROBE_ROWS, quantize_guarded
 
 WINDOW = 8192
 """Upstream forces `max_position_embeddings` to this; it bounds a packed sequence."""
@@ -216,7 +216,7 @@ class VonModel:
         """The encoder's linear layers in int8 (`providers.numerics`), checked on a probe of random
         rows with four markers each; the scorer stays fp32."""
         generator = torch.Generator().manual_seed(0)
-        rows, options = 3, 4
+        rows, options = PROBE_ROWS, 4
         length = PROBE_LENGTH
         vocab = self.encoder.config.vocab_size
         ids = torch.randint(0, vocab, (rows, length), generator=generator)
