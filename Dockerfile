@@ -7,13 +7,14 @@ FROM ${PYTHON_IMAGE} AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PATH=/opt/venv/bin:$PATH
 RUN python -m venv /opt/venv
 WORKDIR /src
-COPY pyproject.toml README.md ./
-COPY .ci/install .ci/install
+# Every version but torch's comes from requirements.lock (.ci/install checks the result).
+COPY pyproject.toml README.md LICENSE requirements.lock ./
+COPY .ci/install .ci/locked.py .ci/
 COPY decidealot decidealot
 COPY providers providers
 COPY bundles bundles
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
-RUN TORCH_INDEX_URL="$TORCH_INDEX_URL" bash .ci/install /src
+RUN TORCH_INDEX_URL="$TORCH_INDEX_URL" EXTRAS=otel bash .ci/install /src
 
 FROM ${PYTHON_IMAGE}
 RUN groupadd --gid 10001 decidealot \

@@ -91,8 +91,9 @@ def von_load(folder: Path) -> Callable[[str], nn.Module]:
 
 
 def laya_passes(folder: Path, requests: int) -> tuple[nn.Module, list[Inputs]]:
-    from providers.laya.engine import CPU_PASS_COST, LayaEngine, _passes
+    from providers.laya.engine import LayaEngine
     from providers.laya.model import PASS_INPUTS
+    from providers.passes import cut
 
     engine = LayaEngine(EngineSpec(factory="", checkpoints={"english": str(folder)}))
     checkpoint = engine._checkpoint("english")
@@ -100,7 +101,7 @@ def laya_passes(folder: Path, requests: int) -> tuple[nn.Module, list[Inputs]]:
     rows = [row for job in _prepared(engine, "laya-english", "english", states) for row in job]
     rows.sort(key=lambda row: len(row.ids))
     feeds = []
-    for start, stop in _passes(rows, CPU_PASS_COST):
+    for start, stop in cut([len(row.ids) for row in rows], engine.shape):
         chunk = rows[start:stop]
         length, width = len(chunk[-1].ids), max(len(row.markers) for row in chunk)
         ids = torch.full((len(chunk), length), checkpoint.pad_id, dtype=torch.long)
@@ -118,17 +119,17 @@ def laya_passes(folder: Path, requests: int) -> tuple[nn.Module, list[Inputs]]:
 
 
 def von_passes(folder: Path, requests: int) -> tuple[nn.Module, list[Inputs]]:
+    from providers.passes import cut
     from providers.von.engine import VonEngine
-    from providers.von.model import CPU_PASS_TOKENS, _passes
 
     engine = VonEngine(EngineSpec(factory="", checkpoints={"von-1.1": str(folder)}))
     model = engine._model("von-1.1")
     states = sized_states(folder / "tokenizer.json", requests, _heading)
     prepared = _prepared(engine, "von", "von-1.1", states)
-    rows = [row for job in prepared for row in job if not row.shared]
+    rows = sorted((row for job in prepared for row in job if not row.shared), key=len_ids)
     feeds = []
-    for chunk in _passes(rows, CPU_PASS_TOKENS):
-        chosen = [rows[i] for i in chunk]
+    for start, stop in cut([len(row.ids) for row in rows], engine.shape):
+        chosen = rows[start:stop]
         length, width = max(len(r.ids) for r in chosen), max(len(r.markers) for r in chosen)
         ids = torch.full((len(chosen), length), model.pad_id, dtype=torch.long)
         mask = torch.zeros((len(chosen), length), dtype=torch.long)
@@ -140,6 +141,10 @@ def von_passes(folder: Path, requests: int) -> tuple[nn.Module, list[Inputs]]:
             pos[i, len(row.markers) :] = row.markers[-1]
         feeds.append({"input_ids": ids, "attention_mask": mask, "marker_pos": pos})
     return VonPass(model.encoder, model.scorer).eval(), feeds
+
+
+def len_ids(row: object) -> int:
+    return len(row.ids)  # type: ignore[attr-defined]
 
 
 def _heading(index: int) -> str:

@@ -7,7 +7,7 @@ budget) and asks three questions: a choice with four options, a score with three
 noul. A decision here is one request. Besides throughput and latency, each point reports the
 servers' CPU time per decision, which other load on a shared machine disturbs far less.
 
-Checkpoints are random (tests/builders/laya_checkpoint.py): `tiny` (hidden 64, 2 layers, rows
+Checkpoints are random (providers/tiny/laya.py): `tiny` (hidden 64, 2 layers, rows
 cut to 128 tokens) shows serving overhead; `base` has ModernBERT-base's encoder shape and the
 shipped 512-token budget, and shows compute. On CPU each checkpoint's tables end with the
 compute bound (bench/compute.py): how far any server could get ahead of laya-serve at equal
@@ -58,7 +58,7 @@ VARIANTS = ("english", "multilingual", "typed-decisions")
 def build_checkpoints(cache: Path, size: str) -> Path:
     """The english checkpoint of `size` (plus tiny multilingual/typed siblings, which Decidealot
     needs configured but never loads here); built once into `cache`."""
-    from tests.builders.laya_checkpoint import build_laya_checkpoint
+    from providers.tiny.laya import build_laya_checkpoint
 
     folder = cache / size
     for variant in VARIANTS:

@@ -16,10 +16,10 @@ import uvicorn
 from fastapi import FastAPI
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
-from decidealot.catalog import LOCAL_MODELS
+from decidealot.service import local_selectors
 
 Text = str | dict[str, Any] | list[Any]
-MODELS = [info for name in ("laya", "von") for info in LOCAL_MODELS[name]]
+MODELS = [info for name in ("laya", "von") for info in local_selectors(name)]
 NAMES = {info.name for info in MODELS}
 Name = Annotated[str, StringConstraints(min_length=1, max_length=128)]
 Label = Annotated[str, StringConstraints(min_length=1, max_length=256)]

@@ -18,7 +18,6 @@ import logging
 import os
 import re
 import shutil
-import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -99,29 +98,66 @@ class InstallRecord(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 
 @dataclass(frozen=True)
-class _Slot:
+class Slot:
     """Where a bundle plugs into the settings."""
 
     override: str  # Settings attribute holding a local checkpoint that replaces the bundle
     entry: str  # path inside the installed folder that providers load ("" = the folder)
     enabled: Callable[[Settings], bool]
+    kind: Literal["laya", "von", "clm"]  # which engine reads it (and so which files it needs)
+    switch_off: str  # how a user turns the provider (and so the bundle) off
 
     @property
     def variable(self) -> str:
         return "DECIDEALOT_" + self.override.upper()
 
+    @property
+    def replacement(self) -> str:
+        """What replaces the download: a local checkpoint, or the provider turned off."""
+        what = "file" if self.entry else "directory"
+        return f"set {self.variable} to a local checkpoint {what}, or {self.switch_off}"
 
-_SLOTS: dict[str, _Slot] = {
-    "laya-english": _Slot("laya_english_checkpoint", "", lambda s: s.laya_enabled),
-    "laya-multilingual": _Slot("laya_multilingual_checkpoint", "", lambda s: s.laya_enabled),
-    "laya-typed-decisions": _Slot("laya_typed_decisions_checkpoint", "", lambda s: s.laya_enabled),
-    "von-1.1": _Slot("von_checkpoint", "", lambda s: s.von_enabled),
-    "clm-0.1-8b": _Slot("clm_head", "CLM_v0.1-8B.pt", lambda s: s.clm_enabled),
+
+_LAYA_OFF = "DECIDEALOT_LAYA_ENABLED=false to turn Laya off"
+_SLOTS: dict[str, Slot] = {
+    "laya-english": Slot(
+        "laya_english_checkpoint", "", lambda s: s.laya_enabled, "laya", _LAYA_OFF
+    ),
+    "laya-multilingual": Slot(
+        "laya_multilingual_checkpoint", "", lambda s: s.laya_enabled, "laya", _LAYA_OFF
+    ),
+    "laya-typed-decisions": Slot(
+        "laya_typed_decisions_checkpoint", "", lambda s: s.laya_enabled, "laya", _LAYA_OFF
+    ),
+    "von-1.1": Slot(
+        "von_checkpoint",
+        "",
+        lambda s: s.von_enabled,
+        "von",
+        "DECIDEALOT_VON_ENABLED=false to turn Von off",
+    ),
+    "clm-0.1-8b": Slot(
+        "clm_head",
+        "CLM_v0.1-8B.pt",
+        lambda s: s.clm_enabled,
+        "clm",
+        "unset DECIDEALOT_CLM_EMBEDDINGS_URL to turn CLM off",
+    ),
 }
 BUNDLE_NAMES: tuple[str, ...] = tuple(_SLOTS)
 
+TINY_HINT = (
+    "`decidealot checkpoints tiny DIR` writes random checkpoints (answers carry no meaning) "
+    "and prints the variables that use them, for trying the API offline"
+)
 
-def _slot(name: str) -> _Slot:
+
+def enabled_slots(settings: Settings) -> dict[str, Slot]:
+    """The bundles this configuration serves, downloaded or replaced by a local checkpoint."""
+    return {name: place for name, place in _SLOTS.items() if place.enabled(settings)}
+
+
+def slot(name: str) -> Slot:
     try:
         return _SLOTS[name]
     except KeyError:
@@ -133,7 +169,7 @@ def manifest_dir(settings: Settings) -> Path:
 
 
 def load_manifest(settings: Settings, name: str) -> Manifest:
-    _slot(name)
+    slot(name)
     path = manifest_dir(settings) / f"{name}.json"
     fix = "restore the repository's bundles/ folder or point DECIDEALOT_BUNDLE_MANIFEST_DIR at it"
     try:
@@ -179,20 +215,27 @@ def _manifest_problem(manifest: Manifest, name: str) -> str | None:
 
 def checkpoint_path(settings: Settings, bundle_name: str) -> Path:
     """The path a provider loads: the local override when set, else the installed bundle."""
-    slot = _slot(bundle_name)
-    override: Path | None = getattr(settings, slot.override)
+    place = slot(bundle_name)
+    override: Path | None = getattr(settings, place.override)
     if override is not None:
         return override
     installed = settings.model_dir / bundle_name
-    return installed / slot.entry if slot.entry else installed
+    return installed / place.entry if place.entry else installed
+
+
+def with_checkpoints(settings: Settings) -> Settings:
+    """`settings` with every checkpoint setting filled (its override, else the installed
+    bundle's path), so providers read paths from settings and never look at bundles."""
+    paths = {place.override: checkpoint_path(settings, name) for name, place in _SLOTS.items()}
+    return msgspec.structs.replace(settings, **paths)
 
 
 def enabled_bundles(settings: Settings) -> list[Manifest]:
     """Manifests of the bundles this configuration needs downloaded (overrides excluded)."""
     return [
         load_manifest(settings, name)
-        for name, slot in _SLOTS.items()
-        if slot.enabled(settings) and getattr(settings, slot.override) is None
+        for name, place in enabled_slots(settings).items()
+        if getattr(settings, place.override) is None
     ]
 
 
@@ -398,9 +441,9 @@ class _Installer:
         if isinstance(exc, (httpx2.TransportError, FileMetadataError, LocalEntryNotFoundError)):
             return self.fail(
                 f"cannot reach the hub at {self.endpoint} ({type(exc).__name__})",
-                "check network access, proxy settings (HTTPS_PROXY) and HF_ENDPOINT, or install "
+                "check network access, proxy settings (HTTPS_PROXY) and HF_ENDPOINT, install "
                 "the bundle with `decidealot prepare` on a connected machine and copy "
-                "DECIDEALOT_MODEL_DIR",
+                f"DECIDEALOT_MODEL_DIR, or {slot(self.manifest.name).replacement}",
                 file,
             )
         if isinstance(exc, OSError) and "Consistency check failed" in str(exc):
@@ -423,7 +466,7 @@ class _Installer:
         return self.fail(
             f"not installed in {self.model_dir} and HF_HUB_OFFLINE is set",
             "unset HF_HUB_OFFLINE for the first start, copy in a model directory prepared with "
-            f"`decidealot prepare`, or set {_slot(self.manifest.name).variable} to a local copy",
+            f"`decidealot prepare`, or {slot(self.manifest.name).replacement}",
         )
 
     # steps
@@ -457,7 +500,7 @@ class _Installer:
                 f"{self.target} exists but holds no install record, so it was not installed by "
                 "Decidealot",
                 "move it away to let Decidealot install the bundle, or use it as is by setting "
-                f"{_slot(self.manifest.name).variable}={self.target}",
+                f"{slot(self.manifest.name).variable}={self.target}",
             )
         return _installed_problem(self.manifest, self.target, rehash=rehash)
 
@@ -650,21 +693,26 @@ def _remove_stale_partials(staging: Path) -> None:
 def prepare(settings: Settings, *, progress: bool, rehash: bool = False) -> None:
     """Make every enabled bundle installed and verified; raise BundleError otherwise.
 
-    `progress` draws tqdm bars (pass `sys.stderr.isatty()`); without them, download progress
-    goes to log lines. `rehash` re-hashes installed files instead of trusting their install
-    record and sizes.
+    Every bundle is tried, so one message names all that failed, each with what replaces it: a
+    user without hub access then fixes the configuration once, not once per bundle. `progress`
+    draws tqdm bars (pass `sys.stderr.isatty()`); without them, download progress goes to log
+    lines. `rehash` re-hashes installed files instead of trusting their install record and sizes.
     """
+    failed: list[tuple[str, BundleError]] = []
     for manifest in enabled_bundles(settings):
-        _Installer(manifest, settings.model_dir, bar=progress).install(rehash=rehash)
-
-
-def run_prepare(settings: Settings) -> int:
-    """`decidealot prepare`: install and fully re-verify every enabled bundle; exit status."""
-    try:
-        prepare(settings, progress=sys.stderr.isatty(), rehash=True)
-    except BundleError as exc:
-        print(f"decidealot: {exc}", file=sys.stderr)
-        return 1
-    for manifest in enabled_bundles(settings):
-        print(f"{manifest.name}: {checkpoint_path(settings, manifest.name)}")
-    return 0
+        try:
+            _Installer(manifest, settings.model_dir, bar=progress).install(rehash=rehash)
+        except BundleError as exc:
+            failed.append((manifest.name, exc))
+    if len(failed) == 1:
+        raise failed[0][1]
+    if failed:
+        lines = [f"{len(failed)} enabled bundles cannot be prepared:"]
+        for name, exc in failed:
+            place = slot(name)
+            text = str(exc)
+            lines.append(
+                f"  {text}" if place.variable in text else f"  {text}; or {place.replacement}"
+            )
+        lines.append(f"  ({TINY_HINT})")
+        raise BundleError("\n".join(lines))

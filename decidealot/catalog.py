@@ -1,8 +1,8 @@
 """Which model names exist and which provider answers each.
 
-Local selectors and aliases are fixed by the contract and listed here, once; hosted Jev names
-come from TypeSafe's catalog through the Jev provider (which caches it). A local name always
-wins over a hosted one of the same spelling.
+Each local provider lists the contract's selectors and aliases for itself (`models()`, read
+once at start); hosted Jev names come from TypeSafe's catalog through the Jev provider (which
+caches it). A local name always wins over a hosted one of the same spelling.
 """
 
 from __future__ import annotations
@@ -14,57 +14,6 @@ from decidealot.contract import ModelInfo
 from decidealot.errors import ProviderUnavailable
 from providers.base import Provider
 
-_LAYA_DATE = "2026-09-23"
-_VON_DATE = "2026-09-22"
-_CLM_DATE = "2026-09-19"  # contrastive-lm 0.1.0 dates its models so (clm.engine.RELEASE)
-
-LOCAL_MODELS: dict[str, tuple[ModelInfo, ...]] = {
-    "laya": (
-        ModelInfo(
-            "laya", "Laya System One decisions with automatic checkpoint routing.", _LAYA_DATE
-        ),
-        ModelInfo("laya-auto", "Alias for laya with automatic checkpoint routing.", _LAYA_DATE),
-        ModelInfo("laya-latest", "Alias for the current Laya release.", _LAYA_DATE),
-        ModelInfo(
-            "laya-english", "Laya English checkpoint for English Latin-script content.", _LAYA_DATE
-        ),
-        ModelInfo(
-            "laya-multilingual",
-            "Laya multilingual checkpoint for other languages and scripts.",
-            _LAYA_DATE,
-        ),
-        ModelInfo(
-            "laya-typed-decisions",
-            "Laya checkpoint tuned for structured workflow decisions.",
-            _LAYA_DATE,
-        ),
-    ),
-    "von": (
-        ModelInfo("von", "Von System One decisions served by the local Von 1.1 model.", _VON_DATE),
-        ModelInfo("von-latest", "Alias for the current Von release.", _VON_DATE),
-        ModelInfo("von-1.1", "Von 1.1 System One decision model.", _VON_DATE),
-        ModelInfo("von-1.1.0", "Alias for the Von 1.1 point release.", _VON_DATE),
-    ),
-    "clm": (
-        ModelInfo(
-            "clm",
-            "CLM System One decisions from the local Contrastive-LM/CLM-v0.1-8B head.",
-            _CLM_DATE,
-        ),
-        ModelInfo("clm-latest", "Alias for the current CLM release.", _CLM_DATE),
-        ModelInfo("clm-0.1", "Alias for the CLM v0.1 release.", _CLM_DATE),
-        ModelInfo(
-            "clm-0.1-8b",
-            "Contrastive-LM/CLM-v0.1-8B projection head over Qwen3-8B vectors.",
-            _CLM_DATE,
-        ),
-    ),
-}
-"""The contract's local catalog, per provider, in listing order."""
-
-TEMPERATURE_PROVIDERS = frozenset({"clm"})
-"""Providers whose selectors accept `config: {"temperature": t}`; all others take `{}` only."""
-
 
 @dataclass(frozen=True, slots=True)
 class Route:
@@ -75,7 +24,7 @@ class Route:
 
     @property
     def accepts_temperature(self) -> bool:
-        return self.provider.name in TEMPERATURE_PROVIDERS
+        return self.provider.accepts_temperature
 
 
 class Catalog:
@@ -84,14 +33,10 @@ class Catalog:
     def __init__(self, providers: Sequence[Provider]) -> None:
         self._local: dict[str, tuple[ModelInfo, Provider]] = {}
         self._hosted = [p for p in providers if not p.local]
-        self._pending = [p for p in providers if p.local and p.name not in LOCAL_MODELS]
-        for provider in providers:
-            if provider.local:
-                for info in LOCAL_MODELS.get(provider.name, ()):
-                    self._local.setdefault(info.name, (info, provider))
+        self._pending = [p for p in providers if p.local]
 
     async def start(self) -> None:
-        """Ask local providers that the contract does not list (tests' fakes) for their names."""
+        """Collect the local providers' selectors, in provider order (first one wins)."""
         for provider in self._pending:
             for info in await provider.models():
                 self._local.setdefault(info.name, (info, provider))

@@ -1,4 +1,4 @@
-"""`decidealot serve | prepare | mcp | encoder | models`.
+"""`decidealot serve | prepare | mcp | encoder | models | checkpoints tiny DIR`.
 
 Every subcommand reads the settings once, from the environment; a bad value exits with status 2
 and one line naming the variable. Subcommands import their heavy parts lazily.
@@ -8,22 +8,37 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import shlex
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 import msgspec
 
 from decidealot import config, logs
 
+TINY_NOTE = (
+    "random weights, so answers carry no meaning; for smoke tests, client CI and trying the API "
+    "offline"
+)
+
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="decidealot", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
-    serve = commands.add_parser("serve", help="prepare bundles, then serve HTTP on granian")
+    serve = commands.add_parser(
+        "serve", help="check device and checkpoints, prepare bundles, then serve HTTP on granian"
+    )
     serve.add_argument("--host", help="bind address (DECIDEALOT_HOST, default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="port (DECIDEALOT_PORT, default 8080)")
-    commands.add_parser("prepare", help="download and verify every enabled local bundle")
+    commands.add_parser(
+        "prepare", help="download and verify every enabled local bundle, check every checkpoint"
+    )
     commands.add_parser("models", help="print the local model catalog as JSON lines")
+    checkpoints = commands.add_parser("checkpoints", help="write checkpoints for trying offline")
+    kinds = checkpoints.add_subparsers(dest="kind", required=True)
+    tiny = kinds.add_parser("tiny", help=f"random checkpoints of every local model ({TINY_NOTE})")
+    tiny.add_argument("directory", help="where to write them (created)")
     commands.add_parser("mcp", help="run the MCP server (arguments pass through)", add_help=False)
     commands.add_parser(
         "encoder", help="run CLM's local encoder (arguments pass through)", add_help=False
@@ -43,26 +58,72 @@ def _settings(host: str | None, port: int | None) -> config.Settings:
     return settings
 
 
-def _serve(settings: config.Settings) -> int:
-    if settings.local_providers:
-        from decidealot.bundles import BundleError, prepare
+def _preflight(settings: config.Settings, *, rehash: bool) -> int | None:
+    """Run the checks before listening; the exit status when one fails, else None."""
+    from decidealot import preflight
 
-        try:
-            prepare(settings, progress=sys.stderr.isatty())
-        except BundleError as exc:
-            print(f"decidealot: {exc}", file=sys.stderr)
-            return 1
+    try:
+        preflight.prepare(settings, progress=sys.stderr.isatty(), rehash=rehash)
+    except preflight.ERRORS as exc:
+        print(f"decidealot: {exc}", file=sys.stderr)
+        return 2 if isinstance(exc, config.ConfigError) else 1
+    return None
+
+
+def _serve(settings: config.Settings) -> int:
+    failed = _preflight(settings, rehash=False)
+    if failed is not None:
+        return failed
     from decidealot.http.server import run
     from decidealot.service import Service
 
     run(Service(settings))
 
 
+def _prepare(settings: config.Settings) -> int:
+    """`decidealot prepare`: install and fully re-verify every enabled bundle, check every
+    checkpoint, and print where each one is."""
+    failed = _preflight(settings, rehash=True)
+    if failed is not None:
+        return failed
+    from decidealot.bundles import checkpoint_path, enabled_slots
+
+    for name in enabled_slots(settings):
+        print(f"{name}: {checkpoint_path(settings, name)}")
+    return 0
+
+
+def _tiny_checkpoints(directory: str) -> int:
+    """`decidealot checkpoints tiny DIR`: random checkpoints of every local model, and the
+    variables that use them, as shell lines (`eval "$(decidealot checkpoints tiny DIR)"`)."""
+    from transformers.utils import logging as transformers_logging
+
+    from decidealot.bundles import slot
+    from providers.tiny import write_checkpoints
+
+    transformers_logging.disable_progress_bar()  # stderr stays for errors
+
+    root = Path(directory).expanduser().resolve()
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        paths = write_checkpoints(root)
+    except OSError as exc:
+        print(f"decidealot: cannot write checkpoints to {root}: {exc.strerror}", file=sys.stderr)
+        return 1
+    clm_head = paths.pop("clm-0.1-8b")
+    print(f"# Random checkpoints of every local model in {root}: {TINY_NOTE}")
+    for name, path in paths.items():
+        print(f"export {slot(name).variable}={shlex.quote(str(path))}")
+    print("# CLM's head, for use with DECIDEALOT_CLM_EMBEDDINGS_URL (4096-float vectors):")
+    print(f"# export {slot('clm-0.1-8b').variable}={shlex.quote(str(clm_head))}")
+    return 0
+
+
 def _models(settings: config.Settings) -> int:
-    from decidealot.catalog import LOCAL_MODELS
+    from decidealot.service import local_selectors
 
     for provider in settings.local_providers:
-        for info in LOCAL_MODELS[provider]:
+        for info in local_selectors(provider):
             print(msgspec.json.encode(info).decode())
     return 0
 
@@ -75,6 +136,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return int(importlib.import_module("providers.clm.encoder_server").main(passthrough))
         return int(importlib.import_module("decidealot.mcp").main(passthrough))
     args = _parser().parse_args(args_list)
+    if args.command == "checkpoints":
+        return _tiny_checkpoints(args.directory)
     try:
         settings = _settings(getattr(args, "host", None), getattr(args, "port", None))
     except config.ConfigError as exc:
@@ -84,5 +147,5 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "serve":
         return _serve(settings)
     if args.command == "prepare":
-        return int(importlib.import_module("decidealot.bundles").run_prepare(settings))
+        return _prepare(settings)
     return _models(settings)

@@ -1,11 +1,16 @@
 """Every DECIDEALOT_* setting, parsed and checked once at startup.
 
 A bad value raises `ConfigError` with one line naming the variable and what it accepts; the CLI
-prints that line and exits non-zero. Nothing else in the service reads the environment.
+prints that line and exits non-zero. Nothing else in the service reads the environment, so a
+`DECIDEALOT_*` name that `from_env` does not read is a typo and is refused the same way, with
+the closest name it does read; so are settings that contradict each other. The one exception:
+the OpenTelemetry SDK reads the OTEL_* variables checked here (see `decidealot.tracing`).
 """
 
 from __future__ import annotations
 
+import difflib
+import importlib.util
 import math
 import os
 from collections.abc import Callable, Mapping
@@ -21,6 +26,7 @@ LogFormat = Literal["json", "text"]
 Precision = Literal["fp32", "int8", "bf16", "fp16"]
 
 DEFAULT_TYPESAFE_BASE_URL = "https://api.typesafe.ai"
+_PREFIX = "DECIDEALOT_"
 
 
 PRECISION_DEVICES = {
@@ -76,6 +82,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     batch_token_budget: int = 0  # 0: by device, see providers.local.token_budget
     worker_passes: int = 0  # 0: by device, see providers.local.concurrent_passes
     worker_python: str | None = None  # None: the gateway's own interpreter
+    max_request_tokens: int | None = None  # None: by device, see providers.local; 0: no bound
+    max_pending_requests: int = 64  # 0: no bound
 
     # Laya.
     laya_enabled: bool = True
@@ -108,6 +116,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
 
     # MCP.
     mcp_allowed_hosts: tuple[str, ...] = ()
+
+    # Tracing, from the standard OTEL_* variables.
+    trace_exporters: tuple[str, ...] = ()  # (): off; ("otlp",): OTLP over HTTP
 
     def __repr__(self) -> str:  # keys never reach a log line or a traceback
         return f"Settings(host={self.host!r}, port={self.port}, providers={self.providers})"
@@ -235,13 +246,122 @@ def _port(name: str, raw: str) -> int:
     return _int(name, raw, low=1, high=65535)
 
 
+FROM_OTEL = frozenset({"trace_exporters"})
+"""Settings fields read from the standard OTEL_* variables rather than a DECIDEALOT_* one."""
+_OTLP_ENDPOINTS = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
+_OTLP_PROTOCOLS = ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL")
+_OTEL_SDK_MODULES = ("opentelemetry.sdk", "opentelemetry.exporter.otlp.proto.http")
+
+
+def _importable(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:  # a parent package is missing
+        return False
+
+
+def _trace_exporters(env: Mapping[str, str]) -> tuple[str, ...]:
+    """Tracing is off unless OTEL_TRACES_EXPORTER names otlp or an OTLP endpoint is set
+    (and OTEL_SDK_DISABLED is not true); only OTLP over HTTP (http/protobuf) is supported."""
+
+    def value(name: str) -> str | None:
+        raw = env.get(name)
+        return raw.strip() if raw is not None and raw.strip() else None
+
+    disabled = value("OTEL_SDK_DISABLED")
+    if disabled is not None and _bool("OTEL_SDK_DISABLED", disabled):
+        return ()
+    named = value("OTEL_TRACES_EXPORTER")
+    endpoints = [(name, raw) for name in _OTLP_ENDPOINTS if (raw := value(name)) is not None]
+    if named is not None:
+        exporters = tuple(dict.fromkeys(e.strip().lower() for e in named.split(",")))
+        if not set(exporters) <= {"otlp", "none"} or len(exporters) > 1:
+            raise ConfigError(f"OTEL_TRACES_EXPORTER: expected otlp or none, got {named!r}")
+        if exporters == ("none",):
+            return ()
+        switch = "OTEL_TRACES_EXPORTER"
+    elif endpoints:
+        switch = endpoints[0][0]
+    else:
+        return ()
+    for name, raw in endpoints:
+        _url(name, raw)
+    for name in _OTLP_PROTOCOLS:
+        protocol = value(name)
+        if protocol is not None:
+            if protocol.lower() != "http/protobuf":
+                raise ConfigError(f"{name}: expected http/protobuf, got {protocol!r}")
+            break
+    if not all(map(_importable, _OTEL_SDK_MODULES)):
+        raise ConfigError(
+            f"{switch}: tracing needs the OpenTelemetry SDK; install decidealot[otel]"
+        )
+    return ("otlp",)
+
+
 def from_env(environ: Mapping[str, str] | None = None) -> Settings:
-    """Read every DECIDEALOT_* variable once; empty values count as unset."""
+    """Read every DECIDEALOT_* variable once; empty values count as unset. Unknown names and
+    contradictions are refused so that a typo never silently leaves a default in place."""
     env = os.environ if environ is None else environ
+    known: set[str] = set()
+    settings = _parse(env, known)
+    unknown = sorted(name for name, raw in env.items() if _is_unknown(name, raw, known))
+    if unknown:
+        raise ConfigError("; ".join(_unknown(name, known) for name in unknown))
+    _check_consistent(settings)
+    return settings
+
+
+def known_variables() -> frozenset[str]:
+    """Every DECIDEALOT_* name `from_env` reads: the names its `read` lines spell."""
+    known: set[str] = set()
+    _parse({}, known)
+    return frozenset(known)
+
+
+def _is_unknown(name: str, raw: str, known: set[str]) -> bool:
+    return name.startswith(_PREFIX) and bool(raw.strip()) and name not in known
+
+
+def _unknown(name: str, known: set[str]) -> str:
+    closest = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.0)[0]
+    return f"{name}: not a Decidealot setting; the closest one is {closest}"
+
+
+def _check_consistent(settings: Settings) -> None:
+    """Settings that each parse but ask for something the others rule out."""
+    if settings.jev_enabled and settings.typesafe_api_key is None:
+        raise ConfigError(
+            "DECIDEALOT_JEV_ENABLED=true needs DECIDEALOT_TYPESAFE_API_KEY: "
+            "Jev is TypeSafe's hosted API"
+        )
+    checkpoints = (
+        ("laya", settings.laya_enabled, "laya_english_checkpoint"),
+        ("laya", settings.laya_enabled, "laya_multilingual_checkpoint"),
+        ("laya", settings.laya_enabled, "laya_typed_decisions_checkpoint"),
+        ("von", settings.von_enabled, "von_checkpoint"),
+    )
+    for provider, enabled, field in checkpoints:
+        if not enabled and getattr(settings, field) is not None:
+            raise ConfigError(
+                f"{_PREFIX}{field.upper()} is set but {_PREFIX}{provider.upper()}_ENABLED=false"
+            )
+    if not settings.clm_enabled:
+        for field in ("clm_head", "clm_embeddings_api_key"):
+            if getattr(settings, field) is not None:
+                raise ConfigError(
+                    f"{_PREFIX}{field.upper()} is set but CLM is off: "
+                    f"it needs {_PREFIX}CLM_EMBEDDINGS_URL"
+                )
+
+
+def _parse(env: Mapping[str, str], known: set[str]) -> Settings:
+    """Parse the settings present in `env`; every name a `read` line spells goes into `known`."""
     values: dict[str, object] = {}
 
     def read(field: str, parse: Callable[[str, str], T]) -> None:
-        name = "DECIDEALOT_" + field.upper()
+        name = _PREFIX + field.upper()
+        known.add(name)
         raw = env.get(name)
         if raw is not None and raw.strip():
             values[field] = parse(name, raw)
@@ -267,6 +387,8 @@ def from_env(environ: Mapping[str, str] | None = None) -> Settings:
     read("batch_token_budget", _token_budget)
     read("worker_passes", lambda n, r: _int(n, r, low=0, high=64))
     read("worker_python", _file)
+    read("max_request_tokens", lambda n, r: _int(n, r, low=0))
+    read("max_pending_requests", lambda n, r: _int(n, r, low=0))
     read("laya_enabled", _bool)
     read("laya_english_checkpoint", _dir)
     read("laya_multilingual_checkpoint", _dir)
@@ -294,4 +416,5 @@ def from_env(environ: Mapping[str, str] | None = None) -> Settings:
     )
     if problem is not None:
         raise ConfigError(f"DECIDEALOT_PRECISION: {problem}")
+    values["trace_exporters"] = _trace_exporters(env)
     return Settings(**values)  # type: ignore[arg-type]

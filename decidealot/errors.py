@@ -15,6 +15,8 @@ class DecidealotError(Exception):
     status: int = 500
     code: str = "INTERNAL_ERROR"
     message: str = "the request could not be completed"
+    headers: dict[str, str] = {}  # noqa: RUF012 (read-only; subclasses replace it)
+    """Response headers this error adds (e.g. `Retry-After`)."""
 
     def __init__(self, message: str | None = None, details: dict[str, Json] | None = None):
         super().__init__(message or self.message)
@@ -62,6 +64,13 @@ class ProviderUnavailable(DecidealotError):
     status, code, message = 503, "PROVIDER_UNAVAILABLE", "the selected provider is unavailable"
 
 
+class ProviderOverloaded(ProviderUnavailable):
+    """`DECIDEALOT_MAX_PENDING_REQUESTS` decisions are already admitted: come back shortly."""
+
+    message = "the local providers are at capacity; retry shortly"
+    headers = {"Retry-After": "1"}  # noqa: RUF012 (as laya serve; the official SDK honours it)
+
+
 class RequestInvalid(DecidealotError):
     """The 422 TypeSafe validation envelope: `{"detail": [issues]}`."""
 
@@ -74,11 +83,23 @@ class RequestInvalid(DecidealotError):
 
 class DecisionInputError(Exception):
     """Raised by provider code for input the model cannot take (e.g. option markers that do
-    not fit). `loc` is relative to the question: the executor prefixes the request's path."""
+    not fit). `loc` is relative to the question: the executor prefixes the request's path.
+    `question` None blames the request's questions as a whole (e.g. their summed cost)."""
 
-    def __init__(self, question: str, msg: str, loc: Loc | None = None, input: Json = None):
+    def __init__(
+        self, question: str | None, msg: str, loc: Loc | None = None, input: Json = None
+    ):
         super().__init__(msg)
         self.question = question
         self.msg = msg
         self.loc: Loc = loc or []
         self.input = input
+
+
+def over_token_limit(cost: int, limit: int) -> DecisionInputError:
+    """The 422 for a request whose model tokens exceed `DECIDEALOT_MAX_REQUEST_TOKENS`."""
+    return DecisionInputError(
+        None,
+        f"this request costs {cost} model tokens; DECIDEALOT_MAX_REQUEST_TOKENS "
+        f"allows at most {limit} per request: split its questions over several requests",
+    )

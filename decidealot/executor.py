@@ -1,22 +1,33 @@
-"""Runs validated requests on providers: single decisions, batches, and unload-all.
+"""Runs validated requests on providers: admission, single decisions, batches, unload-all.
 
-A batch runs one lane per provider: a provider's items run in input order, one at a time,
-while lanes of different providers overlap (residency decides whether local ones really can).
+Admission: `DECIDEALOT_MAX_PENDING_REQUESTS` bounds the decision requests admitted to local
+providers and not yet answered (waiting for a slot, the lane or a pass, or running); one over
+it is answered at once with 503 and `Retry-After`. A batch is admitted as one request. Hosted
+Jev does not count.
+
+A batch runs one lane per provider: a provider's items go to it in input order, each as soon as
+the one before it has been forwarded to its worker (not answered), so they can share passes;
+lanes of different providers overlap (residency decides whether local ones really can).
 `DECIDEALOT_MAX_BATCH_CONCURRENCY` caps provider calls made by all batches together. The first
 failure stops every lane from forwarding further items; the batch then fails with the error of
 the lowest failed index and returns no partial results.
+
+A cancelled request (its HTTP client hung up, its MCP request was cancelled) ends its waits for
+admission, a slot or the lane, and withdraws its job from the worker.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from typing import cast
 
-from decidealot import logs, metrics
-from decidealot.catalog import Catalog
+from decidealot import logs, metrics, tracing
+from decidealot.catalog import Catalog, Route
 from decidealot.contract import (
     BatchRequest,
     BatchResponse,
@@ -31,15 +42,19 @@ from decidealot.contract import (
     SystemOneResponse,
     UnloadedProvider,
     UnloadResponse,
+    Usage,
     ValidationIssue,
 )
 from decidealot.errors import (
     DecidealotError,
     DecisionInputError,
+    ProviderOverloaded,
     ProviderUnavailable,
     RequestInvalid,
 )
 from decidealot.residency import Residency
+from providers.base import HostedProvider, LocalProvider, PreparedRequest, forwarded
+from providers.engine import Decision
 
 log = logging.getLogger("decidealot.executor")
 
@@ -57,6 +72,7 @@ class Executor:
         residency: Residency,
         local_providers: Sequence[str],
         max_batch_concurrency: int = 0,
+        max_pending_requests: int = 0,
     ) -> None:
         self._catalog = catalog
         self._residency = residency
@@ -64,11 +80,38 @@ class Executor:
         self._batch_calls: asyncio.Semaphore | None = (
             asyncio.Semaphore(max_batch_concurrency) if max_batch_concurrency > 0 else None
         )
+        self._max_pending = max_pending_requests
+        self._pending = 0
 
-    async def decide(self, request: SystemOneRequest, loc: Loc | None = None) -> SystemOneResponse:
-        """Answer one request; `loc` is where the request sits in the body (default `["body"]`)."""
-        where = ["body"] if loc is None else loc
+    @contextlib.contextmanager
+    def _admitted(self, local: bool) -> Iterator[None]:
+        """Count a request against `DECIDEALOT_MAX_PENDING_REQUESTS` while it runs."""
+        if not local:
+            yield
+            return
+        with tracing.span("admission", pending=self._pending):
+            if self._max_pending and self._pending >= self._max_pending:
+                metrics.ADMISSION_REJECTED.inc()
+                raise ProviderOverloaded()
+            self._pending += 1
+        metrics.PENDING_REQUESTS.set(self._pending)
+        try:
+            yield
+        finally:
+            self._pending -= 1
+            metrics.PENDING_REQUESTS.set(self._pending)
+
+    async def decide(self, request: SystemOneRequest) -> SystemOneResponse:
+        """Answer one request, admitted on its own."""
         route = (await self._catalog.resolve([request.model]))[request.model]
+        with self._admitted(route is not None and route.provider.local):
+            return await self._decide(request, route, ["body"])
+
+    @tracing.traced("decision")
+    async def _decide(
+        self, request: SystemOneRequest, route: Route | None, where: Loc
+    ) -> SystemOneResponse:
+        """Answer one admitted request on its route; `where` is its place in the body."""
         if route is None:  # a hosted name that vanished since validation
             raise RequestInvalid(
                 [
@@ -81,16 +124,22 @@ class Executor:
                     )
                 ]
             )
+        tracing.annotate(provider=route.provider.name, model=request.model)
         outcome = "cancelled"
         started = time.perf_counter()
         try:
-            response = await route.provider.decide(route.selector, request)
+            provider = route.provider
+            if provider.local:
+                local = cast(LocalProvider, provider)
+                response = await self._run_local(local, route.selector, request)
+            else:
+                response = await cast(HostedProvider, provider).decide(route.selector, request)
         except DecisionInputError as exc:
             outcome = "invalid"
             raise RequestInvalid(
                 [
                     ValidationIssue(
-                        [*where, "questions", exc.question, *exc.loc],
+                        [*where, "questions", *_question_loc(exc), *exc.loc],
                         exc.msg,
                         "value_error",
                         exc.input,
@@ -99,6 +148,10 @@ class Executor:
             ) from None
         except DecidealotError:
             outcome = "unavailable"
+            raise
+        except asyncio.CancelledError:
+            if route.provider.local:
+                metrics.REQUESTS_CANCELLED.inc(provider=route.provider.name)
             raise
         except Exception as exc:
             outcome = "error"
@@ -120,30 +173,68 @@ class Executor:
             route = routes[request.model]
             lane = route.provider.name if route is not None else request.model
             lanes.setdefault(lane, []).append(index)
+        local = any(route is not None and route.provider.local for route in routes.values())
         results: list[SystemOneResponse | None] = [None] * len(batch.requests)
         failures: dict[int, BaseException] = {}
         stop = asyncio.Event()
+        items: list[asyncio.Task[None]] = []
+
+        async def run_item(index: int) -> None:
+            try:
+                async with self._batch_slot():
+                    if stop.is_set():
+                        return
+                    request = batch.requests[index]
+                    where: Loc = ["body", "requests", index]
+                    results[index] = await self._decide(request, routes[request.model], where)
+            except Exception as exc:
+                failures[index] = exc
+                stop.set()
 
         async def run_lane(indices: list[int]) -> None:
+            """Start each item once the one before it is forwarded (or done)."""
             for index in indices:
                 if stop.is_set():
                     return
+                sent = asyncio.Event()
+                context = contextvars.copy_context()
+                context.run(forwarded.set, sent.set)
+                item = asyncio.create_task(run_item(index), context=context)
+                items.append(item)
+                waiting = asyncio.create_task(sent.wait())
                 try:
-                    async with self._batch_slot():
-                        if stop.is_set():
-                            return
-                        results[index] = await self.decide(
-                            batch.requests[index], ["body", "requests", index]
-                        )
-                except Exception as exc:
-                    failures[index] = exc
-                    stop.set()
-                    return
+                    await asyncio.wait({item, waiting}, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    waiting.cancel()
 
-        await asyncio.gather(*(run_lane(indices) for indices in lanes.values()))
+        with self._admitted(local):
+            try:
+                await asyncio.gather(*(run_lane(indices) for indices in lanes.values()))
+                while pending := [item for item in items if not item.done()]:
+                    await asyncio.wait(pending)
+            finally:
+                for item in items:
+                    item.cancel()  # a cancelled batch withdraws every item still running
         if failures:
             raise failures[min(failures)]
         return BatchResponse([r for r in results if r is not None])
+
+    async def _run_local(
+        self, provider: LocalProvider, selector: str, request: SystemOneRequest
+    ) -> SystemOneResponse:
+        """Prepare the job before any wait (so refusals are immediate), finish its preparation
+        inside the hold when it shares the lane, then run it on the provider's runtime inside
+        its residency slot and lane."""
+        prepared = await provider.prepare(selector, request)
+        if prepared.rest is not None and not provider.prepares_in_lane:
+            prepared = await prepared.rest()
+        async with self._residency.use(provider.runtime):
+            if prepared.rest is not None:
+                prepared = await prepared.rest()
+            if prepared.job is None:
+                raise RuntimeError(f"provider {provider.name} prepared no job")
+            decision = await provider.runtime.submit(prepared.job)
+        return respond(prepared, decision)
 
     def _batch_slot(self) -> contextlib.AbstractAsyncContextManager[object]:
         return self._batch_calls if self._batch_calls is not None else contextlib.nullcontext()
@@ -157,6 +248,17 @@ class Executor:
         return UnloadResponse(
             providers=[UnloadedProvider(name, loaded) for name, loaded in was_loaded.items()]
         )
+
+
+def respond(prepared: PreparedRequest, decision: Decision) -> SystemOneResponse:
+    """The response to a local decision: the worker's answers, and every model token the
+    request cost (the worker's and the gateway's, e.g. CLM's encoder calls)."""
+    tokens = decision.input_tokens + prepared.gateway_tokens
+    return SystemOneResponse(decision.model, decision.answers, Usage(input_tokens=tokens))
+
+
+def _question_loc(exc: DecisionInputError) -> Loc:
+    return [] if exc.question is None else [exc.question]
 
 
 def _record(provider: str, model: str, outcome: str, started: float, tokens: int) -> None:

@@ -1,203 +1,97 @@
-"""The service's metrics and their Prometheus text exposition (format 0.0.4) for `GET /metrics`.
-
-A small registry of our own instead of `prometheus_client`: the gateway is one process (no
-multiprocess mode to support), needs three metric kinds with labels and one output format, and
-the format is small and stable; tests check the output with `prometheus_client`'s own parser.
+"""The service's metrics, kept in prometheus_client, and their text exposition for `/metrics`.
 
 Every metric the service exports is defined at the bottom of this module, so the names, labels
-and help texts live in one place (docs/operations.md lists them). Label values are always
+and help texts live in one place (docs/operations.md lists them). Call sites pass label values
+as keywords (`DECISIONS.inc(provider=..., model=..., outcome=...)`): the thin wrappers here keep
+that one-call shape over prometheus_client's `.labels(...).inc()`. Label values are always
 bounded sets (route templates, provider and catalog names, fixed reasons), never request
 contents, and no metric ever carries a key.
+
+The metrics live in a private `CollectorRegistry` (never prometheus_client's global one, which
+other libraries in the process may fill), with prometheus_client's standard process, platform
+and garbage-collector collectors. Gauges that are read from a service at scrape time
+(`decidealot_provider_loaded`) come from `ServiceCollector`, one per service, so several
+services in one process (tests) each report their own.
 """
 
 from __future__ import annotations
 
-import math
-import threading
 from collections.abc import Iterable, Sequence
+from typing import Protocol
 
-MEDIA_TYPE = "text/plain; version=0.0.4"
-CONTENT_TYPE = MEDIA_TYPE + "; charset=utf-8"
+import prometheus_client
+from prometheus_client import (
+    CONTENT_TYPE_PLAIN_0_0_4,
+    GC_COLLECTOR,
+    PLATFORM_COLLECTOR,
+    PROCESS_COLLECTOR,
+    CollectorRegistry,
+    generate_latest,
+)
+from prometheus_client.core import GaugeMetricFamily, Metric
 
-LabelValues = tuple[str, ...]
+CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
+"""Prometheus text exposition format 0.0.4, which every scraper reads."""
+MEDIA_TYPE = CONTENT_TYPE.removesuffix("; charset=utf-8")
+"""CONTENT_TYPE for frameworks that append the charset themselves (Litestar does)."""
 
 DEFAULT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 """Seconds: from a cached fake's microseconds to a cold CPU forward pass over a long batch."""
 
-
-def _escape_help(text: str) -> str:
-    return text.replace("\\", "\\\\").replace("\n", "\\n")
-
-
-def _escape_label(value: str) -> str:
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+# `_created` series double every counter and histogram and no dashboard here reads them.
+prometheus_client.disable_created_metrics()
 
 
-def format_value(value: float) -> str:
-    """Integers without a fraction, infinities and NaN as the format spells them."""
-    if math.isnan(value):
-        return "NaN"
-    if math.isinf(value):
-        return "+Inf" if value > 0 else "-Inf"
-    if value == int(value) and abs(value) < 2**53:
-        return str(int(value))
-    return repr(float(value))
+class Counter:
+    """A prometheus_client counter whose label values are keywords of `inc`."""
 
-
-def _labels(names: Sequence[str], values: Sequence[str]) -> str:
-    if not names:
-        return ""
-    pairs = ",".join(
-        f'{name}="{_escape_label(value)}"' for name, value in zip(names, values, strict=True)
-    )
-    return "{" + pairs + "}"
-
-
-class _Metric:
-    kind = ""
-
-    def __init__(self, name: str, help: str, labels: Sequence[str]) -> None:
-        self.name = name
-        self.help = help
-        self.label_names = tuple(labels)
-        self._lock = threading.Lock()
-
-    def _key(self, labels: dict[str, str]) -> LabelValues:
-        if labels.keys() != set(self.label_names):
-            raise ValueError(f"{self.name} takes labels {self.label_names}, got {tuple(labels)}")
-        return tuple(str(labels[name]) for name in self.label_names)
-
-    def samples(self) -> Iterable[str]:
-        raise NotImplementedError
-
-    def render(self) -> str:
-        header = f"# HELP {self.name} {_escape_help(self.help)}\n# TYPE {self.name} {self.kind}\n"
-        return header + "".join(line + "\n" for line in self.samples())
-
-
-class _Scalar(_Metric):
-    """One number per label set: what counters and gauges share."""
-
-    def __init__(self, name: str, help: str, labels: Sequence[str] = ()) -> None:
-        super().__init__(name, help, labels)
-        self._values: dict[LabelValues, float] = {}
-
-    def _add(self, amount: float, labels: dict[str, str]) -> None:
-        key = self._key(labels)
-        with self._lock:
-            self._values[key] = self._values.get(key, 0.0) + amount
-
-    def value(self, **labels: str) -> float:
-        return self._values.get(self._key(labels), 0.0)
-
-    def samples(self) -> Iterable[str]:
-        with self._lock:
-            items = sorted(self._values.items())
-        for key, value in items:
-            yield f"{self.name}{_labels(self.label_names, key)} {format_value(value)}"
-
-
-class Counter(_Scalar):
-    """A value that only goes up (`_total` names); reset only by a process restart."""
-
-    kind = "counter"
+    def __init__(self, metric: prometheus_client.Counter) -> None:
+        self._metric = metric
 
     def inc(self, amount: float = 1.0, **labels: str) -> None:
-        if amount < 0:
-            raise ValueError("a counter cannot go down")
-        self._add(amount, labels)
+        (self._metric.labels(**labels) if labels else self._metric).inc(amount)
 
 
-class Gauge(_Scalar):
-    """A value that goes up and down."""
+class Gauge:
+    """A prometheus_client gauge whose label values are keywords of `set`, `inc` and `dec`."""
 
-    kind = "gauge"
+    def __init__(self, metric: prometheus_client.Gauge) -> None:
+        self._metric = metric
+
+    def _child(self, labels: dict[str, str]) -> prometheus_client.Gauge:
+        return self._metric.labels(**labels) if labels else self._metric
 
     def set(self, value: float, **labels: str) -> None:
-        key = self._key(labels)
-        with self._lock:
-            self._values[key] = value
+        self._child(labels).set(value)
 
     def inc(self, amount: float = 1.0, **labels: str) -> None:
-        self._add(amount, labels)
+        self._child(labels).inc(amount)
 
     def dec(self, amount: float = 1.0, **labels: str) -> None:
-        self._add(-amount, labels)
+        self._child(labels).dec(amount)
 
 
-class Histogram(_Metric):
-    """Observations counted into cumulative `le` buckets, with their sum and count."""
+class Histogram:
+    """A prometheus_client histogram whose label values are keywords of `observe`."""
 
-    kind = "histogram"
-
-    def __init__(
-        self,
-        name: str,
-        help: str,
-        labels: Sequence[str] = (),
-        buckets: Sequence[float] = DEFAULT_BUCKETS,
-    ) -> None:
-        super().__init__(name, help, labels)
-        if "le" in self.label_names:
-            raise ValueError("'le' is reserved for histogram buckets")
-        bounds = sorted(float(b) for b in buckets)
-        if not bounds or len(set(bounds)) != len(bounds):
-            raise ValueError("a histogram needs distinct bucket bounds")
-        self.buckets = (*(b for b in bounds if not math.isinf(b)), math.inf)
-        self._series: dict[LabelValues, list[float]] = {}
-        """Per label set: a count per bucket (not cumulative), then the sum."""
+    def __init__(self, metric: prometheus_client.Histogram) -> None:
+        self._metric = metric
 
     def observe(self, value: float, **labels: str) -> None:
-        key = self._key(labels)
-        index = next(i for i, bound in enumerate(self.buckets) if value <= bound)
-        with self._lock:
-            series = self._series.setdefault(key, [0.0] * (len(self.buckets) + 1))
-            series[index] += 1
-            series[-1] += value
-
-    def count(self, **labels: str) -> int:
-        series = self._series.get(self._key(labels))
-        return 0 if series is None else int(sum(series[:-1]))
-
-    def total(self, **labels: str) -> float:
-        series = self._series.get(self._key(labels))
-        return 0.0 if series is None else series[-1]
-
-    def samples(self) -> Iterable[str]:
-        with self._lock:
-            items = sorted((key, list(series)) for key, series in self._series.items())
-        bucket_names = (*self.label_names, "le")
-        for key, series in items:
-            cumulative = 0.0
-            for bound, count in zip(self.buckets, series, strict=False):
-                cumulative += count
-                labels = _labels(bucket_names, (*key, format_value(bound)))
-                yield f"{self.name}_bucket{labels} {format_value(cumulative)}"
-            labels = _labels(self.label_names, key)
-            yield f"{self.name}_sum{labels} {format_value(series[-1])}"
-            yield f"{self.name}_count{labels} {format_value(cumulative)}"
+        (self._metric.labels(**labels) if labels else self._metric).observe(value)
 
 
 class Registry:
-    """Metrics in registration order; `render` is the whole `/metrics` body."""
+    """A private `CollectorRegistry` and the wrapped metrics registered in it."""
 
     def __init__(self) -> None:
-        self._metrics: dict[str, _Metric] = {}
-
-    def _add(self, metric: _Metric) -> None:
-        if metric.name in self._metrics:
-            raise ValueError(f"metric {metric.name!r} is already registered")
-        self._metrics[metric.name] = metric
+        self.collectors = CollectorRegistry()
 
     def counter(self, name: str, help: str, labels: Sequence[str] = ()) -> Counter:
-        metric = Counter(name, help, labels)
-        self._add(metric)
-        return metric
+        return Counter(prometheus_client.Counter(name, help, labels, registry=self.collectors))
 
     def gauge(self, name: str, help: str, labels: Sequence[str] = ()) -> Gauge:
-        metric = Gauge(name, help, labels)
-        self._add(metric)
-        return metric
+        return Gauge(prometheus_client.Gauge(name, help, labels, registry=self.collectors))
 
     def histogram(
         self,
@@ -206,17 +100,48 @@ class Registry:
         labels: Sequence[str] = (),
         buckets: Sequence[float] = DEFAULT_BUCKETS,
     ) -> Histogram:
-        metric = Histogram(name, help, labels, buckets)
-        self._add(metric)
-        return metric
+        metric = prometheus_client.Histogram(
+            name, help, labels, registry=self.collectors, buckets=buckets
+        )
+        return Histogram(metric)
 
-    def render(self) -> str:
-        return "".join(metric.render() for metric in self._metrics.values())
+
+class Residency(Protocol):
+    """What `ServiceCollector` reads from `decidealot.residency.Residency`."""
+
+    @property
+    def names(self) -> list[str]: ...
+
+    def loaded(self, name: str) -> bool: ...
+
+
+class ServiceCollector:
+    """One service's `/metrics`: the process's metrics plus gauges read at scrape time."""
+
+    def __init__(self, residency: Residency) -> None:
+        self._residency = residency
+
+    def collect(self) -> Iterable[Metric]:
+        yield from REGISTRY.collectors.collect()
+        loaded = GaugeMetricFamily(
+            "decidealot_provider_loaded",
+            "1 while a local provider's worker is loaded and healthy, else 0.",
+            labels=("provider",),
+        )
+        for name in self._residency.names:
+            loaded.add_metric((name,), float(self._residency.loaded(name)))
+        yield loaded
+
+    def render(self) -> bytes:
+        """The `/metrics` body in the text format of `CONTENT_TYPE`."""
+        return generate_latest(self)
 
 
 # -- the service's metrics --------------------------------------------------------------------
 
 REGISTRY = Registry()
+for _standard in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
+    REGISTRY.collectors.register(_standard)
 
 HTTP_REQUESTS = REGISTRY.counter(
     "decidealot_http_requests_total",
@@ -280,11 +205,6 @@ PROVIDER_UNLOADS = REGISTRY.counter(
     "unload_all (POST /v1/models/unload) or shutdown.",
     ("provider", "reason"),
 )
-PROVIDER_RESIDENT = REGISTRY.gauge(
-    "decidealot_provider_loaded",
-    "1 while a local provider's worker is loaded and healthy, else 0.",
-    ("provider",),
-)
 WORKER_STARTS = REGISTRY.counter(
     "decidealot_worker_starts_total",
     "Worker subprocesses that reported healthy, by provider.",
@@ -312,4 +232,25 @@ UPSTREAM_FAILURES = REGISTRY.counter(
     "upstream route and reason: key_rejected, refused, unavailable, timeout, connection, "
     "invalid_reply or not_started.",
     ("provider", "route", "reason"),
+)
+REQUESTS_CANCELLED = REGISTRY.counter(
+    "decidealot_requests_cancelled_total",
+    "Decision requests to local providers whose caller went away (HTTP client disconnected, "
+    "MCP request cancelled) before the answer, by provider: their waits ended and their "
+    "queued passes were withdrawn.",
+    ("provider",),
+)
+JOBS_WITHDRAWN = REGISTRY.counter(
+    "decidealot_jobs_withdrawn_total",
+    "Jobs withdrawn from a worker after their caller went away, by provider.",
+    ("provider",),
+)
+ADMISSION_REJECTED = REGISTRY.counter(
+    "decidealot_admission_rejected_total",
+    "Decision requests answered 503 at once because DECIDEALOT_MAX_PENDING_REQUESTS were "
+    "already admitted to local providers.",
+)
+PENDING_REQUESTS = REGISTRY.gauge(
+    "decidealot_pending_requests",
+    "Decision requests admitted to local providers and not yet answered.",
 )

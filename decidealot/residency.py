@@ -9,7 +9,7 @@ runtime are otherwise admitted at once, which is what lets its worker batch them
 
 A lane is a second, independent gate: runtimes registered on the same lane take turns holding
 it by group, any number of one group's decisions at a time, so passes of different groups
-never overlap. `providers.local.lane_for` says which lane and group each provider takes.
+never overlap. `decidealot.service.lane_for` says which lane and group each provider takes.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from decidealot import metrics
+from decidealot import metrics, tracing
 from decidealot.config import Settings
 from decidealot.contract import UnloadedProvider
 from decidealot.errors import ProviderBusy, ProviderUnavailable
@@ -64,14 +64,15 @@ class _Lane:
             self._count += 1
             return
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters.append((group, future))
+        waiter = (group, future)
+        self._waiters.append(waiter)
         try:
             await future
         except asyncio.CancelledError:
             if future.done() and not future.cancelled():
                 self.release()  # admitted just as we were cancelled: give the turn back
-            else:
-                self._waiters.remove((group, future))
+            elif waiter in self._waiters:  # a release() since may have dropped it already
+                self._waiters.remove(waiter)
             raise
 
     def release(self) -> None:
@@ -160,13 +161,15 @@ class Residency:
     async def use(self, runtime: LocalRuntime) -> AsyncIterator[None]:
         """Hold `runtime` loaded (and its lane) for one decision."""
         slot = self._slots[runtime.name]
-        await self._admit(slot)
+        with tracing.span("queue.slot", provider=runtime.name):
+            await self._admit(slot)
         try:
             lane = self._lanes.get(slot.lane) if slot.lane is not None else None
             if lane is None:
                 yield
             else:
-                await lane.acquire(slot.group)
+                with tracing.span("queue.lane", provider=runtime.name, lane=slot.lane or ""):
+                    await lane.acquire(slot.group)
                 try:
                     yield
                 finally:

@@ -1,6 +1,9 @@
 """The running service: configured providers, residency, catalog and executor, plus draining.
 
-HTTP and MCP both drive one `Service`; it knows nothing about either transport.
+This is where the layers are put together: the providers are built from the settings (with
+every checkpoint path filled from the installed bundles), each local runtime is registered
+with residency on the lane its device asks for, and the catalog collects the selectors. HTTP
+and MCP both drive one `Service`; it knows nothing about either transport.
 """
 
 from __future__ import annotations
@@ -9,14 +12,15 @@ import asyncio
 import importlib
 import logging
 from collections.abc import Sequence
+from typing import cast
 
-from decidealot import logs
+from decidealot import bundles, logs
 from decidealot.catalog import Catalog
 from decidealot.config import Settings
-from decidealot.contract import Health, ModelList
+from decidealot.contract import Health, ModelInfo, ModelList
 from decidealot.executor import Executor
 from decidealot.residency import Residency
-from providers.base import Provider
+from providers.base import LocalProvider, Provider
 
 log = logging.getLogger("decidealot.service")
 
@@ -29,13 +33,40 @@ PROVIDER_CLASSES = {
 """Imported lazily: a deployment imports only the providers it enables."""
 
 
-def build_providers(settings: Settings, residency: Residency) -> list[Provider]:
+def _provider_class(name: str) -> type:
+    module_name, class_name = PROVIDER_CLASSES[name].split(":")
+    cls: type = getattr(importlib.import_module(module_name), class_name)
+    return cls
+
+
+def local_selectors(name: str) -> tuple[ModelInfo, ...]:
+    """The contract's selectors of local provider `name`, without building it."""
+    selectors: tuple[ModelInfo, ...] = _provider_class(name).selectors  # type: ignore[attr-defined]
+    return selectors
+
+
+def build_providers(settings: Settings) -> list[Provider]:
+    """The configured providers; checkpoint settings left unset name the installed bundles."""
+    resolved = bundles.with_checkpoints(settings)
     providers: list[Provider] = []
     for name in settings.providers:
-        module_name, class_name = PROVIDER_CLASSES[name].split(":")
-        cls = getattr(importlib.import_module(module_name), class_name)
-        providers.append(cls.from_settings(settings, residency))
+        providers.append(_provider_class(name).from_settings(resolved))  # type: ignore[attr-defined]
     return providers
+
+
+def lane_for(name: str, device: str, settings: Settings) -> tuple[str | None, str]:
+    """The residency lane and group of a local provider (see `decidealot.residency`).
+
+    On CUDA every provider is its own group on lane "cuda": one provider's passes at a time on
+    the device. On CPU, Laya and Von share group "models" on lane "local", so with two slots
+    they overlap, while CLM (encoder calls included) is group "clm" and overlaps neither, as
+    the contract asks, unless DECIDEALOT_CLM_PARALLEL_WITH_LOCAL_MODELS frees it of any lane.
+    """
+    if name == "clm" and settings.clm_parallel_with_local_models:
+        return None, name
+    if device == "cuda":
+        return "cuda", name
+    return "local", "clm" if name == "clm" else "models"
 
 
 class Service:
@@ -45,18 +76,24 @@ class Service:
         providers: Sequence[Provider] | None = None,
         residency: Residency | None = None,
     ) -> None:
-        """`providers` None: build the configured ones; given ones registered with `residency`."""
+        """`providers` None: build the configured ones. Every local provider's runtime is
+        registered with `residency` (a new one when None) on its lane."""
         self.settings = settings
         self.residency = Residency(settings) if residency is None else residency
         self.providers: list[Provider] = (
-            build_providers(settings, self.residency) if providers is None else list(providers)
+            build_providers(settings) if providers is None else list(providers)
         )
+        for provider in self.providers:
+            if provider.local:
+                runtime = cast(LocalProvider, provider).runtime
+                self.residency.register(runtime, *lane_for(provider.name, runtime.device, settings))
         self.catalog = Catalog(self.providers)
         self.executor = Executor(
             self.catalog,
             self.residency,
             [p.name for p in self.providers if p.local],
             settings.max_batch_concurrency,
+            settings.max_pending_requests,
         )
         self._in_flight = 0
         self._idle = asyncio.Event()

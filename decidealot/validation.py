@@ -18,6 +18,7 @@ import math
 import re
 from typing import Any
 
+from decidealot import tracing
 from decidealot.catalog import Catalog, Route
 from decidealot.contract import (
     BatchRequest,
@@ -74,8 +75,11 @@ def _no_constant(name: str) -> Any:
 
 
 def _finite_float(text: str) -> float:
+    """Finite, and inside the 64-bit integer range like `_int64`: JSON (and the OpenAPI
+    document's JSON Schema) knows numbers by value, not by spelling, so 1e20 is refused as
+    100000000000000000000 is. Every double past 2**53 is whole, so no fraction is lost."""
     value = float(text)
-    if not math.isfinite(value):
+    if not -(2**63) <= value < 2**64:  # NaN and the infinities fail too
         raise ValueError(f"the number {text[:32]} is out of range")
     return value
 
@@ -149,6 +153,7 @@ class _Issues(list[ValidationIssue]):
         self.add(loc, "Extra inputs are not permitted", "extra_forbidden", value)
 
 
+@tracing.traced("validation")
 async def validate_request(obj: Json, catalog: Catalog) -> SystemOneRequest:
     """One `POST /v1/systemone` body (decoded JSON) -> validated request, or RequestInvalid."""
     issues = _Issues()
@@ -161,6 +166,7 @@ async def validate_request(obj: Json, catalog: Catalog) -> SystemOneRequest:
     return request
 
 
+@tracing.traced("validation")
 async def validate_batch(obj: Json, catalog: Catalog, max_requests: int = 0) -> BatchRequest:
     """A `POST /v1/systemone/batch` body; every item (config included) is checked first."""
     issues = _Issues()

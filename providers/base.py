@@ -1,16 +1,25 @@
 """The interface between the executor and every provider (Laya, Von, CLM, Jev).
 
-The executor knows providers only through `Provider`. Local providers also implement
-`LocalRuntime`, through which `decidealot.residency` loads and unloads their worker
-processes; provider code never sees HTTP and transport code never sees tensors.
+The executor knows providers only through these protocols. A hosted provider (Jev) answers a
+request itself (`HostedProvider.decide`). A local provider only *prepares* a request into a
+worker `Job` (routing, CLM's encoder calls); the executor runs that job on the provider's
+`runtime` inside the residency slot and lane it is admitted to. Provider code never sees HTTP,
+residency, the catalog or bundles; transport code never sees tensors.
 """
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from collections.abc import Awaitable, Callable
+from contextvars import ContextVar
+from typing import NamedTuple, Protocol, runtime_checkable
 
 from decidealot.contract import ModelInfo, SystemOneRequest, SystemOneResponse
 from providers.engine import Decision, Job
+
+forwarded: ContextVar[Callable[[], None] | None] = ContextVar("forwarded", default=None)
+"""Set by the executor for each batch item: a local runtime calls it once the item's job is on
+its way to the worker, so the provider's next item may follow in input order without waiting
+for this one's answer (and the two can share passes)."""
 
 
 @runtime_checkable
@@ -21,7 +30,10 @@ class Provider(Protocol):
     """`laya`, `von`, `clm` or `jev`: the name `/health` and unload reports use."""
 
     local: bool
-    """True when decisions run on this host and take a residency slot."""
+    """True for a `LocalProvider`: decisions run on this host and take a residency slot."""
+
+    accepts_temperature: bool
+    """Its selectors take `config: {"temperature": t}`; all others take `{}` only."""
 
     async def start(self) -> None:
         """Open clients; never loads a model."""
@@ -32,6 +44,9 @@ class Provider(Protocol):
     async def models(self) -> list[ModelInfo]:
         """The selectors this provider serves now. Jev may raise `ProviderUnavailable`."""
 
+
+@runtime_checkable
+class HostedProvider(Provider, Protocol):
     async def decide(self, selector: str, request: SystemOneRequest) -> SystemOneResponse:
         """Answer one validated request for `selector` (one of `models()`' names).
 
@@ -45,6 +60,8 @@ class LocalRuntime(Protocol):
     """A local provider's loadable runtime (its worker process), driven by residency."""
 
     name: str
+    device: str
+    """`cpu` or `cuda`, resolved from `DECIDEALOT_DEVICE`: residency's lane follows it."""
 
     @property
     def loaded(self) -> bool:
@@ -56,10 +73,33 @@ class LocalRuntime(Protocol):
     async def unload(self) -> None:
         """Stop the worker process so its memory returns to the system; idempotent."""
 
+    async def submit(self, job: Job) -> Decision:
+        """Run one job on the loaded worker; raises `DecisionInputError` (422) or
+        `ProviderUnavailable` (503). Cancelling the call withdraws the job."""
+
+
+class PreparedRequest(NamedTuple):
+    """What a local provider made of a request: the worker's job, and model tokens the
+    gateway already spent on it (CLM's encoder calls), which `usage.input_tokens` adds."""
+
+    job: Job | None
+    """None while `rest` is still to run."""
+    gateway_tokens: int = 0
+    rest: Callable[[], Awaitable[PreparedRequest]] | None = None
+    """Work that makes the job and must keep to the provider's lane (CLM's encoder calls): run
+    inside the residency hold when the provider `prepares_in_lane`."""
+
 
 @runtime_checkable
-class JobRunner(Protocol):
-    """Runs an engine job on a local provider's worker, inside its residency slot and lane."""
+class LocalProvider(Provider, Protocol):
+    runtime: LocalRuntime
 
-    async def run(self, job: Job) -> Decision:
-        """Raises `DecisionInputError` (422) or `ProviderUnavailable` (503)."""
+    prepares_in_lane: bool
+    """A prepared request's `rest` runs inside the residency hold (CLM's encoder shares the
+    serial lane)."""
+
+    async def prepare(self, selector: str, request: SystemOneRequest) -> PreparedRequest:
+        """The job that answers `request` sent to `selector`, or the `rest` that makes it. Runs
+        before any residency wait, so whatever refuses a request (routing, bounds, the work
+        bound) answers at once. Raises `DecisionInputError` or `ProviderUnavailable` as
+        `HostedProvider.decide` does."""

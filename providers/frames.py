@@ -1,9 +1,10 @@
 """The frames a gateway and its worker subprocess exchange over the worker's stdin/stdout.
 
 Each frame is a 4-byte big-endian length followed by one msgspec msgpack message. The gateway
-writes `Start` once, then `Submit` per job; the worker answers `Ready` or `Failed` once, then
-exactly one of `Result`, `InputError` or `JobFailed` per submitted job id, and, when `Start`
-asked for them, one `Pass` before the results of each forward pass (for the gateway's metrics).
+writes `Start` once, then `Submit` per job and `Cancel` for a job whose caller has gone; the
+worker answers `Ready` or `Failed` once, then exactly one of `Result`, `InputError` or
+`JobFailed` per submitted job id that was not cancelled, and `Begin` and `Pass` around every
+forward pass (the gateway's watchdog times each pass; metrics and traces read `Pass`).
 No frame carries an exception message: those may quote the state, and frames' errors end up
 in logs.
 """
@@ -29,16 +30,23 @@ class Start(msgspec.Struct, tag="start", frozen=True):
 
     spec: EngineSpec
     batch_token_budget: int
-    report_passes: bool = False
-    """Send a `Pass` frame per forward pass."""
     concurrent_passes: Annotated[int, msgspec.Meta(ge=1)] = 1
     """Forward passes the worker runs at once, each on its own compute thread (one per core on
     CPU, so one-thread passes use every core; 1 on CUDA)."""
+    job_token_limit: Annotated[int, msgspec.Meta(ge=0)] = 0
+    """A job whose `input_tokens` exceed this fails at prepare with an `InputError` at the
+    request's questions (`DECIDEALOT_MAX_REQUEST_TOKENS`); 0: no bound."""
 
 
 class Submit(msgspec.Struct, tag="submit", frozen=True):
     id: int
     job: Job
+
+
+class Cancel(msgspec.Struct, tag="cancel", frozen=True):
+    """The job's caller has gone: withdraw its rows not yet in a pass and send no answer."""
+
+    id: int
 
 
 class Ready(msgspec.Struct, tag="ready", frozen=True):
@@ -62,7 +70,7 @@ class InputError(msgspec.Struct, tag="input_error", frozen=True):
     """A `DecisionInputError` raised for this job, rebuilt as one in the gateway."""
 
     id: int
-    question: str
+    question: str | None
     msg: str
     loc: Loc = []
     input: Json = None
@@ -75,17 +83,27 @@ class JobFailed(msgspec.Struct, tag="job_failed", frozen=True):
     error: str
 
 
-class Pass(msgspec.Struct, tag="pass", frozen=True):
-    """One forward pass that answered: how many jobs it held, their summed token cost, and how
-    long `engine.run` took. Sent before that pass's results."""
+class Begin(msgspec.Struct, tag="begin", frozen=True):
+    """Compute thread `lane` starts a forward pass; its `Pass` (or the worker's death) ends it."""
 
-    size: int
+    lane: int
+
+
+class Pass(msgspec.Struct, tag="pass", frozen=True):
+    """A forward pass that ran on compute thread `lane`: the jobs with rows in it, its rows,
+    its padded tokens, when it started (`time.time()`) and how long `engine.forward` took.
+    Sent before the results of the jobs it completed."""
+
+    lane: int
+    jobs: list[int]
+    rows: int
     tokens: int
+    started: float
     seconds: float
 
 
-ToWorker: TypeAlias = Start | Submit
-FromWorker: TypeAlias = Ready | Failed | Result | InputError | JobFailed | Pass
+ToWorker: TypeAlias = Start | Submit | Cancel
+FromWorker: TypeAlias = Ready | Failed | Result | InputError | JobFailed | Begin | Pass
 
 _encoder = msgspec.msgpack.Encoder()
 _to_worker = msgspec.msgpack.Decoder(ToWorker)

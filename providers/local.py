@@ -5,16 +5,19 @@ providers.worker` and waits for its `Ready` frame; unloading ends the process, s
 of torch and the checkpoint returns to the system. Jobs go to the worker as frames and come
 back by id, so any number of requests can be in flight at once and the worker batches them.
 
-A worker that exits, sends garbage, or makes no progress for
-`DECIDEALOT_PROVIDER_TIMEOUT_SECONDS` while jobs are in flight (no answer to any of them:
-its current pass has hung or overrun) is killed; every job in flight on it fails with
-`ProviderUnavailable` and `loaded` turns False, so the next request starts a new worker.
+The watchdog times forward passes, not jobs: the worker announces each pass (`Begin`) and
+reports it (`Pass`), so a request of many passes never trips it. A worker that exits, sends
+garbage, runs one pass for longer than `DECIDEALOT_PROVIDER_TIMEOUT_SECONDS`, or sends
+nothing at all while jobs wait and no pass runs for as long as a start may take
+(`DECIDEALOT_PROVIDER_START_TIMEOUT_SECONDS`: preparing may load a checkpoint), is killed;
+every job in flight on it fails with `ProviderUnavailable` and `loaded` turns False, so the
+next request starts a new worker. A job whose caller is cancelled (its client hung up) is
+withdrawn with a `Cancel` frame: its rows not yet in a pass never run.
+
 Workers never outlive the gateway: they end when their stdin closes, and the kernel kills
 them when the gateway dies (`PR_SET_PDEATHSIG`, which fires when the thread that started the
-worker exits, i.e. when the event loop's thread does).
-
-The gateway never imports torch: `resolve_device` decides `auto` from the NVIDIA driver's
-files and, only where they exist, asks a short subprocess of the worker's interpreter.
+worker exits, i.e. when the event loop's thread does). Device policy (which device, pass
+sizes, passes at once, the request token bound) lives in `providers.device`.
 """
 
 from __future__ import annotations
@@ -22,23 +25,28 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
-import functools
 import itertools
 import logging
-import os
-import subprocess
 import sys
 from collections.abc import Coroutine
-from pathlib import Path
-from typing import TYPE_CHECKING
 
 import msgspec
 
-from decidealot import logs, metrics
+from decidealot import logs, metrics, tracing
 from decidealot.config import Settings
 from decidealot.errors import DecisionInputError, ProviderUnavailable
+from providers.base import forwarded
+from providers.device import (
+    concurrent_passes,
+    request_token_limit,
+    resolve_device,
+    token_budget,
+    worker_environment,
+)
 from providers.engine import Decision, EngineSpec, Job
 from providers.frames import (
+    Begin,
+    Cancel,
     Failed,
     FrameError,
     InputError,
@@ -53,9 +61,6 @@ from providers.frames import (
     read_payload_async,
 )
 
-if TYPE_CHECKING:
-    from decidealot.residency import Residency
-
 log = logging.getLogger("decidealot.worker")
 
 START_FAILED = "the local provider could not start"
@@ -68,101 +73,6 @@ EXIT_GRACE_SECONDS = 5.0
 """How long an unloaded worker may take to exit after its stdin closes before it is killed."""
 
 _STDERR_LINE_LIMIT = 1 << 20
-_PROJECT_ROOT = str(Path(__file__).resolve().parent.parent)
-_NVIDIA_DRIVER_FILES = (Path("/proc/driver/nvidia/version"), Path("/dev/nvidiactl"))
-_CUDA_PROBE = "import torch; print('cuda' if torch.cuda.is_available() else 'cpu')"
-_CUDA_PROBE_TIMEOUT_SECONDS = 120.0
-
-
-CPU_TOKEN_BUDGET = 4096
-CUDA_TOKEN_BUDGET = 32768
-
-
-def token_budget(settings: Settings, device: str) -> int:
-    """Padded tokens per engine run. On CPU a pass costs the same per token at any batch size,
-    so big batches only delay every answer in them (and risk the pass timeout): small ones keep
-    answers flowing while the next batch forms. On CUDA large batches are what pays."""
-    if settings.batch_token_budget:
-        return settings.batch_token_budget
-    return CUDA_TOKEN_BUDGET if device == "cuda" else CPU_TOKEN_BUDGET
-
-
-def concurrent_passes(settings: Settings, device: str) -> int:
-    """Forward passes a worker runs at once. On CUDA one: the device is the serial lane. On
-    CPU a pass costs the same per token at any batch size, so cores, not batches, are what
-    pays: as many passes as `DECIDEALOT_TORCH_THREADS`-thread passes fit on the usable cores
-    (torch's default uses every core, so one)."""
-    if settings.worker_passes:
-        return settings.worker_passes
-    if device == "cuda":
-        return 1
-    cores = _usable_cores()
-    threads = settings.torch_threads or cores
-    return max(1, cores // threads)
-
-
-def _usable_cores() -> int:
-    """The cores this process may run on (its affinity, e.g. a container's cpuset)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
-
-
-def lane_for(name: str, device: str, settings: Settings) -> tuple[str | None, str]:
-    """The residency lane and group of a local provider (see `decidealot.residency`).
-
-    On CUDA every provider is its own group on lane "cuda": one provider's passes at a time on
-    the device. On CPU, Laya and Von share group "models" on lane "local", so with two slots
-    they overlap, while CLM (encoder calls included) is group "clm" and overlaps neither, as
-    the contract asks, unless DECIDEALOT_CLM_PARALLEL_WITH_LOCAL_MODELS frees it of any lane.
-    """
-    if name == "clm" and settings.clm_parallel_with_local_models:
-        return None, name
-    if device == "cuda":
-        return "cuda", name
-    return "local", "clm" if name == "clm" else "models"
-
-
-def resolve_device(settings: Settings) -> str:
-    """`cpu` or `cuda` for `DECIDEALOT_DEVICE`; `auto` is cuda when torch can use a GPU.
-
-    Without NVIDIA driver files `auto` is cpu at no cost; with them, one subprocess of the
-    worker's interpreter imports torch and asks (once per process and interpreter).
-    """
-    if settings.device != "auto":
-        return settings.device
-    return _probe_cuda(settings.worker_python or sys.executable)
-
-
-@functools.cache
-def _probe_cuda(python: str) -> str:
-    if not any(path.exists() for path in _NVIDIA_DRIVER_FILES):
-        return "cpu"
-    try:
-        probe = subprocess.run(
-            [python, "-c", _CUDA_PROBE],
-            capture_output=True,
-            text=True,
-            timeout=_CUDA_PROBE_TIMEOUT_SECONDS,
-            env=_worker_environment(),
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        log.warning("could not ask torch whether CUDA is available (%s); using cpu", exc)
-        return "cpu"
-    device = "cuda" if probe.stdout.strip() == "cuda" else "cpu"
-    log.info("DECIDEALOT_DEVICE=auto resolved to %s", device)
-    return device
-
-
-def _worker_environment() -> dict[str, str]:
-    """The gateway's environment without DECIDEALOT_* values (keys among them); the project
-    on the path so `providers.worker` and engine factories import from any directory."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DECIDEALOT_")}
-    path = env.get("PYTHONPATH")
-    env["PYTHONPATH"] = _PROJECT_ROOT + (os.pathsep + path if path else "")
-    return env
 
 
 def _background(work: Coroutine[object, object, None]) -> asyncio.Task[None]:
@@ -179,10 +89,36 @@ class _Worker:
         self.inflight: dict[int, asyncio.Future[Decision]] = {}
         self.request_ids: dict[int, str] = {}
         """The request id each job in flight came with, for its failure's log line."""
+        self.spans: dict[int, tracing.SpanContext | None] = {}
+        """The span each job in flight was submitted under, to parent its forward pass."""
         self.alive = True
-        self.progress_at = asyncio.get_running_loop().time()
+        self.heard_at = asyncio.get_running_loop().time()
+        """When the worker last sent a frame, or when jobs started waiting on an idle one."""
+        self.passes: dict[int, float] = {}
+        """Compute lane -> when its running pass began."""
         self.write_lock = asyncio.Lock()
         self.tasks: list[asyncio.Task[None]] = []
+        """Its stderr forwarder and frame reader, which end with the process."""
+        self.watchdog: asyncio.Task[None] | None = None
+        """Sleeps between checks: cancelled when the worker stops."""
+
+    def overdue(self, now: float, pass_timeout: float, silence_timeout: float) -> str | None:
+        """Why the worker counts as hung: a pass ran past `pass_timeout`, or jobs wait while
+        no pass runs and it has said nothing for `silence_timeout` (preparing a job, which may
+        load a checkpoint on first use, gets as long as a start)."""
+        if any(now - began > pass_timeout for began in self.passes.values()):
+            return f"ran one pass for over {pass_timeout:g} s"
+        if self.inflight and not self.passes and now - self.heard_at > silence_timeout:
+            return f"answered nothing for over {silence_timeout:g} s"
+        return None
+
+    async def send(self, frame: bytes) -> None:
+        try:
+            async with self.write_lock:
+                self.process.stdin.write(frame)  # type: ignore[union-attr]
+                await self.process.stdin.drain()  # type: ignore[union-attr]
+        except ConnectionError:
+            pass  # the worker is gone; its reader task fails the futures
 
     def abandon(self, message: str) -> None:
         """Fail every job in flight and kill the process; its reader task reaps it."""
@@ -257,39 +193,39 @@ class WorkerRuntime:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Decision] = loop.create_future()
         if not worker.inflight:
-            worker.progress_at = loop.time()  # the timeout counts from here when it was idle
+            worker.heard_at = loop.time()  # silence counts from here when it was idle
         worker.inflight[job_id] = future
         worker.request_ids[job_id] = logs.request_id.get()
+        worker.spans[job_id] = tracing.current()
         try:
-            async with worker.write_lock:
-                worker.process.stdin.write(frame)  # type: ignore[union-attr]
-                await worker.process.stdin.drain()  # type: ignore[union-attr]
-        except ConnectionError:
-            pass  # the worker is gone; its reader task fails the future
-        try:
-            return await self._answer(worker, future)
+            await worker.send(frame)
+            if (notify := forwarded.get()) is not None:
+                notify()
+            return await future
+        except asyncio.CancelledError:
+            if worker.inflight.pop(job_id, None) is not None and worker.alive:
+                metrics.JOBS_WITHDRAWN.inc(provider=self.name)
+                _background(worker.send(encode(Cancel(job_id))))
+            raise
         finally:
             worker.inflight.pop(job_id, None)
             worker.request_ids.pop(job_id, None)
+            worker.spans.pop(job_id, None)
 
-    async def _answer(self, worker: _Worker, future: asyncio.Future[Decision]) -> Decision:
-        """Wait for the job's frame, killing the worker if it stops making progress."""
+    async def _watch(self, worker: _Worker) -> None:
+        """Kill the worker once a pass overruns the timeout or it falls silent with jobs
+        waiting; checks a few times per pass timeout."""
         timeout = self._settings.provider_timeout_seconds
+        silence = max(timeout, self._settings.provider_start_timeout_seconds)
         loop = asyncio.get_running_loop()
-        while not future.done():
-            remaining = worker.progress_at + timeout - loop.time()
-            if remaining <= 0:
-                self._log.error(
-                    "worker answered nothing for %.1f s; killing it (pid %d)",
-                    timeout,
-                    worker.process.pid,
-                )
+        while worker.alive:
+            await asyncio.sleep(min(timeout / 4, 1.0))
+            why = worker.overdue(loop.time(), timeout, silence) if worker.alive else None
+            if why is not None:
+                self._log.error("worker %s; killing it (pid %d)", why, worker.process.pid)
                 self._forget(worker)
                 self._lose("timeout")
                 worker.abandon(TIMED_OUT)
-                break
-            await asyncio.wait({future}, timeout=remaining)
-        return future.result()
 
     # -- process lifecycle -----------------------------------------------------------------
 
@@ -302,7 +238,7 @@ class WorkerRuntime:
                 stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
-                env=_worker_environment(),
+                env=worker_environment(),
                 limit=_STDERR_LINE_LIMIT,
             )
         except OSError as exc:
@@ -337,6 +273,7 @@ class WorkerRuntime:
             self._lost = False
             metrics.WORKER_RESTARTS.inc(provider=self.name)
         worker.tasks.append(_background(self._read_answers(worker)))
+        worker.watchdog = _background(self._watch(worker))
         return worker
 
     async def _handshake(self, process: asyncio.subprocess.Process) -> Ready | Failed | None:
@@ -344,8 +281,8 @@ class WorkerRuntime:
         start = Start(
             self._spec,
             token_budget(self._settings, self.device),
-            report_passes=True,
             concurrent_passes=concurrent_passes(self._settings, self.device),
+            job_token_limit=request_token_limit(self._settings, self.device),
         )
         try:
             process.stdin.write(encode(start))  # type: ignore[union-attr]
@@ -368,6 +305,8 @@ class WorkerRuntime:
         """End the process: stdin closes (a ready worker exits by itself), then a kill after
         a grace; at once with `kill`, for a worker that never became ready."""
         worker.alive = False
+        if worker.watchdog is not None:
+            worker.watchdog.cancel()
         for future in worker.inflight.values():
             if not future.done():
                 future.set_exception(ProviderUnavailable(STOPPED))
@@ -406,11 +345,27 @@ class WorkerRuntime:
         try:
             while (payload := await read_payload_async(stdout)) is not None:
                 frame = decode_from_worker(payload)
-                worker.progress_at = loop.time()
+                worker.heard_at = loop.time()
+                if isinstance(frame, Begin):
+                    worker.passes[frame.lane] = worker.heard_at
+                    continue
                 if isinstance(frame, Pass):
-                    metrics.FORWARD_PASS.observe(frame.seconds, provider=self.name)
-                    metrics.BATCH_SIZE.observe(frame.size, provider=self.name)
-                    metrics.BATCH_TOKENS.observe(frame.tokens, provider=self.name)
+                    worker.passes.pop(frame.lane, None)
+                    if frame.jobs:
+                        metrics.FORWARD_PASS.observe(frame.seconds, provider=self.name)
+                        metrics.BATCH_SIZE.observe(len(frame.jobs), provider=self.name)
+                        metrics.BATCH_TOKENS.observe(frame.tokens, provider=self.name)
+                    for job_id in frame.jobs:
+                        tracing.record(
+                            "forward_pass",
+                            worker.spans.get(job_id),
+                            frame.started,
+                            frame.started + frame.seconds,
+                            provider=self.name,
+                            jobs=len(frame.jobs),
+                            rows=frame.rows,
+                            tokens=frame.tokens,
+                        )
                     continue
                 if not isinstance(frame, Result | InputError | JobFailed):
                     raise FrameError(f"unexpected {type(frame).__name__} frame")
@@ -463,15 +418,3 @@ class WorkerRuntime:
             if isinstance(named, int):
                 level = named
             self._log.log(level, "%s", text)
-
-
-class ResidentRunner:
-    """Runs jobs on a runtime inside its residency slot and lane (`providers.base.JobRunner`)."""
-
-    def __init__(self, runtime: WorkerRuntime, residency: Residency) -> None:
-        self._runtime = runtime
-        self._residency = residency
-
-    async def run(self, job: Job) -> Decision:
-        async with self._residency.use(self._runtime):
-            return await self._runtime.submit(job)

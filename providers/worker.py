@@ -5,18 +5,22 @@ ending it. The gateway sends a `Start` frame, then `Submit` frames on stdin; ans
 as frames on stdout, which nothing else may write to (stray prints land on stderr, which the
 gateway forwards to its log). Threads:
 
-- reader: receives jobs; at end of stdin (the gateway closed it or died) ends the process;
-- prepare: runs `engine.prepare` (tokenisation) while the current passes run;
-- compute (main, plus `Start.concurrent_passes - 1` more): each takes whatever prepared jobs
-  are queued — one group, FIFO, within the token budget — and runs them as one `engine.run`.
-  There is no wait for a batch to fill: a batch is whatever queued while the previous pass
-  ran. Several compute threads let one-thread CPU passes use every core (on CPU a pass costs
-  the same per token at any batch size, so more cores, not bigger batches, is what pays);
-  jobs are independent, so each job's answer is the same whichever thread runs it.
+- reader: receives jobs and cancellations; at end of stdin (the gateway closed it or died)
+  ends the process;
+- prepare: runs `engine.prepare` (tokenisation) while the current passes run, and refuses a
+  job over `Start.job_token_limit` before any of its rows reaches a pass;
+- compute (main, plus `Start.concurrent_passes - 1` more): each takes the planner's next turn
+  (`providers.passes`: rows of concurrent jobs, shortest remaining job first, within the token
+  budget) and runs its passes, announcing each with `Begin` and reporting it with `Pass`, so
+  the gateway times passes, not jobs. There is no wait for a batch to fill: a turn is whatever
+  waits when a thread is free. Several compute threads let one-thread CPU passes use every
+  core; rows are independent, so each job's answer is the same whichever rows shared its
+  passes and whichever thread ran them.
 
-A failing multi-job batch is rerun one job at a time, so an error reaches only the job that
-caused it and every answer is what that job would get alone. Log lines name exception types
-and code locations, never exception messages: those may quote the state.
+A failing pass of several jobs is rerun job by job, so an error reaches only the job that
+caused it. A cancelled job's rows not yet in a pass are withdrawn; those in a pass run on and
+are dropped. Log lines name exception types and code locations, never exception messages:
+those may quote the state.
 """
 
 from __future__ import annotations
@@ -31,22 +35,21 @@ import sys
 import threading
 import time
 import traceback
-from collections import deque
-from collections.abc import Sequence
 from pathlib import Path
-from typing import BinaryIO, NamedTuple
+from typing import BinaryIO
 
 import msgspec
 
-from decidealot.errors import DecisionInputError
-from providers.engine import Engine, EngineSpec, Prepared
+from decidealot.errors import DecisionInputError, over_token_limit
+from providers.engine import Engine, EngineSpec
 from providers.frames import (
+    Begin,
+    Cancel,
     Failed,
     FrameError,
     FromWorker,
     InputError,
     JobFailed,
-    Pass,
     Ready,
     Result,
     Start,
@@ -55,38 +58,12 @@ from providers.frames import (
     encode,
     read_payload,
 )
+from providers.frames import Pass as PassFrame
+from providers.passes import Pass, Planner, Task
 
 _PR_SET_PDEATHSIG = 1
 
 log = logging.getLogger("providers.worker")
-
-
-class Pending(NamedTuple):
-    id: int
-    prepared: Prepared
-
-
-def take_batch(pending: deque[Pending], token_budget: int) -> list[Pending]:
-    """Remove and return the next batch: the oldest job, then later jobs of its group in
-    order while their summed cost fits the budget. The first job always goes, whatever its
-    cost; once one job does not fit, none after it in the group is taken (FIFO)."""
-    group = pending[0].prepared.group
-    batch: list[Pending] = []
-    left: deque[Pending] = deque()
-    cost = 0
-    full = False
-    for item in pending:
-        if full or item.prepared.group != group:
-            left.append(item)
-        elif batch and cost + item.prepared.cost > token_budget:
-            full = True
-            left.append(item)
-        else:
-            batch.append(item)
-            cost += item.prepared.cost
-    pending.clear()
-    pending.extend(left)
-    return batch
 
 
 def describe(exc: BaseException) -> str:
@@ -97,7 +74,7 @@ def describe(exc: BaseException) -> str:
 
 
 class FrameWriter:
-    """Serialises frame writes from the prepare and compute threads."""
+    """Serialises frame writes from the reader, prepare and compute threads."""
 
     def __init__(self, stream: BinaryIO) -> None:
         self._stream = stream
@@ -115,25 +92,28 @@ class FrameWriter:
 
 
 class Host:
-    """Runs one engine's jobs: prepares them on one thread, batches and runs them on
-    `passes` compute threads."""
+    """Runs one engine's jobs: prepares them on one thread, plans their rows into passes
+    (`providers.passes`) and runs those on `passes` compute threads."""
 
     def __init__(
         self,
         engine: Engine,
         writer: FrameWriter,
         token_budget: int,
-        report_passes: bool = False,
         passes: int = 1,
+        job_token_limit: int = 0,
     ) -> None:
         self._engine = engine
         self._writer = writer
-        self._token_budget = token_budget
-        self._report_passes = report_passes
         self._passes = passes
+        self._job_token_limit = job_token_limit
         self._incoming: queue.SimpleQueue[Submit] = queue.SimpleQueue()
-        self._pending: deque[Pending] = deque()
-        self._pending_changed = threading.Condition()
+        self._planner = Planner(token_budget, engine.shape)
+        self._changed = threading.Condition()
+        self._submitted: set[int] = set()
+        """Ids received and not yet answered or withdrawn (guarded by `_changed`)."""
+        self._cancelled: set[int] = set()
+        """Ids cancelled before the planner had them: prepare drops them."""
 
     def read_jobs(self, stream: BinaryIO) -> None:
         while True:
@@ -146,57 +126,122 @@ class Host:
             if frame is None:
                 os._exit(0)  # stdin closed: unloaded, or the gateway died
             if isinstance(frame, Submit):
+                with self._changed:
+                    self._submitted.add(frame.id)
                 self._incoming.put(frame)
+            elif isinstance(frame, Cancel):
+                self._cancel(frame.id)
             else:
                 log.error("unexpected %s frame; ignored", type(frame).__name__)
+
+    def _cancel(self, job_id: int) -> None:
+        with self._changed:
+            if job_id not in self._submitted:
+                return  # already answered: the cancel crossed its result
+            if self._planner.remove(job_id) is None:
+                self._cancelled.add(job_id)  # still to be prepared
+            self._submitted.discard(job_id)
 
     def prepare_jobs(self) -> None:
         while True:
             submit = self._incoming.get()
+            with self._changed:
+                if submit.id in self._cancelled:
+                    self._cancelled.discard(submit.id)
+                    continue
             try:
                 prepared = self._engine.prepare(submit.job)
+                limit = self._job_token_limit
+                if limit and prepared.input_tokens > limit:
+                    raise over_token_limit(prepared.input_tokens, limit)
             except Exception as exc:
                 self._fail(submit.id, exc)
                 continue
-            with self._pending_changed:
-                self._pending.append(Pending(submit.id, prepared))
-                self._pending_changed.notify()
+            with self._changed:
+                if submit.id in self._cancelled:
+                    self._cancelled.discard(submit.id)
+                    continue
+                task = self._planner.add(submit.id, prepared)
+                if not prepared.rows:
+                    self._planner.remove(submit.id)
+                self._changed.notify()
+            if not prepared.rows:
+                self._finish(task)
 
-    def compute(self) -> None:
-        """One compute thread's loop; `passes` of them share the pending queue."""
+    def compute(self, lane: int) -> None:
+        """One compute thread's loop; `passes` of them share the planner."""
         while True:
-            with self._pending_changed:
-                while not self._pending:
-                    self._pending_changed.wait()
-                batch = take_batch(self._pending, self._token_budget)
-                if self._pending:
-                    self._pending_changed.notify()  # what this batch left, for an idle thread
-            self._run(batch)
+            with self._changed:
+                while not (turn := self._planner.take()):
+                    self._changed.wait()
+                if self._planner.has_rows:
+                    self._changed.notify()  # what this turn left, for an idle thread
+            for each in turn:
+                self._run(lane, each)
 
     def serve(self) -> None:
         """Run the compute loops: `passes - 1` threads, and this one."""
-        for index in range(1, self._passes):
-            threading.Thread(target=self.compute, name=f"compute-{index}", daemon=True).start()
-        self.compute()
+        for lane in range(1, self._passes):
+            threading.Thread(
+                target=self.compute, args=(lane,), name=f"compute-{lane}", daemon=True
+            ).start()
+        self.compute(0)
 
-    def _run(self, batch: Sequence[Pending]) -> None:
-        started = time.perf_counter()
-        try:
-            decisions = self._engine.run([item.prepared for item in batch])
-            if len(decisions) != len(batch):
-                raise RuntimeError("engine returned a different number of decisions")
-        except Exception as exc:
-            if len(batch) == 1:
-                self._fail(batch[0].id, exc)
-            else:
-                for item in batch:
-                    self._run([item])
+    def _run(self, lane: int, each: Pass) -> None:
+        """One forward pass; a failing pass of several jobs is rerun job by job, so an error
+        reaches only the job that caused it."""
+        with self._changed:
+            rows = [(task, index) for task, index in each.rows if self._planner.live(task)]
+        if not rows:
             return
-        if self._report_passes:
-            tokens = int(sum(item.prepared.cost for item in batch))
-            self._writer.write(Pass(len(batch), tokens, time.perf_counter() - started))
-        for item, decision in zip(batch, decisions, strict=True):
-            self._send(item.id, Result(item.id, decision))
+        each = Pass(each.group, rows)
+        self._writer.write(Begin(lane))
+        started, clock = time.time(), time.perf_counter()
+        try:
+            outputs = self._engine.forward(
+                each.group, [task.prepared.rows[index] for task, index in rows]
+            )
+            if len(outputs) != len(rows):
+                raise RuntimeError("engine returned a different number of outputs")
+        except Exception as exc:
+            self._writer.write(PassFrame(lane, [], 0, 0, started, time.perf_counter() - clock))
+            tasks = each.tasks
+            if len(tasks) == 1:
+                self._withdraw(tasks[0], exc)
+            else:
+                for task in tasks:
+                    self._run(lane, Pass(each.group, [r for r in rows if r[0] is task]))
+            return
+        seconds = time.perf_counter() - clock
+        tasks = each.tasks
+        self._writer.write(
+            PassFrame(lane, [t.id for t in tasks], len(rows), each.padded_tokens, started, seconds)
+        )
+        finished: list[Task] = []
+        with self._changed:
+            for (task, index), output in zip(rows, outputs, strict=True):
+                task.outputs[index] = output
+                task.running -= 1
+            for task in tasks:
+                if task.complete and self._planner.remove(task.id) is task:
+                    finished.append(task)
+        for task in finished:
+            self._finish(task)
+
+    def _withdraw(self, task: Task, exc: Exception) -> None:
+        """Fail a job whose pass failed alone; its other rows are withdrawn."""
+        with self._changed:
+            live = self._planner.remove(task.id) is task
+        if live:
+            self._fail(task.id, exc)
+
+    def _finish(self, task: Task) -> None:
+        try:
+            decision = self._engine.finish(task.prepared, task.outputs)
+        except Exception as exc:
+            self._fail(task.id, exc)
+            return
+        self._send(task.id, Result(task.id, decision))
 
     def _fail(self, job_id: int, exc: Exception) -> None:
         if isinstance(exc, DecisionInputError):
@@ -207,7 +252,12 @@ class Host:
         self._send(job_id, frame)
 
     def _send(self, job_id: int, frame: FromWorker) -> None:
-        """Write a job's answer; one that msgpack cannot carry fails the job instead."""
+        """Write a job's answer, unless it was cancelled; one that msgpack cannot carry fails
+        the job instead."""
+        with self._changed:
+            if job_id not in self._submitted:
+                return
+            self._submitted.discard(job_id)
         try:
             self._writer.write(frame)
         except (msgspec.EncodeError, TypeError, ValueError, OverflowError) as exc:
@@ -275,7 +325,11 @@ def main() -> int:
         writer.write(Failed(type(exc).__name__))
         return 1
     host = Host(
-        engine, writer, start.batch_token_budget, start.report_passes, start.concurrent_passes
+        engine,
+        writer,
+        start.batch_token_budget,
+        start.concurrent_passes,
+        start.job_token_limit,
     )
     writer.write(Ready(start.spec.device))
     threading.Thread(target=host.read_jobs, args=(frames_in,), name="reader", daemon=True).start()

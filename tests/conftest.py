@@ -61,27 +61,29 @@ def start_server(
     folder: Path,
     *,
     launcher: str = "tests.server",
+    args: tuple[str, ...] = (),
     hosted: tuple[str, ...] = ("jev-latest", "jev-1.13.0", "von"),
     **env: str,
 ) -> RunningServer:
-    """Start `python -m <launcher>` (the production server over test providers) with
-    DECIDEALOT_* overrides in `env` and the fake TypeSafe catalog `hosted`; waits for /health."""
+    """Start `python -m <launcher> <args>` (the production server over test providers; or
+    `decidealot`, `("serve",)` for the real one) with DECIDEALOT_* overrides in `env` and the
+    fake TypeSafe catalog `hosted`; waits for /health."""
     folder.mkdir(parents=True, exist_ok=True)
     port = _free_port()
     events, catalog, log = folder / "events.jsonl", folder / "jev.json", folder / "server.log"
     catalog.write_text(json.dumps(list(hosted)))
+    fakes = {"DECIDEALOT_TEST_EVENTS": str(events), "DECIDEALOT_TEST_JEV_CATALOG": str(catalog)}
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("DECIDEALOT_")} | {
         "DECIDEALOT_HOST": "127.0.0.1",
         "DECIDEALOT_PORT": str(port),
-        "DECIDEALOT_TEST_EVENTS": str(events),
-        "DECIDEALOT_TEST_JEV_CATALOG": str(catalog),
+        **(fakes if launcher.startswith("tests.") else {}),  # `decidealot` refuses them
         "DECIDEALOT_MODEL_DIR": str(folder / "models"),
         "DECIDEALOT_LOG_FORMAT": "json",
         **env,
     }
     with log.open("wb") as log_out:
         process = subprocess.Popen(
-            [sys.executable, "-m", launcher],
+            [sys.executable, "-m", launcher, *args],
             cwd=_ROOT,
             env=full_env,
             stdout=log_out,
@@ -100,6 +102,41 @@ def start_server(
     process.kill()
     process.wait()
     raise RuntimeError(f"{launcher} did not start")
+
+
+@dataclass
+class Timed:
+    """A request sent on another thread, with how `/health` answered while it ran."""
+
+    response: httpx.Response
+    seconds: float
+    slowest_health: float
+    health_polls: int
+
+
+def while_health_polls(url: str, path: str, body: bytes, timeout: float = 300) -> Timed:
+    """POST `body` to `path` on another thread and poll `/health` every 50 ms until it
+    answers: a slow /health shows work that held the gateway's event loop."""
+    import threading
+
+    answers: list[httpx.Response] = []
+
+    def send() -> None:
+        headers = {"Content-Type": "application/json"}
+        answers.append(httpx.post(url + path, content=body, headers=headers, timeout=timeout))
+
+    sender = threading.Thread(target=send)
+    started = time.monotonic()
+    sender.start()
+    slowest, polls = 0.0, 0
+    while sender.is_alive():
+        before = time.monotonic()
+        assert httpx.get(url + "/health", timeout=60).status_code == 200
+        slowest = max(slowest, time.monotonic() - before)
+        polls += 1
+        time.sleep(0.05)
+    sender.join()
+    return Timed(answers[0], time.monotonic() - started, slowest, polls)
 
 
 ALL_FAKES = {

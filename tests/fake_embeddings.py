@@ -41,6 +41,7 @@ class FakeEmbeddings:
         self.slow_seconds = slow_seconds
         self.calls: list[list[str]] = []
         self.auth_headers: list[str | None] = []
+        self.traceparents: list[str | None] = []
         self.paths: list[str] = []
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -69,6 +70,7 @@ class FakeEmbeddings:
         self.mode, self.failures_left, self.force_encoding = "ok", None, None
         self.calls.clear()
         self.auth_headers.clear()
+        self.traceparents.clear()
         self.paths.clear()
 
     def _failing(self) -> Mode:
@@ -121,6 +123,7 @@ class FakeEmbeddings:
                 body = json.loads(self.rfile.read(length))
                 fake.paths.append(self.path)
                 fake.auth_headers.append(self.headers.get("Authorization"))
+                fake.traceparents.append(self.headers.get("traceparent"))
                 status, payload = fake.respond(body)
                 try:
                     self.send_response(status)

@@ -15,17 +15,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Self
 
-from decidealot import config, logs
-from decidealot.catalog import LOCAL_MODELS
+from decidealot import logs
 from decidealot.config import Settings
-from decidealot.contract import ModelInfo, SystemOneRequest, SystemOneResponse, Usage
+from decidealot.contract import ModelInfo, SystemOneRequest
 from decidealot.http.server import run
-from decidealot.residency import Residency
-from decidealot.service import Service
-from providers.base import Provider
+from decidealot.service import Service, local_selectors
+from providers.base import PreparedRequest, Provider
 from providers.engine import EngineSpec, Job
-from providers.local import ResidentRunner, WorkerRuntime
+from providers.local import WorkerRuntime
 from tests.conftest import RunningServer, start_server
+from tests.server import settings_from_env
 from tests.test_providers import FakeProvider
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -35,44 +34,39 @@ class WorkerProvider:
     """A local provider whose worker runs the arith test engine."""
 
     local = True
+    accepts_temperature = False
+    prepares_in_lane = False
 
-    def __init__(self, name: str, runtime: WorkerRuntime, runner: ResidentRunner) -> None:
+    def __init__(self, name: str, runtime: WorkerRuntime) -> None:
         self.name = name
-        self._runtime = runtime
-        self._runner = runner
+        self.runtime = runtime
 
     @classmethod
-    def from_settings(cls, name: str, settings: Settings, residency: Residency) -> Self:
+    def from_settings(cls, name: str, settings: Settings) -> Self:
         spec = EngineSpec(factory="tests.engines.arith:create", checkpoints={})
-        runtime = WorkerRuntime(name, spec, settings)
-        residency.register(runtime)
-        return cls(name, runtime, ResidentRunner(runtime, residency))
+        return cls(name, WorkerRuntime(name, spec, settings))
 
     async def start(self) -> None:
         pass
 
     async def close(self) -> None:
-        await self._runtime.unload()
+        await self.runtime.unload()
 
     async def models(self) -> list[ModelInfo]:
-        return list(LOCAL_MODELS[self.name])
+        return list(local_selectors(self.name))
 
-    async def decide(self, selector: str, request: SystemOneRequest) -> SystemOneResponse:
+    async def prepare(self, selector: str, request: SystemOneRequest) -> PreparedRequest:
         steer = request.state.get("arith", {}) if isinstance(request.state, dict) else {}
-        job = Job(selector, request.state, request.questions, config=steer)
-        decision = await self._runner.run(job)
-        return SystemOneResponse(
-            decision.model, decision.answers, Usage(input_tokens=decision.input_tokens)
-        )
+        return PreparedRequest(Job(selector, request.state, request.questions, config=steer))
 
 
-def build(settings: Settings, residency: Residency) -> list[Provider]:
+def build(settings: Settings) -> list[Provider]:
     providers: list[Provider] = []
     for name in settings.providers:
         if name in ("laya", "von"):
-            providers.append(WorkerProvider.from_settings(name, settings, residency))
+            providers.append(WorkerProvider.from_settings(name, settings))
         else:
-            providers.append(FakeProvider(name, None if name == "jev" else residency))
+            providers.append(FakeProvider(name, local=name != "jev"))
     return providers
 
 
@@ -104,10 +98,9 @@ def running(pid: int) -> bool:
 
 
 def main() -> None:
-    settings = config.from_env()
+    settings = settings_from_env()
     logs.configure(settings.log_level, settings.log_format)
-    residency = Residency(settings)
-    run(Service(settings, build(settings, residency), residency))
+    run(Service(settings, build(settings)))
 
 
 if __name__ == "__main__":

@@ -8,18 +8,25 @@ package knows about them.
 
 from __future__ import annotations
 
+import os
+
 from decidealot import config, logs
 from decidealot.http.server import run
-from decidealot.residency import Residency
 from decidealot.service import Service
 from tests.test_providers import build
 
 
+def settings_from_env() -> config.Settings:
+    """What `decidealot serve` reads, less the DECIDEALOT_TEST_* variables the fakes read
+    themselves (the strict settings would refuse them as unknown)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DECIDEALOT_TEST_")}
+    return config.from_env(env)
+
+
 def main() -> None:
-    settings = config.from_env()
+    settings = settings_from_env()
     logs.configure(settings.log_level, settings.log_format)
-    residency = Residency(settings)
-    run(Service(settings, build(settings, residency), residency))
+    run(Service(settings, build(settings)))
 
 
 if __name__ == "__main__":

@@ -63,6 +63,7 @@ class TinyHub:
         self.von = {
             "config.json": (b'{"model_type": "modernbert", "hidden_size": 32}', False),
             "tokenizer.json": (json.dumps({"model": "tiny"}).encode() * 20, False),
+            "tokenizer_config.json": (b'{"mask_token": "[MASK]"}', False),
             "model.safetensors": (_bytes("von weights", 300_000), True),
             "option_marker.pt": (_bytes("von marker", 200_000), True),
             "marker_calibration.json": (b'{"temperature": 2.2}', False),
@@ -77,6 +78,7 @@ class TinyHub:
             [
                 _entry("config.json", self.von["config.json"][0], pin=False),
                 _entry("tokenizer.json", self.von["tokenizer.json"][0], pin=False),
+                _entry("tokenizer_config.json", self.von["tokenizer_config.json"][0], pin=False),
                 _entry("special_tokens_map.json", None, pin=False, optional=True),
                 _entry("model.safetensors", self.von["model.safetensors"][0], pin=True),
                 _entry("option_marker.pt", self.von["option_marker.pt"][0], pin=False),
@@ -94,6 +96,7 @@ class TinyHub:
                 "rl_agent_config.json": (json.dumps({"encoder": name}).encode(), False),
                 "model.safetensors": (_bytes(name, 120_000), True),
                 "tokenizer/tokenizer.json": (b'{"version": "1.0"}', False),
+                "tokenizer/tokenizer_config.json": (b'{"mask_token": "[MASK]"}', False),
                 "encoder/config.json": (b'{"hidden_size": 64}', False),
             }
             laya.update({prefix + path: value for path, value in files.items()})
@@ -206,6 +209,7 @@ def test_install_then_second_start_makes_no_request(tiny: TinyHub) -> None:
     assert sources == {
         "config.json": "hub-git-sha1",
         "tokenizer.json": "hub-git-sha1",
+        "tokenizer_config.json": "hub-git-sha1",
         "model.safetensors": "manifest",
         "option_marker.pt": "hub-lfs-sha256",
         "marker_calibration.json": "manifest",
@@ -455,7 +459,7 @@ def test_damaged_install_is_replaced(tiny: TinyHub) -> None:
 
 def test_killed_mid_download_then_restart_finishes_verified(tiny: TinyHub) -> None:
     tiny.hub.faults["option_marker.pt"] = "stall"
-    code = "from decidealot import bundles, config; bundles.run_prepare(config.from_env())"
+    code = "from decidealot import cli; cli.main(['prepare'])"
     child = subprocess.Popen(
         [sys.executable, "-c", code],
         env=tiny.env(),
@@ -485,8 +489,8 @@ def test_killed_mid_download_then_restart_finishes_verified(tiny: TinyHub) -> No
 
 def test_run_prepare_exit_codes_and_no_torch(tiny: TinyHub) -> None:
     code = (
-        "import sys; from decidealot import bundles, config\n"
-        "status = bundles.run_prepare(config.from_env())\n"
+        "import sys; from decidealot import cli\n"
+        "status = cli.main(['prepare'])\n"
         "print('torch loaded' if 'torch' in sys.modules else 'torch not loaded')\n"
         "sys.exit(status)"
     )

@@ -35,7 +35,9 @@ from providers.clm.head import HeadFileError
 from providers.clm.provider import ClmProvider
 from providers.clm.render import render_question
 from providers.engine import EngineSpec, Job
-from tests.builders.clm_head import InProcessClmRunner, build_clm_head
+from providers.tiny.clm import build_clm_head
+from tests.clm_runner import InProcessClmRunner
+from tests.decide import Deciding
 from tests.devices import DEVICES, assert_fp32_matmul_is_ieee
 from tests.fake_embeddings import FakeEmbeddings
 
@@ -198,7 +200,7 @@ async def test_answers_match_upstream_engine(
     if device != "cpu":
         assert_fp32_matmul_is_ieee()
         runner.engine = create(_spec(head, device=device))  # the runner builds a CPU engine
-    provider = ClmProvider(encoder, runner, max_text_bytes=8192)
+    provider = Deciding(ClmProvider(encoder, runner, max_text_bytes=8192))
     rng = random.Random(head_name)
     try:
         for _ in range(40):
@@ -236,6 +238,7 @@ def _job(request: SystemOneRequest, rng: random.Random) -> Job:
         questions=request.questions,
         config=request.config,
         vectors=vectors.numpy().tobytes(),
+        vector_index=list(range(rows)),
     )
 
 

@@ -9,14 +9,12 @@ import logging
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 
 import msgspec
 import pytest
 
-import providers.local
-from decidealot.catalog import LOCAL_MODELS
+from decidealot.catalog import Catalog
 from decidealot.config import Settings
 from decidealot.contract import (
     ChoiceQuestion,
@@ -26,12 +24,15 @@ from decidealot.contract import (
     SystemOneRequest,
 )
 from decidealot.errors import DecisionInputError, ProviderUnavailable
+from decidealot.executor import Executor
 from decidealot.residency import Residency
+from decidealot.service import Service, build_providers, lane_for, local_selectors
 from providers.clm.encoder_client import EncoderClient, embeddings_endpoint
 from providers.clm.provider import ClmProvider
 from providers.clm.render import render_question
-from providers.engine import EngineSpec
-from tests.builders.clm_head import InProcessClmRunner, build_clm_head
+from providers.tiny.clm import build_clm_head
+from tests.clm_runner import InProcessClmRunner
+from tests.decide import Deciding
 from tests.fake_embeddings import FakeEmbeddings, fake_tokens
 
 WIDTH = 16
@@ -56,12 +57,12 @@ async def make_provider(fake: FakeEmbeddings, head: Path) -> AsyncIterator[objec
     fake.reset()
     clients: list[EncoderClient] = []
 
-    def make(*, max_text_bytes: int = 8192, hold: object = None, **encoder: object) -> ClmProvider:
+    def make(*, max_text_bytes: int = 8192, **encoder: object) -> Deciding:
         options: dict[str, object] = {"retry_seconds": 0.0, "timeout_seconds": 5.0, **encoder}
         client = EncoderClient(fake.url, "qwen3-8b", width=WIDTH, **options)  # type: ignore[arg-type]
         clients.append(client)
-        runner = InProcessClmRunner(head, width=WIDTH)
-        return ClmProvider(client, runner, max_text_bytes=max_text_bytes, hold=hold)  # type: ignore[arg-type]
+        runtime = InProcessClmRunner(head, width=WIDTH)
+        return Deciding(ClmProvider(client, runtime, max_text_bytes=max_text_bytes))
 
     yield make
     for client in clients:
@@ -101,7 +102,7 @@ async def test_models_lists_the_four_selectors(make_provider) -> None:
     provider = make_provider()
     models = await provider.models()
     assert [m.name for m in models] == ["clm", "clm-latest", "clm-0.1", "clm-0.1-8b"]
-    assert models == list(LOCAL_MODELS["clm"])
+    assert models == list(local_selectors("clm"))
     assert provider.name == "clm" and provider.local is True
 
 
@@ -278,19 +279,35 @@ async def test_single_level_score_answers_with_certainty(make_provider) -> None:
 # -- wiring ----------------------------------------------------------------------------------
 
 
-async def test_encoder_calls_and_head_run_inside_the_hold(
-    make_provider, fake: FakeEmbeddings
+@pytest.mark.parametrize("in_lane", [True, False])
+async def test_the_executor_runs_the_encoder_calls_inside_the_hold_unless_parallel(
+    make_provider, fake: FakeEmbeddings, in_lane: bool
 ) -> None:
-    events: list[str] = []
+    deciding = make_provider()
+    provider: ClmProvider = deciding.provider
+    provider.prepares_in_lane = in_lane
+    residency = Residency(Settings(provider_idle_unload_seconds=0))
+    residency.register(provider.runtime, "local", "clm")
+    catalog = Catalog([provider])
+    await catalog.start()
+    holding: dict[str, int] = {}
+    prepare, embed = provider.prepare, provider._embedded_job
 
-    @asynccontextmanager
-    async def hold() -> AsyncIterator[None]:
-        events.append(f"enter:{len(fake.calls)}")
-        yield
-        events.append(f"exit:{len(fake.calls)}")
+    async def watched_prepare(selector: str, request: SystemOneRequest) -> object:
+        holding["prepare"] = residency.active("clm")  # decisions inside the hold now
+        return await prepare(selector, request)
 
-    await make_provider(hold=hold).decide("clm", _request())
-    assert events == ["enter:0", "exit:2"]
+    async def watched_embed(*args: object) -> object:
+        holding["encoder"] = residency.active("clm")
+        return await embed(*args)  # type: ignore[arg-type]
+
+    provider.prepare = watched_prepare  # type: ignore[method-assign]
+    provider._embedded_job = watched_embed  # type: ignore[method-assign]
+    response = await Executor(catalog, residency, ["clm"]).decide(_request())
+    assert set(response.answers) == {"queue", "urgent"} and len(fake.calls) == 2
+    # bounds are checked before any wait; the encoder calls keep to the lane unless parallel
+    assert holding == {"prepare": 0, "encoder": 1 if in_lane else 0}
+    await residency.close()
 
 
 def test_gateway_modules_do_not_import_torch() -> None:
@@ -302,25 +319,6 @@ def test_gateway_modules_do_not_import_torch() -> None:
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parents[1])
 
 
-class _FakeRuntime:
-    """Stands in for the worker runtime: records the spec it was given."""
-
-    def __init__(self, name: str, spec: EngineSpec, settings: Settings):
-        self.name, self.spec, self.device = name, spec, settings.device
-        self.unloads = 0
-
-    async def unload(self) -> None:
-        self.unloads += 1
-
-
-class _FakeResidency:
-    def __init__(self) -> None:
-        self.registered: list[tuple[object, str | None, str | None]] = []
-
-    def register(self, runtime: object, lane: str | None, group: str | None = None) -> None:
-        self.registered.append((runtime, lane, group))
-
-
 @pytest.mark.parametrize(
     ("parallel", "device", "lane"),
     [
@@ -330,31 +328,29 @@ class _FakeResidency:
         (True, "cpu", (None, "clm")),
     ],
 )
-async def test_from_settings_builds_the_worker_spec_and_lane(
-    parallel: bool,
-    device: str,
-    lane: tuple[str | None, str],
-    monkeypatch: pytest.MonkeyPatch,
-    tmp_path: Path,
+async def test_the_service_builds_the_worker_spec_and_lane(
+    parallel: bool, device: str, lane: tuple[str | None, str], tmp_path: Path
 ) -> None:
-    monkeypatch.setattr(providers.local, "WorkerRuntime", _FakeRuntime)
     settings = Settings(
         clm_embeddings_url="http://127.0.0.1:9/v1",
         model_dir=tmp_path,
         device=device,  # type: ignore[arg-type]
         clm_parallel_with_local_models=parallel,
+        laya_enabled=False,
+        von_enabled=False,
     )
-    residency = _FakeResidency()
-    provider = ClmProvider.from_settings(settings, residency)  # type: ignore[arg-type]
-    [(runtime, *registered_lane)] = residency.registered
-    assert tuple(registered_lane) == lane
-    assert runtime.spec.factory == "providers.clm.engine:create"
+    (provider,) = build_providers(settings)
+    assert isinstance(provider, ClmProvider)
+    assert provider.prepares_in_lane is not parallel
+    runtime = provider.runtime
+    assert lane_for("clm", runtime.device, settings) == lane
+    spec = runtime._spec  # type: ignore[attr-defined]
+    assert spec.factory == "providers.clm.engine:create"
     head = tmp_path / "clm-0.1-8b" / "CLM_v0.1-8B.pt"
-    assert runtime.spec.checkpoints == {"clm-0.1-8b": str(head)}
-    assert runtime.spec.options == {"width": 4096} and runtime.spec.preload == ["clm-0.1-8b"]
+    assert spec.checkpoints == {"clm-0.1-8b": str(head)}
+    assert spec.options == {"width": 4096} and spec.preload == ["clm-0.1-8b"]
     assert provider._encoder.width == 4096
     await provider.close()
-    assert runtime.unloads == 1
 
 
 async def test_production_wiring_runs_the_head_in_a_worker(tmp_path: Path) -> None:
@@ -368,22 +364,22 @@ async def test_production_wiring_runs_the_head_in_a_worker(tmp_path: Path) -> No
         torch_threads=1,
         provider_idle_unload_seconds=0,
     )
-    residency = Residency(settings)
-    provider = ClmProvider.from_settings(settings, residency)
-    in_process = ClmProvider(
-        EncoderClient(wide.url, "qwen3-8b", width=4096),
-        InProcessClmRunner(settings.clm_head, width=4096),  # type: ignore[arg-type]
-        max_text_bytes=8192,
+    service = Service(msgspec.structs.replace(settings, laya_enabled=False, von_enabled=False))
+    in_process = Deciding(
+        ClmProvider(
+            EncoderClient(wide.url, "qwen3-8b", width=4096),
+            InProcessClmRunner(settings.clm_head, width=4096),  # type: ignore[arg-type]
+            max_text_bytes=8192,
+        )
     )
     try:
-        await provider.start()
-        served = await provider.decide("clm", _request(temperature=0.7))
+        await service.start()
+        served = await service.executor.decide(_request(temperature=0.7))
         expected = await in_process.decide("clm", _request(temperature=0.7))
         assert msgspec.to_builtins(served) == msgspec.to_builtins(expected)
-        assert residency.loaded("clm")
+        assert service.residency.loaded("clm")
     finally:
-        await residency.close()
-        await provider.close()
+        await service.close()
         await in_process.close()
         wide.stop()
-    assert not residency.loaded("clm")
+    assert not service.residency.loaded("clm")

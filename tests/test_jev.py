@@ -98,7 +98,7 @@ async def make_provider(typesafe: FakeTypeSafe, clock: Clock) -> AsyncIterator[C
             "typesafe_retry_seconds": 5.0,
             **overrides,
         }
-        provider = JevProvider.from_settings(Settings(**values), None, clock=clock)
+        provider = JevProvider.from_settings(Settings(**values), clock=clock)
         await provider.start()
         providers.append(provider)
         return provider
@@ -116,9 +116,9 @@ async def test_is_a_hosted_provider_enabled_by_the_key(make_provider: Any) -> No
     assert isinstance(provider, Provider)
     assert (provider.name, provider.local) == ("jev", False)
     with pytest.raises(ConfigError, match="DECIDEALOT_TYPESAFE_API_KEY"):
-        JevProvider.from_settings(Settings(), None)
+        JevProvider.from_settings(Settings())
     with pytest.raises(ConfigError):
-        JevProvider.from_settings(Settings(typesafe_api_key=KEY, jev_enabled=False), None)
+        JevProvider.from_settings(Settings(typesafe_api_key=KEY, jev_enabled=False))
 
 
 async def test_a_closed_provider_is_unavailable(make_provider: Any) -> None:

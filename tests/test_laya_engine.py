@@ -18,7 +18,7 @@ from decidealot.contract import ChoiceAnswer, NoulAnswer, ScoreAnswer, SystemOne
 from providers.engine import EngineSpec, Job
 from providers.laya import engine as engine_module
 from providers.laya.engine import LayaEngine, create
-from tests.builders.laya_checkpoint import VARIANTS, build_laya_checkpoint
+from providers.tiny.laya import VARIANTS, build_laya_checkpoint
 from tests.devices import DEVICES, autocast_tolerance
 
 BATCH_TOLERANCE = 1e-5
@@ -145,7 +145,7 @@ def test_huge_batches_split_into_passes_with_equal_answers(
         calls.append(len(rows))
         return forward(checkpoint, rows)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(engine_module, "PASS_TOKEN_LIMIT", 400)
+    monkeypatch.setattr(engine, "shape", engine.shape._replace(max_tokens=400))
     monkeypatch.setattr(engine, "_forward", counting_forward)
     split = engine.run(prepared)
     assert len(calls) > 1 and sum(calls) == sum(len(p.rows) for p in prepared)
@@ -176,7 +176,7 @@ def test_cpu_passes_hold_rows_of_similar_length(
         assert max(one_pass) * len(one_pass) - sum(one_pass) <= engine_module.CPU_PASS_COST
 
 
-def test_prepare_reports_cost_and_group(engine: LayaEngine) -> None:
+def test_prepare_reports_tokens_and_group(engine: LayaEngine) -> None:
     job = _job(
         "multilingual",
         "Mein Konto wurde zweimal belastet",
@@ -191,10 +191,9 @@ def test_prepare_reports_cost_and_group(engine: LayaEngine) -> None:
     )
     prepared = engine.prepare(job)
     assert prepared.group == "multilingual"
-    longest = max(len(row.ids) for row in prepared.rows)
-    assert prepared.cost == 2 * longest
+    assert prepared.input_tokens == sum(len(row.ids) for row in prepared.rows)
     decision = engine.run([prepared])[0]
-    assert decision.input_tokens == sum(len(row.ids) for row in prepared.rows) < prepared.cost + 1
+    assert decision.input_tokens == prepared.input_tokens
     answer = decision.answers["b"]
     assert isinstance(answer, ChoiceAnswer)
     assert answer.choice in ("billing", "tech")
@@ -298,8 +297,7 @@ def test_checkpoint_without_encoder_or_tokenizer_fails(
 async def test_provider_runs_in_a_real_worker(checkpoints: dict[str, Path], tmp_path: Path) -> None:
     """Gateway -> residency -> worker subprocess -> this engine, with the factory by name."""
     from decidealot.config import Settings
-    from decidealot.residency import Residency
-    from providers.laya.provider import LayaProvider
+    from decidealot.service import Service
 
     settings = Settings(
         device="cpu",
@@ -308,19 +306,19 @@ async def test_provider_runs_in_a_real_worker(checkpoints: dict[str, Path], tmp_
         laya_english_checkpoint=checkpoints["english"],
         laya_multilingual_checkpoint=checkpoints["multilingual"],
         laya_typed_decisions_checkpoint=checkpoints["typed-decisions"],
+        von_enabled=False,
     )
-    residency = Residency(settings)
-    provider = LayaProvider.from_settings(settings, residency)
+    service = Service(settings)
     questions = {"pay": {"type": "choice", "criteria": {"billing": "refunds", "tech": None}}}
     state = "Mein Konto wurde zweimal belastet, bitte helfen Sie mir."
     request = msgspec.convert(
         {"model": "laya", "state": state, "questions": questions}, SystemOneRequest
     )
     try:
-        response = await provider.decide("laya", request)
+        await service.start()
+        response = await service.executor.decide(request)
     finally:
-        await provider.close()
-        await residency.close()
+        await service.close()
     local = create(_spec(checkpoints))
     expected = local.run([local.prepare(_job("multilingual", state, questions))])[0]
     assert response.model == "laya-multilingual"

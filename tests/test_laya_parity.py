@@ -28,7 +28,7 @@ from decidealot.contract import SystemOneRequest
 from decidealot.errors import DecisionInputError
 from providers.engine import Decision, EngineSpec, Job
 from providers.laya.engine import LayaEngine, create
-from tests.builders.laya_checkpoint import VARIANTS, build_laya_checkpoint
+from providers.tiny.laya import VARIANTS, build_laya_checkpoint
 from tests.devices import DEVICES, autocast_tolerance
 
 laya = pytest.importorskip("laya")

@@ -12,8 +12,8 @@ import msgspec
 import pytest
 
 from decidealot.config import Settings
-from decidealot.contract import NoulAnswer, SystemOneRequest
-from providers.engine import Decision, Job
+from decidealot.contract import SystemOneRequest
+from decidealot.service import build_providers, lane_for
 from providers.laya import lang
 from providers.laya.provider import LayaProvider
 from providers.laya.router import AUTO_SELECTORS, TYPED_DECISION_WORKFLOWS, route, workflow_of
@@ -124,6 +124,46 @@ def _corpus() -> list[Any]:
     return SAMPLES + [_mixed_state(rng) for _ in range(300)]
 
 
+def _long_state(rng: random.Random) -> Any:
+    """Past upstream's 4000-character windows: long English lines and fields, with a foreign
+    line or field (or none) before, across or after the window, in strings and structures."""
+
+    def line(pool: str) -> str:
+        return " ".join(rng.choice(WORDS[pool].split()) for _ in range(rng.randint(4, 40)))
+
+    english = [line("en") for _ in range(rng.randint(60, 400))]
+    foreign = line(rng.choice([k for k in sorted(WORDS) if k != "en"]))
+    if rng.random() < 0.8:
+        english.insert(rng.randint(0, len(english)), foreign)
+    if rng.random() < 0.2:
+        english.append(foreign * rng.randint(100, 300))  # one line longer than the window
+    shape = rng.random()
+    if shape < 0.3:
+        return "\n".join(english)
+    if shape < 0.7:
+        cut = rng.randint(1, len(english))
+        return {"note": "\n".join(english[:cut]), "message": "\n".join(english[cut:])}
+    return [" ".join(english[i : i + 20]) for i in range(0, len(english), 20)]
+
+
+def test_long_states_read_what_upstream_reads(upstream: Any) -> None:
+    """Upstream reads the whole state's first 4000 characters, its lines up to 4000 characters
+    in all (the segment scan), then every line of every string value, each cut at 4000: a
+    foreign field far past the window still leaves the English checkpoint."""
+    keys = ("script", "language", "is_english", "language_undecided", "mixed_segment")
+    rng = random.Random("laya-long")
+    routed = set()
+    for _ in range(60):
+        state = _long_state(rng)
+        assert len(msgspec.json.encode(state)) > 4000
+        theirs = upstream_lang.analyse(state)
+        assert {k: lang.analyse(state)[k] for k in keys} == {k: theirs[k] for k in keys}
+        expected = upstream.route(state, {"q": {"type": "noul"}})["model"]
+        assert route("laya", state, ["q"]) == expected
+        routed.add(expected)
+    assert routed == {"english", "multilingual"}
+
+
 @pytest.fixture(scope="module")
 def upstream() -> Any:
     return upstream_router.Router(auto_task_detection=True)
@@ -197,26 +237,6 @@ CONTRACT_MODELS = [
 ]
 
 
-class FakeRunner:
-    """Records jobs and answers each with a fixed noul, naming the routed checkpoint."""
-
-    def __init__(self) -> None:
-        self.jobs: list[Job] = []
-
-    async def run(self, job: Job) -> Decision:
-        self.jobs.append(job)
-        answers = {name: NoulAnswer(noul=0.25) for name in job.questions}
-        return Decision(model=f"laya-{job.checkpoint}", answers=answers, input_tokens=17)
-
-
-class FakeResidency:
-    def __init__(self) -> None:
-        self.registered: list[tuple[Any, str | None, str | None]] = []
-
-    def register(self, runtime: Any, lane: str | None = None, group: str | None = None) -> None:
-        self.registered.append((runtime, lane, group))
-
-
 def _request(model: str, state: Any, names: list[str]) -> SystemOneRequest:
     questions = {name: {"type": "noul", "instructions": "Is it late?"} for name in names}
     return msgspec.convert(
@@ -225,7 +245,7 @@ def _request(model: str, state: Any, names: list[str]) -> SystemOneRequest:
 
 
 async def test_provider_lists_the_contract_models() -> None:
-    provider = LayaProvider(FakeRunner())
+    provider = LayaProvider(None)  # type: ignore[arg-type]
     assert provider.name == "laya" and provider.local is True
     models = await provider.models()
     assert [(m.name, m.description) for m in models] == CONTRACT_MODELS
@@ -256,26 +276,23 @@ async def test_provider_lists_the_contract_models() -> None:
 async def test_provider_routes_and_answers(
     selector: str, state: Any, names: list[str], checkpoint: str
 ) -> None:
-    runner = FakeRunner()
-    response = await LayaProvider(runner).decide(selector, _request(selector, state, names))
-    (job,) = runner.jobs
+    provider = LayaProvider(None)  # type: ignore[arg-type]
+    job, gateway_tokens = await provider.prepare(selector, _request(selector, state, names))
     assert job.checkpoint == checkpoint
     assert job.state == state and list(job.questions) == names
-    assert response.model == f"laya-{checkpoint}"
-    assert set(response.answers) == set(names)
-    assert response.usage.input_tokens == 17 and response.usage.output_tokens == 0
+    assert gateway_tokens == 0
 
 
-def test_from_settings_registers_a_worker_runtime(tmp_path: Path) -> None:
-    pytest.importorskip("providers.local")
+def test_the_service_builds_a_worker_runtime_on_its_lane(tmp_path: Path) -> None:
     own = tmp_path / "my-english"
     settings = Settings(
         device="cpu", model_dir=tmp_path / "models", laya_english_checkpoint=own, torch_threads=3
     )
-    residency = FakeResidency()
-    provider = LayaProvider.from_settings(settings, residency)  # type: ignore[arg-type]
-    ((runtime, lane, group),) = residency.registered
-    assert runtime.name == "laya" and (lane, group) == ("local", "models") and not runtime.loaded
+    (provider,) = build_providers(msgspec.structs.replace(settings, von_enabled=False))
+    assert isinstance(provider, LayaProvider)
+    runtime = provider.runtime
+    assert lane_for("laya", runtime.device, settings) == ("local", "models")
+    assert runtime.name == "laya" and not runtime.loaded
     spec = runtime._spec
     assert spec.factory == "providers.laya.engine:create"
     assert spec.checkpoints == {

@@ -61,10 +61,23 @@ class StdioServer:
     def call(self, method: str, params: dict[str, Any], timeout: float = 60) -> dict[str, Any]:
         self._next_id += 1
         self.send({"jsonrpc": "2.0", "id": self._next_id, "method": method, "params": params})
+        return self._answer(self._next_id, timeout)
+
+    def call_raw(self, message: bytes, timeout: float = 60) -> dict[str, Any]:
+        """Send `message` (one JSON-RPC request, as raw bytes) and return its result."""
+        request_id = json.loads(message.decode(errors="replace"))["id"]
+        assert self.process.stdin is not None
+        self.process.stdin.write(message + b"\n")
+        self.process.stdin.flush()
+        answer = self._answer(request_id, timeout)
+        assert "result" in answer, answer
+        return answer["result"]
+
+    def _answer(self, request_id: int, timeout: float) -> dict[str, Any]:
         deadline = time.monotonic() + timeout
         while True:
             answer = json.loads(self._lines.get(timeout=max(deadline - time.monotonic(), 0.01)))
-            if answer.get("id") == self._next_id:
+            if answer.get("id") == request_id:
                 return answer
 
     def initialize(self) -> None:
@@ -127,7 +140,7 @@ def test_forwarding_ends_on_a_signal_with_stdin_open(
 def test_providers_and_workers_are_closed_on_sigint(
     servers: list[StdioServer], tmp_path: Path
 ) -> None:
-    from tests.builders.von_checkpoint import build_von_checkpoint  # torch: only in this test
+    from providers.tiny.von import build_von_checkpoint  # torch: only in this test
 
     checkpoint = build_von_checkpoint(tmp_path / "von", independent_options=False)
     env = {

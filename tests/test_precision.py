@@ -24,9 +24,9 @@ from decidealot.config import ConfigError, from_env
 from decidealot.contract import Answer, ChoiceAnswer, NoulAnswer, Question, ScoreAnswer
 from providers.engine import EngineSpec, Job
 from providers.laya.engine import LayaEngine
+from providers.tiny.laya import VARIANTS, build_laya_checkpoint
+from providers.tiny.von import build_von_checkpoint
 from providers.von.engine import VonEngine
-from tests.builders.laya_checkpoint import VARIANTS, build_laya_checkpoint
-from tests.builders.von_checkpoint import build_von_checkpoint
 from tests.conftest import _free_port
 from tests.test_cli import cli
 

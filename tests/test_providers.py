@@ -1,11 +1,13 @@
 """Fake providers for the gateway's tests; never part of the shipped catalog.
 
 Each fake answers from the request alone (uniform probabilities over the labels), so tests
-can check shapes without a model. A request steers its fake through its state: a state object
-`{"fake": {"sleep": s, "fail": kind}}` sleeps `s` seconds inside the provider (inside the
-residency slot for local fakes), then fails with `unavailable`, `input`, `bad_answer` or
-`crash`. Every call appends a JSON line (provider, selector, tag, start/end) to the file named
-by DECIDEALOT_TEST_EVENTS, so tests can see order and overlap across the process boundary.
+can check shapes without a model. Local fakes are `LocalProvider`s whose runtime answers the
+job itself; the fake Jev is a `HostedProvider`. A request steers its fake through its state: a
+state object `{"fake": {"sleep": s, "fail": kind}}` sleeps `s` seconds while answering (inside
+the residency slot and lane for local fakes), then fails with `unavailable`, `input`,
+`bad_answer` or `crash`. Every call appends a JSON line (provider, selector, tag, start/end) to
+the file named by DECIDEALOT_TEST_EVENTS, so tests can see order and overlap across the
+process boundary.
 The fake Jev reads its catalog from the JSON file DECIDEALOT_TEST_JEV_CATALOG (a list of
 names, or "fail").
 """
@@ -35,13 +37,16 @@ from decidealot.contract import (
     Usage,
 )
 from decidealot.errors import DecisionInputError, ProviderUnavailable
-from decidealot.residency import Residency
-from providers.base import Provider
+from decidealot.service import local_selectors
+from providers.base import HostedProvider, LocalProvider, PreparedRequest, Provider
+from providers.engine import Decision, Job
 
 ANSWERING_MODEL = {"laya": "laya-english", "von": "von-1.1", "clm": "clm-0.1-8b"}
 
 
 class FakeRuntime:
+    device = "cpu"
+
     def __init__(self, name: str) -> None:
         self.name = name
         self._loaded = False
@@ -56,6 +61,10 @@ class FakeRuntime:
 
     async def unload(self) -> None:
         self._loaded = False
+
+    async def submit(self, job: Job) -> Decision:
+        response = await _decide(self.name, job.checkpoint, job.state, job.questions)
+        return Decision(response.model, response.answers, response.usage.input_tokens)
 
 
 def _answer(question: Any) -> Answer:
@@ -79,66 +88,69 @@ def _record(provider: str, selector: str, tag: Any, start: float, end: float) ->
             events.write(json.dumps(line) + "\n")
 
 
+async def _decide(
+    provider: str, selector: str, state: Any, questions: dict[str, Any]
+) -> SystemOneResponse:
+    steer = state.get("fake", {}) if isinstance(state, dict) else {}
+    start = time.time()
+    await asyncio.sleep(float(steer.get("sleep", 0)))
+    _record(provider, selector, steer.get("tag"), start, time.time())
+    fail = steer.get("fail")
+    first = next(iter(questions))
+    if fail == "unavailable":
+        raise ProviderUnavailable()
+    if fail == "input":
+        raise DecisionInputError(first, "Value error, too long for this model", ["criteria"], 7)
+    if fail == "crash":
+        raise RuntimeError(f"secret state {state!r}")
+    answers = {name: _answer(q) for name, q in questions.items()}
+    if fail == "bad_answer":
+        answers.pop(first)
+    model = ANSWERING_MODEL.get(provider, selector)
+    return SystemOneResponse(model, answers, Usage(input_tokens=10 * len(questions)))
+
+
 class FakeProvider:
-    def __init__(self, name: str, residency: Residency | None) -> None:
+    prepares_in_lane = False
+
+    def __init__(self, name: str, local: bool) -> None:
         self.name = name
-        self.local = residency is not None
-        self._residency = residency
-        self._runtime = FakeRuntime(name)
-        if residency is not None:
-            residency.register(self._runtime)
+        self.local = local
+        self.accepts_temperature = name == "clm"
+        self.runtime = FakeRuntime(name)
 
     async def start(self) -> None:
         pass
 
     async def close(self) -> None:
-        await self._runtime.unload()
+        await self.runtime.unload()
 
     async def models(self) -> list[ModelInfo]:
+        if self.local:
+            return list(local_selectors(self.name))
         path = os.environ.get("DECIDEALOT_TEST_JEV_CATALOG")
         names: Any = json.loads(Path(path).read_text()) if path else ["jev-latest"]
         if names == "fail":
             raise ProviderUnavailable("the hosted model catalog is unavailable")
         return [ModelInfo(n, f"Hosted {n}.", "2026-09-15") for n in names]
 
+    async def prepare(self, selector: str, request: SystemOneRequest) -> PreparedRequest:
+        return PreparedRequest(Job(selector, request.state, request.questions, request.config))
+
     async def decide(self, selector: str, request: SystemOneRequest) -> SystemOneResponse:
-        if self._residency is None:
-            return await self._decide(selector, request)
-        async with self._residency.use(self._runtime):
-            return await self._decide(selector, request)
-
-    async def _decide(self, selector: str, request: SystemOneRequest) -> SystemOneResponse:
-        steer = request.state.get("fake", {}) if isinstance(request.state, dict) else {}
-        start = time.time()
-        await asyncio.sleep(float(steer.get("sleep", 0)))
-        _record(self.name, selector, steer.get("tag"), start, time.time())
-        fail = steer.get("fail")
-        first = next(iter(request.questions))
-        if fail == "unavailable":
-            raise ProviderUnavailable()
-        if fail == "input":
-            raise DecisionInputError(first, "Value error, too long for this model", ["criteria"], 7)
-        if fail == "crash":
-            raise RuntimeError(f"secret state {request.state!r}")
-        answers = {name: _answer(q) for name, q in request.questions.items()}
-        if fail == "bad_answer":
-            answers.pop(first)
-        model = ANSWERING_MODEL.get(self.name, selector)
-        usage = Usage(input_tokens=10 * len(request.questions))
-        return SystemOneResponse(model, answers, usage)
+        return await _decide(self.name, selector, request.state, request.questions)
 
 
-def build(settings: Settings, residency: Residency) -> list[Provider]:
+def build(settings: Settings) -> list[Provider]:
     """One fake per configured provider, as `Service` would build the real ones."""
-    fakes: list[Provider] = []
-    for name in settings.providers:
-        fakes.append(FakeProvider(name, None if name == "jev" else residency))
-    return fakes
+    return [FakeProvider(name, local=name != "jev") for name in settings.providers]
 
 
 def test_fakes_follow_the_provider_protocol() -> None:
     settings = Settings(typesafe_api_key="k")
-    fakes = build(settings, Residency(settings))
+    fakes = build(settings)
     assert [f.name for f in fakes] == ["laya", "von", "jev"]
     assert all(isinstance(f, Provider) for f in fakes)
+    assert all(isinstance(f, LocalProvider) for f in fakes)
+    assert isinstance(fakes[-1], HostedProvider) and not fakes[-1].local
     assert msgspec.json.encode(_answer(ChoiceQuestion({"a": None, "b": "x"})))

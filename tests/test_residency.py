@@ -195,3 +195,33 @@ async def test_lane_groups_overlap_within_and_exclude_across():
     )
     assert trace[:2] == ["start laya", "start von"]
     assert trace.index("start clm") > max(trace.index("end laya"), trace.index("end von"))
+
+
+async def test_a_lane_waiter_cancelled_as_the_lane_frees_neither_raises_nor_loses_it():
+    from decidealot.residency import _Lane
+
+    lane = _Lane()
+    await lane.acquire("a")
+    waiter = asyncio.create_task(lane.acquire("b"))
+    await asyncio.sleep(0)  # the waiter is queued
+    waiter.cancel()  # its future is cancelled; its except block has not run yet
+    lane.release()  # drops the cancelled waiter from the queue before that block runs
+    with pytest.raises(asyncio.CancelledError):
+        await waiter  # not ValueError from removing a waiter release() already dropped
+    await asyncio.wait_for(lane.acquire("c"), 1)  # the lane is free
+    lane.release()
+
+
+async def test_a_lane_handed_to_a_waiter_being_cancelled_is_given_back():
+    from decidealot.residency import _Lane
+
+    lane = _Lane()
+    await lane.acquire("a")
+    waiter = asyncio.create_task(lane.acquire("b"))
+    await asyncio.sleep(0)
+    lane.release()  # hands the lane to the waiter...
+    waiter.cancel()  # ...which is cancelled before it resumes
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
+    await asyncio.wait_for(lane.acquire("c"), 1)  # it gave the lane back
+    lane.release()

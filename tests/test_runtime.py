@@ -14,16 +14,29 @@ from pathlib import Path
 
 import pytest
 
-from decidealot.config import Settings
+from decidealot.config import ConfigError, Settings
 from decidealot.contract import NoulQuestion
 from decidealot.errors import DecisionInputError, ProviderBusy, ProviderUnavailable
 from decidealot.residency import Residency
-from providers import local
+from providers import device, local
+from providers.device import check_cuda, resolve_device
 from providers.engine import EngineSpec, Job
-from providers.local import ResidentRunner, WorkerRuntime, resolve_device
+from providers.local import WorkerRuntime
 from tests.engines.arith import answer
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+class ResidentRunner:
+    """A decision's way through residency to a runtime, as the executor takes it."""
+
+    def __init__(self, runtime: WorkerRuntime, residency: Residency) -> None:
+        self._runtime = runtime
+        self._residency = residency
+
+    async def run(self, job: Job) -> object:
+        async with self._residency.use(self._runtime):
+            return await self._runtime.submit(job)
 
 
 def spec(log: Path | None = None, **options: object) -> EngineSpec:
@@ -33,6 +46,7 @@ def spec(log: Path | None = None, **options: object) -> EngineSpec:
 
 
 def settings(**values: object) -> Settings:
+    values.setdefault("max_request_tokens", 0)  # the arith engine counts state characters
     return Settings(device="cpu", **values)  # type: ignore[arg-type]
 
 
@@ -43,6 +57,14 @@ def job(state: str, checkpoint: str = "ckpt", **config: object) -> Job:
 def passes(log: Path) -> list[dict[str, object]]:
     records = [json.loads(line) for line in log.read_text().splitlines()]
     return [record for record in records if "size" in record]
+
+
+async def started_pass(log: Path, seconds: float = 30.0) -> None:
+    """Wait until the arith engine has logged a pass (the worker is up, whatever the load)."""
+    deadline = time.monotonic() + seconds
+    while not (log.exists() and passes(log)):
+        assert time.monotonic() < deadline, "no pass started"
+        await asyncio.sleep(0.02)
 
 
 def running(pid: int) -> bool:
@@ -282,16 +304,32 @@ async def test_settings_reach_the_worker_but_keys_do_not(runtime, tmp_path, monk
 
 @pytest.fixture
 def driver_files(tmp_path, monkeypatch):
-    local._probe_cuda.cache_clear()
+    device._probe_cuda.cache_clear()
     marker = tmp_path / "nvidia-version"
-    monkeypatch.setattr(local, "_NVIDIA_DRIVER_FILES", (marker,))
+    monkeypatch.setattr(device, "_NVIDIA_DRIVER_FILES", (marker,))
     yield marker
-    local._probe_cuda.cache_clear()
+    device._probe_cuda.cache_clear()
 
 
 def test_an_explicit_device_is_kept() -> None:
     assert resolve_device(Settings(device="cuda")) == "cuda"
     assert resolve_device(Settings(device="cpu")) == "cpu"
+
+
+@pytest.mark.parametrize("driver", [False, True])
+def test_cuda_where_torch_sees_no_gpu_names_the_setting(driver_files, tmp_path, driver) -> None:
+    if driver:
+        driver_files.write_text("NVRM version: test")
+    python = tmp_path / "python"
+    python.write_text("#!/bin/sh\necho cpu\n")
+    python.chmod(0o755)
+    check_cuda(Settings(device="cpu", worker_python=python))
+    with pytest.raises(ConfigError, match=r"DECIDEALOT_DEVICE=cuda: .* sees no CUDA device"):
+        check_cuda(Settings(device="cuda", worker_python=python))
+    driver_files.write_text("NVRM version: test")
+    python.write_text("#!/bin/sh\necho cuda\n")
+    device._probe_cuda.cache_clear()
+    check_cuda(Settings(device="cuda", worker_python=python))  # a GPU torch sees: fine
 
 
 def test_auto_is_cpu_without_an_nvidia_driver(driver_files, monkeypatch) -> None:
@@ -331,14 +369,14 @@ async def test_idle_unload_ends_the_worker(runtime) -> None:
         await residency.close()
 
 
-async def test_after_a_crash_the_next_decision_starts_a_new_worker(runtime) -> None:
+async def test_after_a_crash_the_next_decision_starts_a_new_worker(runtime, tmp_path) -> None:
     residency = Residency(settings(provider_idle_unload_seconds=0))
     worker = runtime()
     residency.register(worker, lane=None)
     runner = ResidentRunner(worker, residency)
     try:
         in_flight = asyncio.create_task(runner.run(job("slow", sleep=5)))
-        await asyncio.sleep(0.3)
+        await started_pass(tmp_path / "log")
         pid = worker.pid
         os.kill(pid, signal.SIGKILL)  # type: ignore[arg-type]
         with pytest.raises(ProviderUnavailable):
@@ -397,7 +435,7 @@ async def test_decisions_through_residency_still_share_passes(runtime, tmp_path)
     runner = ResidentRunner(worker, residency)
     try:
         slow = asyncio.create_task(runner.run(job("slow", sleep=1.0)))
-        await asyncio.sleep(0.3)
+        await started_pass(tmp_path / "log")  # its pass runs: the five queue behind it
         await asyncio.gather(*(runner.run(job(f"s{i}")) for i in range(5)))
         await slow
     finally:
@@ -498,7 +536,7 @@ def test_the_gateway_never_imports_torch() -> None:
 
 def test_token_budget_follows_the_device_unless_set() -> None:
     from decidealot.config import ConfigError, from_env
-    from providers.local import token_budget
+    from providers.device import token_budget
 
     assert token_budget(Settings(), "cpu") == 4096
     assert token_budget(Settings(), "cuda") == 32768
@@ -509,9 +547,9 @@ def test_token_budget_follows_the_device_unless_set() -> None:
 
 
 def test_concurrent_passes_fill_the_cores_on_cpu_and_stay_serial_on_cuda(monkeypatch) -> None:
-    from providers.local import concurrent_passes
+    from providers.device import concurrent_passes
 
-    monkeypatch.setattr(local.os, "sched_getaffinity", lambda pid: set(range(8)))
+    monkeypatch.setattr(device.os, "sched_getaffinity", lambda pid: set(range(8)))
     assert concurrent_passes(Settings(torch_threads=1), "cpu") == 8
     assert concurrent_passes(Settings(torch_threads=2), "cpu") == 4
     assert concurrent_passes(Settings(torch_threads=3), "cpu") == 2

@@ -25,8 +25,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.builders.laya_checkpoint import build_laya_checkpoint
-from tests.builders.von_checkpoint import build_von_checkpoint
+from providers.tiny.laya import build_laya_checkpoint
+from providers.tiny.von import build_von_checkpoint
 from tests.ops_server import children
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -31,12 +31,14 @@ from decidealot.contract import (
     SystemOneRequest,
 )
 from decidealot.errors import DecisionInputError
+from decidealot.service import Service, build_providers, lane_for
 from providers.engine import Decision, EngineSpec, Job
+from providers.tiny.von import build_von_checkpoint
 from providers.von.engine import VonEngine, create
 from providers.von.model import WINDOW, CheckpointError
 from providers.von.provider import VonProvider
 from providers.von.render import NO_TEXT, YES_TEXT, instructions_text, pack, score_level_text
-from tests.builders.von_checkpoint import build_von_checkpoint
+from tests.decide import Deciding
 from tests.devices import DEVICES
 
 MODES = {"independent": True, "plain": False}
@@ -232,7 +234,7 @@ def test_answers_are_unrounded_and_legend_echoes_levels(engines: dict[str, VonEn
     assert any(round(p, 4) != p for p in every)  # nothing is rounded to upstream's 4 places
 
 
-def test_prepared_job_reports_cost_and_group(engines: dict[str, VonEngine]) -> None:
+def test_prepared_job_reports_rows_tokens_and_group(engines: dict[str, VonEngine]) -> None:
     engine = engines["independent"]
     prepared = engine.prepare(
         _job(
@@ -250,7 +252,7 @@ def test_prepared_job_reports_cost_and_group(engines: dict[str, VonEngine]) -> N
     assert prepared.group == "von-1.1"
     lengths = [len(row.ids) for row in prepared.rows]
     assert len(lengths) == 3  # the zero-shot noul adds its no-state row
-    assert prepared.cost == 3 * max(lengths)
+    assert [row.tokens for row in prepared.rows] == lengths
     assert prepared.input_tokens == sum(lengths)
 
 
@@ -291,6 +293,7 @@ def test_criteria_beyond_the_window_are_refused_by_question(
     with pytest.raises(DecisionInputError) as caught:
         engine.prepare(job)
     assert caught.value.question == "too_long"
+    assert "by themselves" in caught.value.msg
     assert "secret" not in caught.value.msg
 
 
@@ -392,13 +395,13 @@ class _FakeRunner:
     def __init__(self) -> None:
         self.jobs: list[Job] = []
 
-    async def run(self, job: Job) -> Decision:
+    async def submit(self, job: Job) -> Decision:
         self.jobs.append(job)
         return Decision("von-1.1", {"n": NoulAnswer(noul=0.25)}, input_tokens=42)
 
 
 async def test_provider_lists_the_four_von_selectors() -> None:
-    provider = VonProvider(_FakeRunner())
+    provider = VonProvider(_FakeRunner())  # type: ignore[arg-type]
     assert provider.name == "von" and provider.local is True
     date = "2026-09-22"
     assert await provider.models() == [
@@ -412,7 +415,7 @@ async def test_provider_lists_the_four_von_selectors() -> None:
 @pytest.mark.parametrize("selector", ["von", "von-latest", "von-1.1", "von-1.1.0"])
 async def test_provider_runs_every_selector_on_the_one_checkpoint(selector: str) -> None:
     runner = _FakeRunner()
-    provider = VonProvider(runner)
+    provider = Deciding(VonProvider(runner))  # type: ignore[arg-type]
     questions: dict[str, Question] = {
         "n": NoulQuestion(instructions="Is it late?"),
         "s": ScoreQuestion(criteria=["low", {"what": "high"}]),
@@ -428,42 +431,29 @@ async def test_provider_runs_every_selector_on_the_one_checkpoint(selector: str)
 
 
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
-def test_provider_from_settings_registers_a_worker_runtime(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, device: str
-) -> None:
-    import providers.local
-
-    built: list[tuple[str, EngineSpec]] = []
-
-    class Runtime:
-        def __init__(self, name: str, spec: EngineSpec, settings: Settings) -> None:
-            self.name, self.device = name, device
-            built.append((name, spec))
-
-    class Residency:
-        def __init__(self) -> None:
-            self.registered: list[tuple[Any, str | None, str | None]] = []
-
-        def register(self, runtime: Any, lane: str | None = None, group: str | None = None):
-            self.registered.append((runtime, lane, group))
-
-    monkeypatch.setattr(providers.local, "WorkerRuntime", Runtime)
-    residency = Residency()
-    settings = Settings(von_checkpoint=tmp_path, torch_threads=3)
-    provider = VonProvider.from_settings(settings, residency)  # type: ignore[arg-type]
-    ((name, spec),) = built
-    assert name == "von"
+def test_the_service_builds_a_worker_runtime_on_its_lane(tmp_path: Path, device: str) -> None:
+    settings = Settings(
+        von_checkpoint=tmp_path,
+        torch_threads=3,
+        device=device,
+        laya_enabled=False,  # type: ignore[arg-type]
+    )
+    (provider,) = build_providers(settings)
+    assert isinstance(provider, VonProvider)
+    runtime = provider.runtime
+    spec = runtime._spec
+    assert runtime.name == "von" and runtime.device == device
     assert spec.factory == "providers.von.engine:create"
     assert spec.checkpoints == {"von-1.1": str(tmp_path)}
     assert spec.torch_threads == 3
-    ((runtime, lane, group),) = residency.registered
-    assert runtime.name == "von"
-    assert (lane, group) == (("cuda", "von") if device == "cuda" else ("local", "models"))
-    assert isinstance(provider, VonProvider)
+    lane = lane_for("von", runtime.device, settings)
+    assert lane == (("cuda", "von") if device == "cuda" else ("local", "models"))
 
-    default = Settings(model_dir=tmp_path / "models")
-    VonProvider.from_settings(default, Residency())  # type: ignore[arg-type]
-    assert built[-1][1].checkpoints == {"von-1.1": str(tmp_path / "models" / "von-1.1")}
+    default = Settings(model_dir=tmp_path / "models", laya_enabled=False, device="cpu")
+    (provider,) = build_providers(default)
+    assert provider.runtime._spec.checkpoints == {  # type: ignore[attr-defined]
+        "von-1.1": str(tmp_path / "models" / "von-1.1")
+    }
 
 
 def test_provider_module_imports_no_torch() -> None:
@@ -485,16 +475,14 @@ def test_provider_module_imports_no_torch() -> None:
 async def test_provider_answers_through_a_real_worker(
     von_dirs: dict[str, Path], engines: dict[str, VonEngine]
 ) -> None:
-    from decidealot.residency import Residency
-
     settings = Settings(
         von_checkpoint=von_dirs["independent"],
         device="cpu",
         torch_threads=1,
         provider_idle_unload_seconds=0,
+        laya_enabled=False,
     )
-    residency = Residency(settings)
-    provider = VonProvider.from_settings(settings, residency)
+    service = Service(settings)
     questions: dict[str, Question] = {
         "route": ChoiceQuestion(criteria={"billing": {"topic": "money"}, "tech": None}),
         "true": NoulQuestion(instructions=["Is", "it", "late?"]),
@@ -502,13 +490,10 @@ async def test_provider_answers_through_a_real_worker(
     }
     state = {"order": 12, "late": True}
     try:
-        await provider.start()
-        response = await provider.decide(
-            "von-latest", SystemOneRequest("von-latest", state, questions)
-        )
+        await service.start()
+        response = await service.executor.decide(SystemOneRequest("von-latest", state, questions))
     finally:
-        await residency.close()
-        await provider.close()
+        await service.close()
     engine = engines["independent"]
     (direct,) = engine.run([engine.prepare(Job("von-1.1", state, questions))])
     assert response.model == "von-1.1"

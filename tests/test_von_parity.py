@@ -20,8 +20,8 @@ import pytest
 
 from decidealot.contract import ChoiceAnswer, NoulAnswer, Question, ScoreAnswer
 from providers.engine import EngineSpec, Job
+from providers.tiny.von import build_von_checkpoint
 from providers.von.engine import VonEngine, create
-from tests.builders.von_checkpoint import build_von_checkpoint
 from tests.devices import DEVICES, assert_fp32_matmul_is_ieee
 
 TOLERANCE = 1e-4

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 import time
-from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -14,12 +14,15 @@ from typing import BinaryIO
 import pytest
 
 from decidealot.contract import NoulQuestion
-from providers.engine import EngineSpec, Job
+from providers.engine import EngineSpec, Job, PassShape
 from providers.frames import (
+    Begin,
+    Cancel,
     Failed,
     FromWorker,
     InputError,
     JobFailed,
+    Pass,
     Ready,
     Result,
     Start,
@@ -28,42 +31,99 @@ from providers.frames import (
     read_payload,
     write_frame,
 )
-from providers.worker import Pending, take_batch
+from providers.passes import STARVE_TURNS, Planner
 from tests.engines.arith import answer
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@dataclass(frozen=True)
+class Tokens:
+    tokens: int
+
+
 @dataclass
-class Cost:
-    cost: int
+class Rows:
     group: str
+    rows: list[Tokens]
+
+    @property
+    def input_tokens(self) -> int:
+        return sum(row.tokens for row in self.rows)
 
 
-def pending(*items: tuple[str, int]) -> deque[Pending]:
-    return deque(Pending(i, Cost(cost, group)) for i, (group, cost) in enumerate(items))
+def planner(budget: int, *jobs: tuple[str, list[int]], shape: PassShape | None = None) -> Planner:
+    plan = Planner(budget, shape or PassShape())
+    for job_id, (group, lengths) in enumerate(jobs):
+        plan.add(job_id, Rows(group, [Tokens(n) for n in lengths]))
+    return plan
 
 
-def test_batch_takes_the_oldest_group_in_order_within_the_budget() -> None:
-    queue = pending(("a", 30), ("b", 10), ("a", 30), ("a", 50), ("a", 10), ("b", 5))
-    batch = take_batch(queue, token_budget=70)
-    assert [item.id for item in batch] == [0, 2]  # 0+2 fit; 3 does not, so 4 waits behind it
-    assert [item.id for item in queue] == [1, 3, 4, 5]
-    assert [item.id for item in take_batch(queue, 70)] == [1, 5]
-    assert [item.id for item in take_batch(queue, 70)] == [3, 4]
-    assert not queue
+def turn(plan: Planner) -> list[list[tuple[int, int]]]:
+    """The next turn as (job id, row tokens) per pass; its rows count as computed."""
+    passes = plan.take()
+    for each in passes:
+        for task, _ in each.rows:
+            task.running -= 1
+    return [[(t.id, t.prepared.rows[i].tokens) for t, i in each.rows] for each in passes]
 
 
-def test_batch_always_takes_one_job_even_over_budget() -> None:
-    queue = pending(("a", 500), ("a", 1))
-    assert [item.id for item in take_batch(queue, 100)] == [0]
-    assert [item.id for item in take_batch(queue, 100)] == [1]
+def test_a_turn_takes_the_shortest_remaining_job_first_within_the_budget() -> None:
+    plan = planner(100, ("a", [40, 40, 40, 40]), ("a", [10, 20]), ("b", [5]))
+    # job 2 (b) has the least work left, so its group goes first; alone in its group
+    assert turn(plan) == [[(2, 5)]]
+    # then job 1 whole, and job 0 fills what the budget leaves
+    assert turn(plan) == [[(1, 10), (1, 20), (0, 40)]]
+    assert turn(plan) == [[(0, 40), (0, 40)]]
+    assert turn(plan) == [[(0, 40)]]
+    assert turn(plan) == []
+
+
+def test_a_turn_always_holds_one_row_even_over_the_budget() -> None:
+    plan = planner(100, ("a", [500, 1]))
+    assert turn(plan) == [[(0, 1)]]
+    assert turn(plan) == [[(0, 500)]]
+
+
+def test_a_small_job_arriving_during_a_large_one_gets_the_next_turn() -> None:
+    plan = planner(100, ("a", [50] * 20))
+    assert turn(plan) == [[(0, 50), (0, 50)]]
+    plan.add(7, Rows("a", [Tokens(30)]))
+    assert turn(plan) == [[(7, 30), (0, 50)]]
+
+
+def test_a_job_passed_over_too_long_goes_first() -> None:
+    plan = planner(10, ("big", [10] * 3))
+    for n in range(STARVE_TURNS):
+        plan.add(100 + n, Rows("small", [Tokens(1)]))
+        assert turn(plan) == [[(100 + n, 1)]]  # shorter jobs of another group go first
+    plan.add(200, Rows("small", [Tokens(1)]))
+    assert turn(plan) == [[(0, 10)]]  # passed over STARVE_TURNS times: its turn now
+
+
+def test_turns_are_cut_into_passes_by_the_engines_shape() -> None:
+    plan = planner(1000, ("a", [10, 10, 12, 40, 41]), shape=PassShape(max_tokens=60, max_waste=8))
+    # sorted by length; 10,10,12 pad to 36 (waste 4); 40 would waste 80; 40+41 pad to 82 > 60
+    assert turn(plan) == [[(0, 10), (0, 10), (0, 12)], [(0, 40)], [(0, 41)]]
+
+
+def test_a_withdrawn_job_leaves_the_planner() -> None:
+    plan = planner(100, ("a", [50, 50, 50]), ("a", [60]))
+    plan.remove(0)
+    assert turn(plan) == [[(1, 60)]]
+    assert turn(plan) == [] and len(plan) == 1  # job 1 is complete, for its caller to remove
 
 
 class WorkerProcess:
     """A worker subprocess driven with the blocking frame helpers."""
 
-    def __init__(self, options: dict[str, object], budget: int = 10_000, passes: int = 1) -> None:
+    def __init__(
+        self,
+        options: dict[str, object],
+        budget: int = 10_000,
+        passes: int = 1,
+        job_token_limit: int = 0,
+    ) -> None:
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         self.process = subprocess.Popen(
             [sys.executable, "-m", "providers.worker"],
@@ -73,20 +133,29 @@ class WorkerProcess:
             env=env,
         )
         spec = EngineSpec(factory="tests.engines.arith:create", checkpoints={}, options=options)
-        self.send(Start(spec, budget, concurrent_passes=passes))
+        self.send(
+            Start(spec, budget, concurrent_passes=passes, job_token_limit=job_token_limit)
+        )
+        self.progress: list[Begin | Pass] = []
+        """The `Begin` and `Pass` frames `receive` skipped, in order."""
 
     @property
     def stdin(self) -> BinaryIO:
         assert self.process.stdin is not None
         return self.process.stdin
 
-    def send(self, frame: Start | Submit) -> None:
+    def send(self, frame: Start | Submit | Cancel) -> None:
         write_frame(self.stdin, frame)
 
     def receive(self) -> FromWorker | None:
+        """The next frame that is not a pass's `Begin` or `Pass` (those go to `progress`)."""
         assert self.process.stdout is not None
-        payload = read_payload(self.process.stdout)
-        return None if payload is None else decode_from_worker(payload)
+        while True:
+            payload = read_payload(self.process.stdout)
+            frame = None if payload is None else decode_from_worker(payload)
+            if not isinstance(frame, Begin | Pass):
+                return frame
+            self.progress.append(frame)
 
     def finish(self) -> tuple[int, str]:
         """Close stdin; the exit code and everything the worker wrote to stderr."""
@@ -201,3 +270,82 @@ def test_a_malformed_frame_ends_the_worker() -> None:
     worker.stdin.write(b"\x00\x00\x00\x03abc")
     worker.stdin.flush()
     assert worker.process.wait(timeout=10) == 2
+
+
+def passes_of(worker: WorkerProcess, job_id: int) -> list[Pass]:
+    return [f for f in worker.progress if isinstance(f, Pass) and job_id in f.jobs]
+
+
+def test_a_job_of_many_rows_reports_every_pass_within_the_budget() -> None:
+    worker = WorkerProcess({}, budget=100)
+    assert isinstance(worker.receive(), Ready)
+    worker.send(Submit(1, job("many rows", rows=5, cost=40)))
+    assert worker.receive() == Result(1, answer(job("many rows", rows=5, cost=40)))
+    kinds = [type(f).__name__ for f in worker.progress]
+    assert kinds == ["Begin", "Pass"] * 3  # announced and reported, pass by pass
+    assert [(p.rows, p.tokens) for p in passes_of(worker, 1)] == [(2, 80), (2, 80), (1, 40)]
+    assert worker.finish()[0] == 0
+
+
+def test_a_small_job_waits_about_one_pass_behind_a_large_one() -> None:
+    worker = WorkerProcess({}, budget=100)
+    assert isinstance(worker.receive(), Ready)
+    large = job("large", rows=20, cost=50, sleep=0.2)  # ten passes of 0.2 s
+    worker.send(Submit(1, large))
+    time.sleep(0.3)
+    sent = time.monotonic()
+    worker.send(Submit(2, job("small", cost=10)))
+    first = worker.receive()
+    waited = time.monotonic() - sent
+    assert first == Result(2, answer(job("small", cost=10)))
+    assert waited < 1.0  # about one 0.2 s pass, not the large job's remaining 1.6 s
+    assert worker.receive() == Result(1, answer(large))
+    shared = [p for p in passes_of(worker, 1) if 2 in p.jobs]
+    assert len(shared) == 1 and shared[0].rows == 2  # the small job shared one pass
+    assert sum(p.rows for p in passes_of(worker, 1)) == 20 + 1
+    assert worker.finish()[0] == 0
+
+
+def test_a_cancelled_job_is_withdrawn_and_never_answered(tmp_path: Path) -> None:
+    log = tmp_path / "passes"
+    worker = WorkerProcess({"log": str(log)}, budget=100)
+    assert isinstance(worker.receive(), Ready)
+    worker.send(Submit(1, job("abandoned", rows=20, cost=50, sleep=0.2)))
+    time.sleep(0.3)  # its second pass is under way
+    worker.send(Cancel(1))
+    worker.send(Cancel(99))  # unknown ids are ignored
+    worker.send(Submit(2, job("next")))
+    assert worker.receive() == Result(2, answer(job("next")))
+    time.sleep(0.5)
+    code, _ = worker.finish()
+    assert code == 0
+    ran = [json.loads(line) for line in log.read_text().splitlines() if '"rows"' in line]
+    abandoned = sum(record["states"].count("abandoned") for record in ran)
+    assert abandoned <= 6  # the running pass finished; none of the remaining rows ran
+
+
+def test_a_cancel_before_prepare_drops_the_job() -> None:
+    worker = WorkerProcess({}, budget=100)
+    assert isinstance(worker.receive(), Ready)
+    worker.send(Submit(1, job("slow", sleep=0.5)))
+    time.sleep(0.1)
+    worker.send(Submit(2, job("gone")))
+    worker.send(Cancel(2))
+    worker.send(Submit(3, job("kept")))
+    assert worker.receive() == Result(1, answer(job("slow", sleep=0.5)))
+    assert worker.receive() == Result(3, answer(job("kept")))
+    assert worker.finish()[0] == 0
+
+
+def test_a_job_over_the_token_limit_fails_at_prepare_naming_the_setting() -> None:
+    worker = WorkerProcess({}, job_token_limit=100)
+    assert isinstance(worker.receive(), Ready)
+    worker.send(Submit(1, job("too much", rows=3, cost=40)))
+    worker.send(Submit(2, job("fits", rows=2, cost=50)))
+    refused = worker.receive()
+    assert isinstance(refused, InputError) and refused.id == 1 and refused.question is None
+    assert "costs 120 model tokens" in refused.msg
+    assert "DECIDEALOT_MAX_REQUEST_TOKENS" in refused.msg and "at most 100" in refused.msg
+    assert worker.receive() == Result(2, answer(job("fits", rows=2, cost=50)))
+    assert not passes_of(worker, 1)  # refused before any pass
+    assert worker.finish()[0] == 0

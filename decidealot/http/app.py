@@ -12,8 +12,9 @@ from litestar.exceptions import HTTPException
 from decidealot import logs, metrics
 from decidealot.contract import ErrorBody, ValidationErrorBody
 from decidealot.errors import DecidealotError, ProviderUnavailable, RequestInvalid
-from decidealot.http import openapi
+from decidealot.http import docs, openapi
 from decidealot.http.body import read_body
+from decidealot.http.disconnect import CLIENT_GONE, ClientGone, unless_gone
 from decidealot.http.middleware import ASGIApp, Gateway, error_body
 from decidealot.mcp.http import MCP_PATH, McpEndpoint
 from decidealot.service import Service
@@ -23,26 +24,26 @@ log = logging.getLogger("decidealot.http")
 
 _JSON = "application/json"
 _HTTP_CODES = {404: "NOT_FOUND", 405: "METHOD_NOT_ALLOWED"}
-_DOCS_PAGE = """<!doctype html><html><head><title>Decidealot API</title>
-<meta charset="utf-8"><link rel="stylesheet"
-href="https://unpkg.com/swagger-ui-dist@5/swagger-ui.css"></head><body><div id="ui"></div>
-<script src="https://unpkg.com/swagger-ui-dist@5/swagger-ui-bundle.js"></script>
-<script>SwaggerUIBundle({url: "/openapi.json", dom_id: "#ui"});</script></body></html>"""
 
 
-def _json(value: Any, status: int = 200) -> Response[bytes]:
-    return Response(msgspec.json.encode(value), status_code=status, media_type=_JSON)
+def _json(value: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response[bytes]:
+    return Response(
+        msgspec.json.encode(value), status_code=status, media_type=_JSON, headers=headers
+    )
 
 
 def _on_error(_: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:
     if isinstance(exc, RequestInvalid):
         return _json(ValidationErrorBody(exc.issues), 422)
     if isinstance(exc, DecidealotError):
-        return Response(error_body(exc), status_code=exc.status, media_type=_JSON)
+        return Response(
+            error_body(exc), status_code=exc.status, media_type=_JSON, headers=exc.headers
+        )
     if isinstance(exc, HTTPException):
         fallback = "BAD_REQUEST" if exc.status_code < 500 else "INTERNAL_ERROR"
         code = _HTTP_CODES.get(exc.status_code, fallback)
-        return _json(ErrorBody(code, str(exc.detail)), exc.status_code)
+        # Litestar's 405 names the route's methods in `Allow`, as RFC 9110 asks
+        return _json(ErrorBody(code, str(exc.detail)), exc.status_code, exc.headers)
     logs.log_failure(log, exc, "a route")
     return Response(error_body(DecidealotError()), status_code=500, media_type=_JSON)
 
@@ -52,7 +53,6 @@ def create_app(service: Service) -> ASGIApp:
     (request ids, auth, admission) like any route."""
     settings = service.settings
     mcp = McpEndpoint(service)
-    schema = msgspec.json.encode(openapi.build(settings))
 
     async def body_of(request: Request[Any, Any, Any]) -> Any:
         return parse_json(
@@ -73,9 +73,11 @@ def create_app(service: Service) -> ASGIApp:
     async def systemone(request: Request[Any, Any, Any]) -> Response[bytes]:
         try:  # answered here, not raised: rejections are the hot path under bad clients
             validated = await validate_request(await body_of(request), service.catalog)
-            return _json(await service.executor.decide(validated))
+            return _json(await unless_gone(request.receive, service.executor.decide(validated)))
         except DecidealotError as exc:
             return _on_error(request, exc)
+        except ClientGone:
+            return Response(b"", status_code=CLIENT_GONE)
 
     @post("/v1/systemone/batch")
     async def systemone_batch(request: Request[Any, Any, Any]) -> Response[bytes]:
@@ -83,29 +85,27 @@ def create_app(service: Service) -> ASGIApp:
             batch = await validate_batch(
                 await body_of(request), service.catalog, settings.max_batch_requests
             )
-            return _json(await service.executor.decide_batch(batch))
+            decided = service.executor.decide_batch(batch)
+            return _json(await unless_gone(request.receive, decided))
         except DecidealotError as exc:
             return _on_error(request, exc)
+        except ClientGone:
+            return Response(b"", status_code=CLIENT_GONE)
 
     @post("/v1/models/unload")
     async def unload() -> Response[bytes]:
         return _json(await service.executor.unload())
 
-    @get("/openapi.json", sync_to_thread=False)
-    def openapi_json() -> Response[bytes]:
-        return Response(schema, media_type=_JSON)
+    @get("/openapi.json")
+    async def openapi_json() -> Response[bytes]:
+        models = await openapi.accepted_models(service.catalog)
+        return _json(openapi.build(settings, models))
 
-    @get("/docs", sync_to_thread=False)
-    def docs() -> Response[str]:
-        return Response(_DOCS_PAGE, media_type="text/html")
+    exposition = metrics.ServiceCollector(service.residency)
 
     @get("/metrics", sync_to_thread=False)
     def metrics_text() -> Response[bytes]:
-        residency = service.residency
-        for name in residency.names:
-            metrics.PROVIDER_RESIDENT.set(float(residency.loaded(name)), provider=name)
-        # Litestar appends "; charset=utf-8" to text media types
-        return Response(metrics.REGISTRY.render().encode(), media_type=metrics.MEDIA_TYPE)
+        return Response(exposition.render(), media_type=metrics.MEDIA_TYPE)
 
     app = Litestar(
         route_handlers=[
@@ -115,7 +115,7 @@ def create_app(service: Service) -> ASGIApp:
             systemone_batch,
             unload,
             openapi_json,
-            docs,
+            *docs.route_handlers(),
             metrics_text,
             mcp.route,
         ],
@@ -128,5 +128,5 @@ def create_app(service: Service) -> ASGIApp:
         debug=False,
         logging_config=None,
     )
-    routes = {route.path for route in app.routes} - {MCP_PATH}
-    return Gateway(app, service, routes=routes, mounts=[MCP_PATH])
+    routes = {route.path for route in app.routes if "{" not in route.path} - {MCP_PATH}
+    return Gateway(app, service, routes=routes, mounts=[MCP_PATH, docs.ASSETS_PATH])

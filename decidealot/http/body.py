@@ -2,7 +2,9 @@
 
 The limit applies to the bytes on the wire (Content-Length is refused up front, chunked bodies
 as soon as they pass it) and again to the decoded bytes, which are produced in bounded pieces,
-so neither a huge upload nor a zip bomb is ever held in memory.
+so neither a huge upload nor a zip bomb is ever held in memory. A zstd frame may also declare
+the window its decoder must hold (up to 128 MiB by zstd's default); the window is bounded by the
+body limit too, so decoding memory never depends on what a frame declares.
 """
 
 from __future__ import annotations
@@ -24,27 +26,42 @@ from decidealot.errors import (
 )
 
 _PIECE = 64 * 1024
+_ZSTD_MIN_WINDOW = 1 << 10
+"""zstd's smallest window (ZSTD_WINDOWLOG_ABSOLUTEMIN)."""
+_ZSTD_WINDOW_TOO_LARGE = "Frame requires too much memory"
+"""zstd's text for frameParameter_windowTooLarge, the one ZstdError that is not corruption."""
 
 Headers = dict[bytes, bytes]
 
 
-def check_media_type(headers: Headers) -> None:
-    """JSON only. A missing Content-Type is read as JSON (FastAPI's leniency; curl -d sends a
-    form type, so that one is refused with a message that says what to send)."""
+_FORM = b"application/x-www-form-urlencoded"
+
+
+def check_media_type(headers: Headers) -> bool:
+    """JSON only; True when the body must still show it is JSON. A missing Content-Type is read
+    as JSON (FastAPI's leniency). `curl -d` / `--data-binary` send the form type, so a form
+    body is read as JSON when it is a JSON object or array, as many JSON APIs do for curl; a
+    real form body (`a=1&b=2`) is refused once read, with a message that says what to send."""
     raw = headers.get(b"content-type")
     if raw is None:
-        return
+        return False
     media_type = raw.split(b";", 1)[0].strip().lower()
     if media_type == b"application/json" or (
         media_type.startswith(b"application/") and media_type.endswith(b"+json")
     ):
-        return
+        return False
+    if media_type == _FORM:
+        return True
     if media_type == b"multipart/form-data":
         raise UnsupportedMediaType(
             "multipart/form-data bodies (image assets) are not supported by these models; "
             "send application/json"
         )
     raise UnsupportedMediaType()
+
+
+def _json_shaped(body: bytes) -> bool:
+    return body.lstrip(b" \t\r\n")[:1] in (b"{", b"[")
 
 
 def _encoding(headers: Headers) -> str | None:
@@ -60,7 +77,7 @@ def _encoding(headers: Headers) -> str | None:
 
 async def read_body(receive: Receive, headers: Headers, settings: Settings) -> bytes:
     """The decoded body; raises 408, 413, 415 or 400."""
-    check_media_type(headers)
+    form = check_media_type(headers)
     encoding = _encoding(headers)
     limit = settings.max_request_bytes
     length = headers.get(b"content-length")
@@ -72,9 +89,14 @@ async def read_body(receive: Receive, headers: Headers, settings: Settings) -> b
     except TimeoutError:
         raise RequestTimeout() from None
     if encoding == "gzip":
-        return _gunzip(raw, limit)
-    if encoding == "zstd":
-        return _unzstd(raw, limit)
+        raw = _gunzip(raw, limit)
+    elif encoding == "zstd":
+        raw = _unzstd(raw, limit)
+    if form and not _json_shaped(raw):
+        raise UnsupportedMediaType(
+            "an application/x-www-form-urlencoded body is read only when it holds JSON; "
+            "send the JSON request with Content-Type: application/json"
+        )
     return raw
 
 
@@ -113,14 +135,40 @@ def _gunzip(data: bytes, limit: int) -> bytes:
     return bytes(out)
 
 
+def zstd_window_limit(limit: int) -> int:
+    """The largest window a zstd frame may declare: the body limit rounded up to a power of two.
+
+    A frame of known size (one-shot compression, as the TypeSafe SDK sends) declares a window of
+    at most its content size, so every body within the limit fits; a streamed frame's window
+    comes from its compression level and may not.
+    """
+    return max(_ZSTD_MIN_WINDOW, 1 << (limit - 1).bit_length())
+
+
 def _unzstd(data: bytes, limit: int) -> bytes:
     out = bytearray()
-    reader = zstandard.ZstdDecompressor().stream_reader(io.BytesIO(data), read_across_frames=True)
+    window = zstd_window_limit(limit)
+    decompressor = zstandard.ZstdDecompressor(max_window_size=window)
+    reader = decompressor.stream_reader(io.BytesIO(data), read_across_frames=True)
     try:
         while piece := reader.read(_PIECE):
             out += piece
             if len(out) > limit:
                 raise RequestTooLarge("the decoded request body exceeds the size limit")
-    except zstandard.ZstdError:
+    except zstandard.ZstdError as exc:
+        if _ZSTD_WINDOW_TOO_LARGE in str(exc):
+            raise _window_refusal(data, window) from None
         raise MalformedBody("the zstd body is corrupt") from None
     return bytes(out)
+
+
+def _window_refusal(data: bytes, window: int) -> RequestTooLarge:
+    """A frame of known size declares that size as its window: then the body itself is too
+    large. Otherwise the compressor chose a window the limit does not allow."""
+    declared = zstandard.get_frame_parameters(data).content_size  # the first frame's
+    if declared != zstandard.CONTENTSIZE_UNKNOWN and declared > window:
+        return RequestTooLarge("the decoded request body exceeds the size limit")
+    return RequestTooLarge(
+        f"the zstd frame declares a window over {window} bytes, more than the size limit "
+        "allows: compress the body in one piece or at a lower level"
+    )

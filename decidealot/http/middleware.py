@@ -1,5 +1,6 @@
 """The ASGI layer in front of every route (404s and mounted apps such as /mcp included):
-request ids, bearer auth, admission while draining, an access line, and a last-resort 500.
+request ids, bearer auth, admission while draining, an access line, a last-resort 500, and the
+request's trace span (continuing the caller's `traceparent`).
 """
 
 from __future__ import annotations
@@ -14,14 +15,17 @@ from collections.abc import Collection
 import msgspec
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
-from decidealot import logs, metrics
+from decidealot import logs, metrics, tracing
 from decidealot.contract import ErrorBody
 from decidealot.errors import DecidealotError, ProviderUnavailable, Unauthorized
 from decidealot.service import Service
 
 log = logging.getLogger("decidealot.http")
 
-PUBLIC_PATHS = frozenset({"/health"})
+PUBLIC_PATHS = frozenset({"/health", "/docs"})
+PUBLIC_PREFIXES = ("/docs/assets/",)
+"""The Swagger page and its static assets: a browser cannot send a bearer token to open
+them; the page itself sends it for /openapi.json and every call (decidealot.http.docs)."""
 UNADMITTED_PATHS = frozenset({"/metrics"})
 """Behind auth, but answered while draining too: a scrape can watch the drain."""
 _METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
@@ -102,36 +106,48 @@ class Gateway:
             await send(message)
 
         path = scope["path"]
+        route = self._route(path)
+        method = scope["method"] if scope["method"] in _METHODS else "other"
         metrics.HTTP_IN_FLIGHT.inc()
-        try:
-            if path in PUBLIC_PATHS:
-                await self._app(scope, receive, send_with_id)
-            elif self._key is not None and not self._authorized(headers):
-                await send_error(send_with_id, Unauthorized(), [(b"www-authenticate", b"Bearer")])
-            elif path in UNADMITTED_PATHS:
-                await self._app(scope, receive, send_with_id)
-            elif not self._service.enter():
-                await send_error(
-                    send_with_id, ProviderUnavailable("the service is shutting down"), []
-                )
-            else:
-                try:
+        with tracing.span(
+            f"{method} {route}",
+            kind="server",
+            parent=tracing.extract(headers),
+            attributes={"http.request.method": method, "http.route": route},
+            request_id=request_id,
+        ) as span:
+            try:
+                if path in PUBLIC_PATHS or path.startswith(PUBLIC_PREFIXES):
                     await self._app(scope, receive, send_with_id)
-                finally:
-                    self._service.leave()
-        except Exception as exc:
-            logs.log_failure(log, exc, path)
-            if not status:
-                await send_error(send_with_id, DecidealotError(), [])
-        finally:
-            seconds = time.perf_counter() - started
-            log.info("%s %s %d %.1fms", scope["method"], path, status, seconds * 1000)
-            route = self._route(path)
-            method = scope["method"] if scope["method"] in _METHODS else "other"
-            metrics.HTTP_IN_FLIGHT.dec()
-            metrics.HTTP_REQUESTS.inc(route=route, method=method, status=str(status))
-            metrics.HTTP_DURATION.observe(seconds, route=route)
-            logs.request_id.reset(token)
+                elif self._key is not None and not self._authorized(headers):
+                    await send_error(
+                        send_with_id, Unauthorized(), [(b"www-authenticate", b"Bearer")]
+                    )
+                elif path in UNADMITTED_PATHS:
+                    await self._app(scope, receive, send_with_id)
+                elif not self._service.enter():
+                    await send_error(
+                        send_with_id, ProviderUnavailable("the service is shutting down"), []
+                    )
+                else:
+                    try:
+                        await self._app(scope, receive, send_with_id)
+                    finally:
+                        self._service.leave()
+            except Exception as exc:
+                logs.log_failure(log, exc, path)
+                if not status:
+                    await send_error(send_with_id, DecidealotError(), [])
+            finally:
+                seconds = time.perf_counter() - started
+                log.info("%s %s %d %.1fms", scope["method"], path, status, seconds * 1000)
+                span.set({"http.response.status_code": status})
+                if status >= 500:
+                    span.fail(str(status))
+                metrics.HTTP_IN_FLIGHT.dec()
+                metrics.HTTP_REQUESTS.inc(route=route, method=method, status=str(status))
+                metrics.HTTP_DURATION.observe(seconds, route=route)
+                logs.request_id.reset(token)
 
     def _authorized(self, headers: dict[bytes, bytes]) -> bool:
         assert self._key is not None

@@ -6,27 +6,27 @@ decompression, all-issues validation), so Litestar cannot see their request type
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import msgspec
+from mcp.server.streamable_http import jsonrpc_message_adapter
 
-from decidealot import validation
+from decidealot import schema
+from decidealot.catalog import Catalog
 from decidealot.config import Settings
 from decidealot.contract import (
-    BatchRequest,
     BatchResponse,
     ErrorBody,
     Health,
     ModelList,
-    SystemOneRequest,
     SystemOneResponse,
     UnloadResponse,
     ValidationErrorBody,
 )
+from decidealot.errors import ProviderUnavailable
 
 _REF = "#/components/schemas/{name}"
-_TEXT = [{"type": "string"}, {"type": "object"}, {"type": "array"}]
-_TEXT_OR_NULL = [*_TEXT, {"type": "null"}]
 
 
 def _ref(name: str) -> dict[str, str]:
@@ -47,11 +47,27 @@ _ERRORS = {
 }
 
 
+def _text(description: str) -> dict[str, Any]:
+    return {"description": description, "content": {"text/plain": {"schema": {"type": "string"}}}}
+
+
+_JSON_RPC = jsonrpc_message_adapter.json_schema(ref_template=_REF.replace("{name}", "{model}"))
+"""The MCP SDK's own schema of the JSON-RPC messages `/mcp` takes: its $defs become components."""
+_JSON_RPC_MESSAGE = {"anyOf": _JSON_RPC["anyOf"]}
+_SSE_EVENT = {
+    "type": "object",
+    "properties": {
+        "event": {"const": "message"},
+        "data": {"type": "string", "contentMediaType": "application/json"},
+    },
+    "required": ["data"],
+}
+"""One event of the stream: `data` is the JSON-RPC response."""
+
+
 def _schemas(settings: Settings) -> dict[str, Any]:
     _, components = msgspec.json.schema_components(
         [
-            SystemOneRequest,
-            BatchRequest,
             SystemOneResponse,
             BatchResponse,
             ModelList,
@@ -62,62 +78,51 @@ def _schemas(settings: Settings) -> dict[str, Any]:
         ],
         ref_template=_REF,
     )
-    request = components["SystemOneRequest"]
-    request["additionalProperties"] = False
-    request["description"] = "One System One decision request."
-    request["properties"]["questions"].update(
-        minProperties=1,
-        maxProperties=validation.MAX_QUESTIONS,
-        propertyNames={"minLength": 1, "maxLength": validation.MAX_QUESTION_NAME_CHARS},
-    )
-    request["properties"]["config"] = {
-        "type": "object",
-        "description": 'CLM selectors: {"temperature": t} with 0 < t <= 100. '
-        "Every other selector: omitted or {}.",
-        "properties": {
-            "temperature": {
-                "type": "number",
-                "exclusiveMinimum": 0,
-                "maximum": validation.MAX_TEMPERATURE,
-            }
-        },
-        "additionalProperties": False,
-    }
-    for name in ("ChoiceQuestion", "ScoreQuestion", "NoulQuestion"):
-        components[name]["additionalProperties"] = False
-        components[name]["properties"]["instructions"] = {"anyOf": _TEXT_OR_NULL}
-    components["ChoiceQuestion"]["properties"]["criteria"] = {
-        "type": "object",
-        "minProperties": 1,
-        "maxProperties": validation.MAX_CHOICE_OPTIONS,
-        "propertyNames": {"minLength": 1, "maxLength": validation.MAX_LABEL_CHARS},
-        "additionalProperties": {"anyOf": _TEXT_OR_NULL},
-    }
-    components["ScoreQuestion"]["properties"]["criteria"] = {
-        "type": "array",
-        "minItems": validation.MIN_SCORE_LEVELS,
-        "maxItems": validation.MAX_SCORE_LEVELS,
-        "items": {"anyOf": _TEXT},
-    }
-    components["NoulQuestion"]["properties"]["criteria"] = {
-        "anyOf": [
-            {
-                "type": "object",
-                "properties": {"true": {"anyOf": _TEXT_OR_NULL}, "false": {"anyOf": _TEXT_OR_NULL}},
-                "additionalProperties": False,
-            },
-            {"type": "null"},
-        ]
-    }
-    batch = components["BatchRequest"]
-    batch["additionalProperties"] = False
-    batch["properties"]["requests"]["minItems"] = 1
+    components |= schema.request_components(_REF, json_values=True)
+    components |= copy.deepcopy(_JSON_RPC["$defs"])
     if settings.max_batch_requests:
-        batch["properties"]["requests"]["maxItems"] = settings.max_batch_requests
+        components["BatchRequest"]["properties"]["requests"]["maxItems"] = (
+            settings.max_batch_requests
+        )
     return components
 
 
-def build(settings: Settings) -> dict[str, Any]:
+async def accepted_models(catalog: Catalog) -> dict[str, bool] | None:
+    """Every name the catalog accepts now, hosted ones included, and whether it takes a
+    temperature; None while a hosted catalog cannot be read."""
+    try:
+        listing = await catalog.models()
+        routes = await catalog.resolve(info.name for info in listing)
+    except ProviderUnavailable:
+        return None
+    return {name: route.accepts_temperature for name, route in routes.items() if route}
+
+
+def _declare_models(request: dict[str, Any], models: dict[str, bool] | None) -> None:
+    """`model` as the enum of accepted names, and `config` by model: a temperature only for
+    the selectors that take one, so a schema-valid body is never refused for either."""
+    model = request["properties"]["model"]
+    if models is None:
+        model["description"] = (
+            "A name from GET /v1/models (the hosted catalog could not be read when this "
+            "document was served, so the names are not listed here)."
+        )
+        return
+    model["enum"] = list(models)
+    model["description"] = "A name from GET /v1/models: the catalog when this was served."
+    tempered = [name for name, temperature in models.items() if temperature]
+    plain = [name for name, temperature in models.items() if not temperature]
+    choices = [
+        *([{"properties": {"model": {"enum": tempered}}}] if tempered else []),
+        *([{"properties": {"model": {"enum": plain}, "config": {"maxProperties": 0}}}]
+          if plain else []),
+    ]  # fmt: skip
+    if choices:  # an empty anyOf is not a schema; the empty enum already admits nothing
+        request["anyOf"] = choices
+
+
+def build(settings: Settings, models: dict[str, bool] | None = None) -> dict[str, Any]:
+    """The document; `models` (from `accepted_models`) lists the names `model` accepts."""
     secured = settings.api_key is not None
     guarded = {"401": _ERRORS["401"]} if secured else {}
     body_errors = {k: _ERRORS[k] for k in ("408", "413", "415", "422", "503")}
@@ -175,19 +180,35 @@ def build(settings: Settings) -> dict[str, Any]:
             "/mcp": {
                 "post": {
                     "summary": "MCP over streamable HTTP (stateless JSON-RPC); see docs/mcp.md",
+                    "requestBody": {
+                        "required": True,
+                        "content": {"application/json": {"schema": _JSON_RPC_MESSAGE}},
+                    },
                     "responses": {
-                        "200": {"description": "A JSON-RPC response."},
-                        **guarded,
-                        "default": {
-                            "description": "A transport rejection from the MCP SDK (bad "
-                            "Content-Type or Accept, disallowed Host, body too large)."
+                        "200": {
+                            "description": "The JSON-RPC response, as a server-sent event.",
+                            "content": {"text/event-stream": {"schema": _SSE_EVENT}},
                         },
+                        "202": {"description": "A notification or response, accepted."},
+                        "400": {
+                            "description": "MALFORMED_BODY: not one JSON-RPC 2.0 message.",
+                            "content": {"application/json": {"schema": _ref("ErrorBody")}},
+                        },
+                        **guarded,
+                        "403": _text("The SDK's DNS-rebinding check: an Origin not allowed."),
+                        "406": {
+                            "description": "Accept does not admit both JSON and event streams.",
+                            "content": {"application/json": {"schema": _ref("JSONRPCError")}},
+                        },
+                        **{k: _ERRORS[k] for k in ("408", "413", "415", "503")},
+                        "421": _text("The SDK's DNS-rebinding check: a Host not allowed."),
                     },
                 }
             },
         },
         "components": {"schemas": _schemas(settings)},
     }
+    _declare_models(document["components"]["schemas"]["SystemOneRequest"], models)
     if secured:
         document["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
         document["security"] = [{"bearer": []}]

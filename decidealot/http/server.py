@@ -17,6 +17,7 @@ from typing import NoReturn
 from granian.constants import Interfaces
 from granian.server.embed import Server
 
+from decidealot import tracing
 from decidealot.http.app import create_app
 from decidealot.service import Service
 
@@ -26,6 +27,7 @@ log = logging.getLogger("decidealot.server")
 async def serve(service: Service) -> int:
     """Serve until SIGTERM or SIGINT; the exit status (0 after a clean shutdown)."""
     settings = service.settings
+    tracing.setup(settings)
     server = Server(
         create_app(service),
         address=settings.host,
@@ -66,6 +68,7 @@ def run(service: Service) -> NoReturn:
     """Serve, then leave the process at once: granian's native threads may still be winding
     down, and letting the interpreter finalise under them can abort the process."""
     code = asyncio.run(serve(service))
+    tracing.shutdown()
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()

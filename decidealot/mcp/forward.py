@@ -12,6 +12,7 @@ import logging
 import httpx
 import msgspec
 
+from decidealot import tracing
 from decidealot.contract import Json
 from decidealot.errors import ProviderUnavailable
 from decidealot.mcp.server import Arguments, ToolFailure, failure_of
@@ -46,6 +47,7 @@ class ForwardingBackend:
     async def _call(self, method: str, path: str, body: Arguments | None) -> Json:
         content = msgspec.json.encode(body) if body is not None else None
         headers = {"Content-Type": "application/json"} if content is not None else {}
+        tracing.inject(headers)
         try:
             response = await self._client.request(method, path, content=content, headers=headers)
         except httpx.HTTPError as exc:

@@ -3,8 +3,10 @@
 A tool call returns exactly what the HTTP API returns, as structured content (plus the same
 JSON as text for clients that read only text). A failure is a tool error (`isError`) carrying
 the HTTP API's envelope: `{"detail": [...]}` for 422, `{"code", "message", "details"}` for the
-rest. The server itself holds no state; `ServiceBackend` runs decisions in this process, and
-`decidealot.mcp.forward.ForwardingBackend` sends them to a running Decidealot.
+rest. Arguments reach the tools only after the HTTP API's strict JSON parse
+(`decidealot.mcp.strict`, applied by both transports). The server itself holds no state;
+`ServiceBackend` runs decisions in this process, and `decidealot.mcp.forward.ForwardingBackend`
+sends them to a running Decidealot.
 """
 
 from __future__ import annotations
@@ -27,9 +29,10 @@ from mcp_types import (
     TextContent,
 )
 
-from decidealot import __version__, logs
+from decidealot import __version__, logs, tracing
 from decidealot.contract import ErrorBody, Json, ValidationErrorBody, ValidationIssue
 from decidealot.errors import DecidealotError, ProviderUnavailable, RequestInvalid, RequestTooLarge
+from decidealot.mcp.strict import rejection
 from decidealot.mcp.tools import (
     INSTRUCTIONS,
     LIST_MODELS,
@@ -164,10 +167,17 @@ def build_server(backend: Backend) -> Server[Any]:
         ctx: ServerRequestContext[Any], params: CallToolRequestParams
     ) -> CallToolResult:
         operation = operations.get(params.name)
+        if (request_id := logs.request_id.get()) != "-":  # over /mcp; stdio has none
+            tracing.annotate(request_id=request_id)  # on the SDK's span for this message
         if operation is None:
             raise MCPError(code=INVALID_PARAMS, message=f"unknown tool {params.name!r}")
+        arguments = params.arguments or {}
+        refused = rejection(arguments)
+        if refused is not None:  # the transport's strict parse refused the arguments
+            log.info("tool %s failed with status 422", params.name)
+            return _tool_result(refused, is_error=True)
         try:
-            result = await operation(params.arguments or {})
+            result = await operation(arguments)
         except ToolFailure as failure:
             log.info("tool %s failed with status %d", params.name, failure.status)
             return _tool_result(failure.envelope, is_error=True)

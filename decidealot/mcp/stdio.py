@@ -1,10 +1,10 @@
 """`decidealot mcp`: the MCP tools over stdio, for IDEs and desktop clients.
 
-Without `--url` this process is a Decidealot of its own: it prepares the enabled bundles,
-starts the configured providers and runs decisions itself. With `--url` it forwards every tool
-call to a running Decidealot (its key from DECIDEALOT_API_KEY), so any number of IDE sessions
-share one server and one set of loaded models. stdout carries only MCP messages; logs go to
-stderr.
+Without `--url` this process is a Decidealot of its own: it runs `serve`'s startup checks
+(device, checkpoints, bundles), starts the configured providers and runs decisions itself.
+With `--url` it forwards every tool call to a running Decidealot (its key from
+DECIDEALOT_API_KEY), so any number of IDE sessions share one server and one set of loaded
+models. stdout carries only MCP messages; logs go to stderr.
 """
 
 from __future__ import annotations
@@ -17,15 +17,17 @@ import os
 import signal
 import sys
 from collections.abc import AsyncIterator, Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
+import anyio
 import httpx
 from mcp.server.stdio import stdio_server
 
-from decidealot import logs
+from decidealot import logs, tracing
 from decidealot.config import ConfigError, Settings, from_env
 from decidealot.mcp.forward import ForwardingBackend
 from decidealot.mcp.server import Backend, ServiceBackend, build_server
+from decidealot.mcp.strict import screen
 from decidealot.service import Service
 
 log = logging.getLogger("decidealot.mcp")
@@ -44,19 +46,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"decidealot mcp: {exc}", file=sys.stderr)
         return 2
     logs.configure(settings.log_level, settings.log_format)
+    tracing.setup(settings)
     if args.url is None:
-        from decidealot.bundles import BundleError, prepare  # huggingface_hub: only when needed
+        from decidealot import preflight  # huggingface_hub: only when needed
 
         try:
-            prepare(settings, progress=False)
-        except BundleError as exc:
+            preflight.prepare(settings, progress=False, rehash=False)
+        except preflight.ERRORS as exc:
             print(f"decidealot mcp: {exc}", file=sys.stderr)
-            return 1
+            return 2 if isinstance(exc, ConfigError) else 1
     # Clients end the server by closing stdin, or by SIGTERM; Ctrl-C in a terminal is a
     # normal end as well. A signal ends the process inside `_serve`; the suppression covers
     # one that arrives before its handlers are in place.
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(_serve(settings, args.url))
+    tracing.shutdown()
     return 0
 
 
@@ -139,8 +143,33 @@ async def _run(backend: Backend, stop: asyncio.Event) -> bool:
 
 async def _session(backend: Backend) -> None:
     server = build_server(backend)
-    async with stdio_server() as (read_stream, write_stream):
+    stdin: Any = _ScreenedStdin(_claim_stdin())  # the SDK only iterates its lines
+    async with stdio_server(stdin=stdin) as (read_stream, write_stream):
         await server.run(read_stream, write_stream, server.create_initialization_options())
+
+
+def _claim_stdin() -> anyio.AsyncFile[bytes]:
+    """The wire on a private descriptor, fd 0 pointed at the null device, as the SDK does when
+    it reads stdin itself: provider workers and stray reads never take the client's lines. The
+    private descriptor is never closed: the reading thread may outlive the session."""
+    wire = os.fdopen(os.dup(0), "rb", closefd=False)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    return anyio.wrap_file(wire)
+
+
+class _ScreenedStdin:
+    """stdin as the SDK reads it (UTF-8 lines, undecodable bytes replaced), each line screened
+    by the HTTP API's strict parser first (`decidealot.mcp.strict`)."""
+
+    def __init__(self, wire: anyio.AsyncFile[bytes]) -> None:
+        self._wire = wire
+
+    async def __aiter__(self) -> AsyncIterator[str]:
+        async for line in self._wire:
+            screened = await asyncio.to_thread(screen, line)  # a parse: off the loop
+            yield screened.decode("utf-8", errors="replace")
 
 
 def _leave_now() -> NoReturn:
@@ -152,6 +181,7 @@ def _leave_now() -> NoReturn:
     messages are flushed as they are written), so os._exit, as `decidealot serve` does.
     """
     log.info("MCP over stdio stopped")
+    tracing.shutdown()
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()

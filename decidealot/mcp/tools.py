@@ -2,7 +2,9 @@
 
 Schemas are derived from the wire types in `decidealot.contract`, so the `system_one` input is
 exactly the `POST /v1/systemone` body and every output schema is exactly the HTTP response
-type; nothing here is written by hand that the contract already states.
+type; nothing here is written by hand that the contract already states. The input schemas
+carry the validator's bounds from `decidealot.schema`, the same source as the OpenAPI
+document's.
 """
 
 from __future__ import annotations
@@ -12,14 +14,8 @@ from typing import Any
 import msgspec
 from mcp_types import Tool, ToolAnnotations
 
-from decidealot.contract import (
-    BatchRequest,
-    BatchResponse,
-    ModelList,
-    SystemOneRequest,
-    SystemOneResponse,
-    UnloadResponse,
-)
+from decidealot.contract import BatchResponse, ModelList, SystemOneResponse, UnloadResponse
+from decidealot.schema import CONFIG_DESCRIPTION, request_components
 
 SYSTEM_ONE = "system_one"
 SYSTEM_ONE_BATCH = "system_one_batch"
@@ -90,22 +86,26 @@ _REQUEST_FIELD_DESCRIPTIONS = {
         "or noul (criteria: optional {true, false} descriptions). State the question and its "
         "rules in `instructions`."
     ),
-    "config": 'Provider settings; omit it except for CLM\'s {"temperature": t}, 0 < t <= 100.',
+    "config": CONFIG_DESCRIPTION,
 }
 
 
-def _object_schema(root: type[msgspec.Struct], *, strict: bool) -> dict[str, Any]:
-    """An MCP tool schema: the struct's schema at the root (`type: object`), refs in $defs."""
-    (_,), components = msgspec.json.schema_components([root], ref_template="#/$defs/{name}")
+_DEFS = "#/$defs/{name}"
+
+
+def _object_schema(root: type[msgspec.Struct]) -> dict[str, Any]:
+    """An MCP tool output schema: the struct's schema at the root (`type: object`), refs in
+    $defs."""
+    (_,), components = msgspec.json.schema_components([root], ref_template=_DEFS)
+    return _rooted(root.__name__, components)
+
+
+def _rooted(root: str, components: dict[str, Any]) -> dict[str, Any]:
+    """Component `root` as a whole schema, with the other components as its $defs."""
     components = _plain_json_schema(components)
-    schema: dict[str, Any] = components.pop(root.__name__)
+    schema: dict[str, Any] = components.pop(root)
     schema.pop("title", None)
     schema.pop("description", None)
-    if strict:  # the validator rejects unknown fields; say so up front
-        schema["additionalProperties"] = False
-        for component in components.values():
-            if component.get("type") == "object" and "properties" in component:
-                component["additionalProperties"] = False
     if components:
         schema["$defs"] = components
     return schema
@@ -121,22 +121,27 @@ def _plain_json_schema(value: Any) -> Any:
     return value
 
 
-def _system_one_input() -> dict[str, Any]:
-    schema = _object_schema(SystemOneRequest, strict=True)
+def _described(request: dict[str, Any]) -> None:
     for name, text in _REQUEST_FIELD_DESCRIPTIONS.items():
-        schema["properties"][name]["description"] = text
+        request["properties"][name]["description"] = text
+
+
+def _system_one_input() -> dict[str, Any]:
+    """The `POST /v1/systemone` body with the validator's bounds (decidealot.schema), which
+    the OpenAPI document states too."""
+    components = request_components(_DEFS)
+    del components["BatchRequest"]
+    schema = _rooted("SystemOneRequest", components)
+    _described(schema)
     return schema
 
 
 def _batch_input() -> dict[str, Any]:
-    schema = _object_schema(BatchRequest, strict=True)
-    schema["properties"]["requests"]["minItems"] = 1
+    schema = _rooted("BatchRequest", request_components(_DEFS))
     schema["properties"]["requests"]["description"] = (
         "Complete system_one arguments, one per decision; results keep this order."
     )
-    request = schema["$defs"]["SystemOneRequest"]
-    for name, text in _REQUEST_FIELD_DESCRIPTIONS.items():
-        request["properties"][name]["description"] = text
+    _described(schema["$defs"]["SystemOneRequest"])
     return schema
 
 
@@ -150,7 +155,7 @@ TOOLS: dict[str, Tool] = {
             title="System One decision",
             description=_SYSTEM_ONE_DESCRIPTION,
             input_schema=_system_one_input(),
-            output_schema=_object_schema(SystemOneResponse, strict=False),
+            output_schema=_object_schema(SystemOneResponse),
             annotations=ToolAnnotations(read_only_hint=True, idempotent_hint=True),
         ),
         Tool(
@@ -158,7 +163,7 @@ TOOLS: dict[str, Tool] = {
             title="System One decisions, batched",
             description=_SYSTEM_ONE_BATCH_DESCRIPTION,
             input_schema=_batch_input(),
-            output_schema=_object_schema(BatchResponse, strict=False),
+            output_schema=_object_schema(BatchResponse),
             annotations=ToolAnnotations(read_only_hint=True, idempotent_hint=True),
         ),
         Tool(
@@ -166,7 +171,7 @@ TOOLS: dict[str, Tool] = {
             title="List models",
             description=_LIST_MODELS_DESCRIPTION,
             input_schema=_NO_ARGUMENTS,
-            output_schema=_object_schema(ModelList, strict=False),
+            output_schema=_object_schema(ModelList),
             annotations=ToolAnnotations(
                 read_only_hint=True, idempotent_hint=True, open_world_hint=False
             ),
@@ -176,7 +181,7 @@ TOOLS: dict[str, Tool] = {
             title="Unload local models",
             description=_UNLOAD_MODELS_DESCRIPTION,
             input_schema=_NO_ARGUMENTS,
-            output_schema=_object_schema(UnloadResponse, strict=False),
+            output_schema=_object_schema(UnloadResponse),
             annotations=ToolAnnotations(
                 read_only_hint=False,
                 destructive_hint=False,

@@ -24,7 +24,7 @@ import httpx
 import msgspec
 from tenacity import AsyncRetrying, retry_if_exception, stop_before_delay, wait_exponential
 
-from decidealot import metrics
+from decidealot import metrics, tracing
 from decidealot.config import Settings
 from decidealot.errors import ProviderUnavailable
 
@@ -159,7 +159,9 @@ class EncoderClient:
                     store[(self._model, text)] = row
         return Embedded(rows=[found[text] for text in texts], prompt_tokens=tokens)
 
+    @tracing.traced("encoder", kind="client")
     async def _fetch(self, texts: list[str]) -> tuple[list[bytes], int]:
+        tracing.annotate(inputs=len(texts))
         retrying = AsyncRetrying(
             stop=stop_before_delay(self._retry_seconds),
             wait=wait_exponential(multiplier=0.1, max=2.0),
@@ -171,14 +173,17 @@ class EncoderClient:
         except _EncoderFailure as failure:
             logger.warning("CLM encoder call failed: %s", failure.reason)
             metrics.ENCODER_FAILURES.inc(reason=failure.kind)
+            tracing.annotate(failure=failure.kind)
             raise ProviderUnavailable() from None
 
     async def _call(self, texts: list[str]) -> tuple[list[bytes], int]:
         await self.start()
         assert self._client is not None
         body = {"model": self._model, "input": texts, "encoding_format": "base64"}
+        headers: dict[str, str] = {}
+        tracing.inject(headers)
         try:
-            response = await self._client.post(self._endpoint, json=body)
+            response = await self._client.post(self._endpoint, json=body, headers=headers)
         except httpx.TimeoutException:
             raise _EncoderFailure("timed out", transient=True, kind="timeout") from None
         except httpx.TransportError as exc:  # refused, reset, protocol errors

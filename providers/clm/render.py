@@ -7,6 +7,8 @@ sides cannot disagree on a question's layout.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import msgspec
 
 from decidealot.contract import ChoiceQuestion, Json, Loc, NoulQuestion, Question, ScoreQuestion
@@ -45,9 +47,10 @@ def to_text(value: Json, indent: int = 0) -> str:
     return "\n".join(parts)
 
 
-def state_text(state: Json, instructions: Json) -> str:
-    """Context first, question last: the layout the state head was trained on."""
-    context, question = to_text(state).strip(), to_text(instructions).strip()
+def state_text(context: str, instructions: Json) -> str:
+    """Context (the state's stripped text) first, question last: the layout the state head was
+    trained on."""
+    question = to_text(instructions).strip()
     return f"{context}\n\n{question}" if context and question else (context or question)
 
 
@@ -109,8 +112,21 @@ def _noul_candidates(question: NoulQuestion) -> list[Candidate]:
 
 
 def render_question(state: Json, question: Question) -> RenderedQuestion:
+    return _render(to_text(state).strip(), question)
+
+
+def render_questions(
+    state: Json, questions: dict[str, Question]
+) -> Iterator[tuple[str, RenderedQuestion]]:
+    """Each question rendered, the state's text rendered once for all of them."""
+    context = to_text(state).strip()
+    for name, question in questions.items():
+        yield name, _render(context, question)
+
+
+def _render(context: str, question: Question) -> RenderedQuestion:
     return RenderedQuestion(
-        state_text=state_text(state, question.instructions),
+        state_text=state_text(context, question.instructions),
         keys=option_keys(question),
         candidates=_candidates(question),
     )

@@ -28,7 +28,7 @@ from tenacity import (
     stop_before_delay,
 )
 
-from decidealot import __version__, metrics
+from decidealot import __version__, metrics, tracing
 from decidealot.errors import ProviderUnavailable
 from providers.jev.wire import InvalidReply
 
@@ -119,16 +119,19 @@ class TypeSafeClient:
     async def post(self, path: str, body: bytes, decode: Callable[[bytes], T]) -> T:
         return await self._call("POST", path, body, decode)
 
+    @tracing.traced("typesafe", kind="client")
     async def _call(
         self, method: str, path: str, body: bytes | None, decode: Callable[[bytes], T]
     ) -> T:
         """One logical call: retried while transient, then decoded once (a bad 2xx is final)."""
+        tracing.annotate({"http.request.method": method, "url.path": path})
         http = self._http
         if http is None:
             log.warning("TypeSafe %s %s: the client is not started", method, path)
             metrics.UPSTREAM_FAILURES.inc(provider="jev", route=path, reason="not_started")
             raise ProviderUnavailable()
         headers, content = _body_headers(body)
+        tracing.inject(headers)
         retrying = AsyncRetrying(
             stop=stop_before_delay(self._retry_seconds),
             wait=_wait,
@@ -251,6 +254,7 @@ def _log_retry(method: str, path: str, state: RetryCallState) -> None:
 
 def _fail(method: str, path: str, reason: str, request_id: str | None, kind: str) -> NoReturn:
     metrics.UPSTREAM_FAILURES.inc(provider="jev", route=path, reason=kind)
+    tracing.annotate(failure=kind)
     request_id = request_id or "-"
     log.warning("TypeSafe %s %s failed: %s (request id %s)", method, path, reason, request_id)
     raise ProviderUnavailable() from None

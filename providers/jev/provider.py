@@ -1,6 +1,6 @@
-"""`JevProvider`: TypeSafe's hosted models behind `providers.base.Provider`.
+"""`JevProvider`: TypeSafe's hosted models behind `providers.base.HostedProvider`.
 
-Jev runs nothing locally, so it takes no residency slot and no lane and ignores `residency`.
+Jev runs nothing locally, so it takes no residency slot and no lane (a `HostedProvider`).
 It lists TypeSafe's catalog exactly as TypeSafe names it (the gateway's catalog lets local
 selectors win a collision) and forwards each validated request with the selected hosted name.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Self
+from typing import Self
 
 from decidealot.config import ConfigError, Settings
 from decidealot.contract import ModelInfo, SystemOneRequest, SystemOneResponse
@@ -25,9 +25,6 @@ from providers.jev.wire import (
     encode_request,
 )
 
-if TYPE_CHECKING:
-    from decidealot.residency import Residency
-
 log = logging.getLogger(__name__)
 
 
@@ -36,6 +33,7 @@ class JevProvider:
 
     name = "jev"
     local = False
+    accepts_temperature = False
 
     def __init__(
         self, client: TypeSafeClient, *, clock: Callable[[], float] = time.monotonic
@@ -52,11 +50,10 @@ class JevProvider:
     def from_settings(
         cls,
         settings: Settings,
-        residency: Residency | None = None,
         *,
         clock: Callable[[], float] = time.monotonic,
     ) -> Self:
-        """Build from the operator's settings; `residency` is unused (Jev holds no slot)."""
+        """Build from the operator's settings."""
         if not settings.jev_active or settings.typesafe_api_key is None:
             raise ConfigError("DECIDEALOT_TYPESAFE_API_KEY: Jev needs a TypeSafe key")
         client = TypeSafeClient(

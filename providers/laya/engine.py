@@ -1,46 +1,48 @@
 """The Laya worker engine: jobs -> encoder rows -> shared padded forward passes -> answers.
 
 `prepare` tokenises one job (its state once, one row per question) on the worker's preparing
-thread; `run` sorts the rows of every job in a batch by length, packs them into padded passes
-(see `_passes`) and splits the answers back per job. Rows never see each other (padding is
-masked), so a job's answers do not depend on what it was batched with.
+thread; the worker's planner packs rows of concurrent jobs into passes cut by `shape`;
+`forward` runs one padded pass; `finish` reads a job's answers out of its rows' logits. Rows
+never see each other (padding is masked), so a job's answers do not depend on what it shared
+passes with.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 import torch
 
 from decidealot.contract import Question
-from providers.engine import Decision, EngineSpec, Job
+from providers.engine import Decision, EngineSpec, Job, PassShape
 from providers.laya import readout
 from providers.laya.model import PASS_INPUTS, Checkpoint, load_checkpoint
 from providers.laya.render import Row, render_rows
+from providers.passes import RunsTogether
 from providers.precision import engine_precision
 
 CHECKPOINT_KEYS = ("english", "multilingual", "typed-decisions")
 PASS_TOKEN_LIMIT = 262_144
-"""Padded tokens (rows x longest row) above which a batch is split into several passes."""
+"""Padded tokens (rows x longest row) above which a turn is cut into several passes."""
 CPU_PASS_COST = 64
 """A pass's fixed cost on CPU in tokens' worth of compute (measured on the tiny test checkpoint;
 less on larger models). A CPU pass costs the same per padded token at any batch size, so padding
-is pure waste there: a batch is split wherever that saves more padding than this."""
+is pure waste there: a turn is cut wherever that saves more padding than this."""
 
 
 @dataclass(frozen=True, slots=True)
 class PreparedJob:
-    """A job's rendered rows plus what readout needs; `cost` is its padded token count."""
+    """A job's rendered rows plus what readout needs."""
 
     group: str
-    cost: int
+    input_tokens: int
     questions: dict[str, Question]
     rows: list[Row]
 
 
-class LayaEngine:
+class LayaEngine(RunsTogether):
     """Serves the three Laya checkpoints; each loads once, at create or on its first job.
     `prepare` and `run` may be called from several threads at once."""
 
@@ -51,6 +53,9 @@ class LayaEngine:
         self._paths = dict(spec.checkpoints)
         self._device = torch.device(spec.device)
         self._precision = engine_precision(spec.options, spec.device)
+        # On CUDA a pass is worth a large batch: cut only past the token limit.
+        cpu = self._device.type == "cpu"
+        self.shape = PassShape(PASS_TOKEN_LIMIT, CPU_PASS_COST if cpu else None)
         self._loaded: dict[str, Checkpoint] = {}
         self._load_lock = threading.Lock()
         for key in spec.preload:
@@ -80,43 +85,19 @@ class LayaEngine:
             return tokenizer(list(texts), add_special_tokens=False)["input_ids"]
 
         rows = render_rows(job.state, job.questions, encode, checkpoint.specials, checkpoint.budget)
-        cost = len(rows) * max((len(row.ids) for row in rows), default=0)
-        return PreparedJob(group=job.checkpoint, cost=cost, questions=job.questions, rows=rows)
+        tokens = sum(len(row.ids) for row in rows)
+        return PreparedJob(job.checkpoint, tokens, job.questions, rows)
 
-    def run(self, batch: Sequence[PreparedJob]) -> list[Decision]:
-        if not batch:
-            return []
-        groups = {job.group for job in batch}
-        if len(groups) != 1:
-            raise ValueError("a Laya batch must hold jobs of one checkpoint")
-        key = groups.pop()
-        checkpoint = self._checkpoint(key)
-        rows = [row for job in batch for row in job.rows]
-        order = sorted(range(len(rows)), key=lambda i: len(rows[i].ids))
-        by_length = [rows[i] for i in order]
-        # On CUDA a pass is worth a large batch: split only past the token limit.
-        pass_cost = CPU_PASS_COST if self._device.type == "cpu" else PASS_TOKEN_LIMIT
-        logits: list[list[float]] = [[] for _ in rows]
-        for start, stop in _passes(by_length, pass_cost):
-            computed = self._forward(checkpoint, by_length[start:stop])
-            for i, values in zip(order[start:stop], computed, strict=True):
-                logits[i] = values
-        decisions: list[Decision] = []
-        offset = 0
-        for job in batch:
-            answers = {
-                name: readout.answer(question, logits[offset + i], checkpoint.temperatures)
-                for i, (name, question) in enumerate(job.questions.items())
-            }
-            offset += len(job.rows)
-            decisions.append(
-                Decision(
-                    model=f"laya-{key}",
-                    answers=answers,
-                    input_tokens=sum(len(row.ids) for row in job.rows),
-                )
-            )
-        return decisions
+    def forward(self, group: Hashable, rows: Sequence[Row]) -> list[list[float]]:
+        return self._forward(self._checkpoint(str(group)), rows)
+
+    def finish(self, prepared: PreparedJob, outputs: Sequence[object]) -> Decision:
+        temperatures = self._checkpoint(prepared.group).temperatures
+        answers = {
+            name: readout.answer(question, outputs[i], temperatures)  # type: ignore[arg-type]
+            for i, (name, question) in enumerate(prepared.questions.items())
+        }
+        return Decision(f"laya-{prepared.group}", answers, prepared.input_tokens)
 
     def _forward(self, checkpoint: Checkpoint, rows: Sequence[Row]) -> list[list[float]]:
         """One padded pass; returns each row's logits trimmed to its own option count."""
@@ -137,22 +118,6 @@ class LayaEngine:
         out = checkpoint.forward(inputs)
         values = out.cpu().tolist()
         return [values[i][: len(row.markers)] for i, row in enumerate(rows)]
-
-
-def _passes(rows: Sequence[Row], pass_cost: int) -> list[tuple[int, int]]:
-    """Split rows sorted by length into consecutive passes: a pass ends before the row that
-    would take its padding past `pass_cost` tokens or its padded size past `PASS_TOKEN_LIMIT`."""
-    bounds: list[tuple[int, int]] = []
-    start, real = 0, 0
-    for i, row in enumerate(rows):
-        padded = len(row.ids) * (i - start + 1)
-        real += len(row.ids)
-        if i > start and (padded - real > pass_cost or padded > PASS_TOKEN_LIMIT):
-            bounds.append((start, i))
-            start, real = i, len(row.ids)
-    if start < len(rows):
-        bounds.append((start, len(rows)))
-    return bounds
 
 
 def create(spec: EngineSpec) -> LayaEngine:

@@ -299,6 +299,8 @@ def _named_script(cp: int) -> str | None:
 
 def _script_counts(text: str) -> dict[str, int]:
     """Letters per script; Latin is inserted last so a named script wins a tie with it."""
+    if text.isascii():  # the common case, at C speed: every ASCII letter is Latin
+        return {"latin": sum(map(str.isalpha, text))}
     counts: dict[str, int] = {}
     latin = 0
     for ch in text:
@@ -350,6 +352,8 @@ def _script_of(ch: str) -> str | None:
 
 def _non_latin_words(text: str) -> list[str]:
     """Same-script non-Latin runs of 2+ letters that are not capitalised (names) or symbols."""
+    if text.isascii():  # no ASCII character belongs to a named non-Latin script
+        return []
     runs: list[str] = []
     current, script = "", None
     for ch in text:
@@ -498,7 +502,7 @@ def _analyse_text(text: str) -> Detection:
     profile = _profile_from_counts(counts)
     script = _script_from_counts(counts)
     non_latin = round(1.0 - profile.get("latin", 0.0), 4) if profile else 0.0
-    n_non_latin = round(non_latin * sum(ch.isalpha() for ch in text))
+    n_non_latin = round(non_latin * sum(map(str.isalpha, text)))
     if script == "latin" and _non_latin_words(text) and _non_latin_carries(non_latin, n_non_latin):
         script = max((s for s in profile if s != "latin"), key=profile.get)  # type: ignore[arg-type]
     if script == "unknown":
@@ -569,7 +573,7 @@ def _leaf_non_english(leaf: str) -> Detection | None:
         )
         if not named:
             if detection["script"] not in ("latin", "unknown"):
-                letters = sum(ch.isalpha() for ch in sample)
+                letters = sum(map(str.isalpha, sample))
                 if not (_non_latin_words(sample) and letters >= NON_LATIN_MIN_LETTERS):
                     continue
             elif not (
@@ -577,7 +581,7 @@ def _leaf_non_english(leaf: str) -> Detection | None:
                 and len(_WORD.findall(sample)) >= 4
             ):
                 continue
-        letters = sum(ch.isalpha() for ch in sample)
+        letters = sum(map(str.isalpha, sample))
         if letters > best_letters:
             best_letters, best = letters, detection
     return best
@@ -612,7 +616,7 @@ def analyse(state: Any) -> Detection:
         detection = _leaf_non_english(leaf)
         if detection is None:
             continue
-        letters = sum(ch.isalpha() for ch in leaf[:MAX_CHARS])
+        letters = sum(map(str.isalpha, leaf[:MAX_CHARS]))
         if letters > best_letters:
             best_letters, best = letters, detection
     if best is None:

@@ -1,24 +1,42 @@
-"""`LayaProvider`: the gateway side of Laya, behind `providers.base.Provider`.
+"""`LayaProvider`: the gateway side of Laya, behind `providers.base.LocalProvider`.
 
-Routes each request to one of three checkpoints (`providers.laya.router`, pure Python), then
-runs it as one job on the Laya worker, which hosts all three. Imports no torch, directly or
-indirectly.
+Routes each request to one of three checkpoints (`providers.laya.router`, pure Python, on a
+worker thread: it may read a large state whole), then runs it as one job on the Laya worker,
+which hosts all three. Imports no torch, directly or indirectly.
 """
 
 from __future__ import annotations
 
+import asyncio
+
 from decidealot.config import Settings
-from decidealot.contract import SystemOneRequest
+from decidealot.contract import ModelInfo, SystemOneRequest
 from providers.laya.router import route
 from providers.resident import ResidentProvider
 
 ENGINE_FACTORY = "providers.laya.engine:create"
-BUNDLES = {
-    "english": "laya-english",
-    "multilingual": "laya-multilingual",
-    "typed-decisions": "laya-typed-decisions",
-}
-"""Checkpoint key -> bundle name (the directory under the model dir, or its override)."""
+RELEASE = "2026-09-23"
+
+SELECTORS = (
+    ModelInfo(
+        "laya", "Laya System One decisions with automatic checkpoint routing.", RELEASE
+    ),
+    ModelInfo("laya-auto", "Alias for laya with automatic checkpoint routing.", RELEASE),
+    ModelInfo("laya-latest", "Alias for the current Laya release.", RELEASE),
+    ModelInfo(
+        "laya-english", "Laya English checkpoint for English Latin-script content.", RELEASE
+    ),
+    ModelInfo(
+        "laya-multilingual",
+        "Laya multilingual checkpoint for other languages and scripts.",
+        RELEASE,
+    ),
+    ModelInfo(
+        "laya-typed-decisions",
+        "Laya checkpoint tuned for structured workflow decisions.",
+        RELEASE,
+    ),
+)
 
 
 class LayaProvider(ResidentProvider):
@@ -27,12 +45,18 @@ class LayaProvider(ResidentProvider):
 
     name = "laya"
     engine_factory = ENGINE_FACTORY
+    selectors = SELECTORS
 
     @classmethod
     def checkpoints(cls, settings: Settings) -> dict[str, str]:
-        from decidealot.bundles import checkpoint_path
+        paths = {
+            "english": settings.laya_english_checkpoint,
+            "multilingual": settings.laya_multilingual_checkpoint,
+            "typed-decisions": settings.laya_typed_decisions_checkpoint,
+        }
+        return {key: str(path) for key, path in paths.items() if path is not None}
 
-        return {key: str(checkpoint_path(settings, bundle)) for key, bundle in BUNDLES.items()}
-
-    def checkpoint_for(self, selector: str, request: SystemOneRequest) -> str:
-        return route(selector, request.state, request.questions)
+    async def checkpoint_for(self, selector: str, request: SystemOneRequest) -> str:
+        """Routing reads every line of every string value (as upstream), so it runs off the
+        event loop."""
+        return await asyncio.to_thread(route, selector, request.state, request.questions)

@@ -9,15 +9,8 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
-from decidealot.contract import (
-    Answer,
-    ChoiceAnswer,
-    ChoiceQuestion,
-    NoulAnswer,
-    Question,
-    ScoreAnswer,
-    ScoreQuestion,
-)
+from decidealot.contract import Answer, Question
+from providers import answers
 from providers.laya.render import QTYPES, question_type
 
 TEMPERATURE_MIN = 0.5
@@ -74,22 +67,7 @@ def entropy_confidence(probs: Sequence[float]) -> float:
 
 
 def answer(question: Question, logits: Sequence[float], temperatures: Temperatures) -> Answer:
-    """One question's answer from its option logits (slot order = option order)."""
-    qtype = question_type(question)
-    probs = softmax(logits, temperatures.get(qtype, len(logits)))
-    if isinstance(question, ChoiceQuestion):
-        labels = list(question.criteria)
-        best = max(range(len(probs)), key=probs.__getitem__)  # first maximum wins, as argmax
-        return ChoiceAnswer(
-            choice=labels[best],
-            confidence=entropy_confidence(probs),
-            probabilities=dict(zip(labels, probs, strict=True)),
-        )
-    if isinstance(question, ScoreQuestion):
-        return ScoreAnswer(
-            score=sum(i * p for i, p in enumerate(probs)),
-            confidence=entropy_confidence(probs),
-            legend={str(i): level for i, level in enumerate(question.criteria)},
-            probabilities={str(i): p for i, p in enumerate(probs)},
-        )
-    return NoulAnswer(noul=probs[1])
+    """One question's answer from its option logits (slot order = option order); a noul's
+    options are [false, true]."""
+    probs = softmax(logits, temperatures.get(question_type(question), len(logits)))
+    return answers.answer(question, probs, entropy_confidence, true_index=1)

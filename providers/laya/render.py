@@ -47,6 +47,10 @@ class Row:
     markers: list[int]
     qtype: int
 
+    @property
+    def tokens(self) -> int:
+        return len(self.ids)
+
 
 def criterion_text(value: Json) -> str:
     """Strings pass through; structured values become one-line JSON (`render_criterion`)."""

@@ -1,14 +1,15 @@
-"""The Von engine a worker hosts: jobs -> packed rows -> one padded forward pass -> answers.
+"""The Von engine a worker hosts: jobs -> packed rows -> padded forward passes -> answers.
 
 `prepare` renders and tokenises a job's questions (one row each, plus a no-state row for each
-zero-shot noul); `run` scores the rows of every job in the batch together, then reads each job's
-answers out of its own rows, so a job's answers are the same alone or batched.
+zero-shot noul); the worker's planner packs rows of concurrent jobs into passes cut by `shape`;
+`forward` scores one pass; `finish` reads a job's answers out of its own rows, so a job's
+answers are the same alone or batched.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,19 +20,20 @@ from decidealot.contract import (
     ChoiceQuestion,
     NoulQuestion,
     Question,
-    ScoreQuestion,
 )
 from decidealot.errors import DecisionInputError
-from providers.engine import Decision, EngineSpec, Job
+from providers.engine import Decision, EngineSpec, Job, PassShape
+from providers.passes import RunsTogether
 from providers.precision import engine_precision
 from providers.von import readout
-from providers.von.model import WINDOW, Row, VonModel
+from providers.von.model import CPU_PASS_TOKENS, WINDOW, Row, VonModel
 from providers.von.render import (
     fit_state,
     format_state,
     instructions_text,
     noul_options,
     option_texts,
+    options_tokens,
     pack,
     state_token_ids,
 )
@@ -63,17 +65,17 @@ class VonPrepared:
     rows: list[Row]
     plans: list[_Plan]
     input_tokens: int
-    cost: int
     group: str
 
 
-class VonEngine:
+class VonEngine(RunsTogether):
     """Serves the checkpoints of one `EngineSpec`; a checkpoint loads once, on first use.
     `prepare` and `run` may be called from several threads at once."""
 
     def __init__(self, spec: EngineSpec):
         self._checkpoints = {key: Path(path) for key, path in spec.checkpoints.items()}
         self._device = torch.device(spec.device)
+        self.shape = PassShape(CPU_PASS_TOKENS if self._device.type == "cpu" else None)
         max_state_tokens = spec.options.get("max_state_tokens", DEFAULT_MAX_STATE_TOKENS)
         if not isinstance(max_state_tokens, int) or max_state_tokens < 1:
             raise ValueError("Von engine option max_state_tokens must be a positive integer")
@@ -113,13 +115,20 @@ class VonEngine:
             if not options:
                 plans.append(_Plan(name, question, options, None, None, 0))
                 continue
+            fixed = options_tokens(
+                tokenizer, instructions, options, digit_split=calibration.digit_split
+            )
+            if fixed > WINDOW:
+                raise DecisionInputError(
+                    name,
+                    f"instructions and criteria take {fixed} tokens by themselves, before any "
+                    f"state; Von's context window holds {WINDOW}",
+                )
             fitted = fit_state(
                 tokenizer,
                 state,
                 state_ids,
-                instructions,
-                options,
-                digit_split=calibration.digit_split,
+                fixed,
                 window=WINDOW,
                 max_state_tokens=self._max_state_tokens,
             )
@@ -136,11 +145,9 @@ class VonEngine:
             plans.append(_Plan(name, question, options, row, null_row, state_tokens))
         if rows:
             input_tokens = sum(len(row.ids) for row in rows)
-            cost = len(rows) * max(len(row.ids) for row in rows)
         else:  # upstream's estimate when no pass ran
             input_tokens = max(1, len(state) // 4) + max(1, instruction_chars // 4)
-            cost = 0
-        return VonPrepared(job.checkpoint, rows, plans, input_tokens, cost, job.checkpoint)
+        return VonPrepared(job.checkpoint, rows, plans, input_tokens, job.checkpoint)
 
     @staticmethod
     def _row(
@@ -156,37 +163,21 @@ class VonEngine:
             model.tokenizer, state, instructions, options, digit_split=model.calibration.digit_split
         )
         ids: list[int] = model.tokenizer(text)["input_ids"]
-        if len(ids) > WINDOW:
-            raise DecisionInputError(
-                name,
-                f"instructions and criteria take {len(ids)} tokens; "
-                f"Von's context window holds {WINDOW}",
-            )
         markers = [t for t, token in enumerate(ids) if token == model.mask_id]
         if len(markers) != len(options):
             raise DecisionInputError(name, "criteria could not be packed as separate options")
         return Row(ids, markers, shared)
 
-    def run(self, batch: Sequence[VonPrepared]) -> list[Decision]:
-        if not batch:
-            return []
-        checkpoints = {prepared.checkpoint for prepared in batch}
-        if len(checkpoints) > 1:
-            raise ValueError("a Von batch must hold jobs of one checkpoint")
-        model = self._model(batch[0].checkpoint)
-        rows = [row for prepared in batch for row in prepared.rows]
+    def forward(self, group: Hashable, rows: Sequence[Row]) -> list[torch.Tensor]:
         with torch.inference_mode():
-            logits = model.logits(rows) if rows else []
-            decisions = []
-            start = 0
-            for prepared in batch:
-                job_logits = logits[start : start + len(prepared.rows)]
-                start += len(prepared.rows)
-                answers = {
-                    plan.name: self._answer(model, plan, job_logits) for plan in prepared.plans
-                }
-                decisions.append(Decision(prepared.checkpoint, answers, prepared.input_tokens))
-        return decisions
+            return self._model(str(group)).logits(rows)
+
+    def finish(self, prepared: VonPrepared, outputs: Sequence[object]) -> Decision:
+        model = self._model(prepared.checkpoint)
+        logits: list[torch.Tensor] = list(outputs)  # type: ignore[arg-type]
+        with torch.inference_mode():
+            answers = {plan.name: self._answer(model, plan, logits) for plan in prepared.plans}
+        return Decision(prepared.checkpoint, answers, prepared.input_tokens)
 
     @staticmethod
     def _answer(model: VonModel, plan: _Plan, logits: list[torch.Tensor]) -> Answer:
@@ -198,11 +189,7 @@ class VonEngine:
         if plan.null_row is not None:
             row_logits = readout.debias(row_logits, logits[plan.null_row], calibration)
         probs = readout.probabilities(row_logits, plan.state_tokens, calibration)
-        if isinstance(question, ChoiceQuestion):
-            return readout.choice_answer(list(question.criteria), row_logits, probs)
-        if isinstance(question, ScoreQuestion):
-            return readout.score_answer(question.criteria, probs)
-        return readout.noul_answer(probs)
+        return readout.answer(question, row_logits, probs)
 
 
 def create(spec: EngineSpec) -> VonEngine:

@@ -2,9 +2,9 @@
 
 The encoder is built from `config.json` without random initialisation and filled once from
 `option_marker.pt` (the full state dict); `model.safetensors` holds the same encoder and is not
-read. Rows of a batch are sorted by length and scored in passes of similar-length rows, padded
-on the right; each row keeps its own masks and position ids, so a row's logits do not depend on
-what it is batched with.
+read. A pass's rows (the worker's planner sorts and sizes them) are padded on the right; each
+row keeps its own masks and position ids, so a row's logits do not depend on what it is
+batched with.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,15 +25,16 @@ from transformers.initialization import no_init_weights
 from providers.numerics import AUTOCAST, PROBE_LENGTH, PROBE_ROWS, quantize_guarded
 
 WINDOW = 8192
-"""Upstream forces `max_position_embeddings` to this; it bounds a packed sequence."""
+"""Upstream forces `max_position_embeddings` to this; the state cut fits rows to it (a cut
+row may still end a few tokens past it, as upstream's does: RoPE has no position table)."""
 
 _MAP_FEATURES = ("bias", "entropy", "log_tokens", "n_options")
 
 CPU_PASS_TOKENS = 1024
-"""Padded tokens per forward pass on CPU. There, a row of a few hundred tokens already keeps
-the matrix units busy, while one large padded pass spends its time on padding, on [B, L, L]
-masks and on activations that no longer fit in cache (bench/von.py: 2-3x slower per row).
-Elsewhere the whole batch is one pass."""
+"""Padded tokens per forward pass on CPU (the engine's `PassShape`). There, a row of a few
+hundred tokens already keeps the matrix units busy, while one large padded pass spends its time
+on padding, on [B, L, L] masks and on activations that no longer fit in cache (bench/von.py:
+2-3x slower per row). Elsewhere a pass is as large as the token budget allows."""
 
 SHARED_CACHE_ROWS = 4096
 """State-free rows (the zero-shot noul's debias row) whose logits are kept, least recently
@@ -135,22 +136,9 @@ class Row:
     shared: bool = False
     """True for a row that holds no state, so its logits may be cached and reused."""
 
-
-def _passes(rows: Sequence[Row], pass_tokens: int | None) -> Iterator[list[int]]:
-    """Row indices in passes: shortest rows first, each pass as many rows as fit
-    `pass_tokens` padded tokens (at least one); all in one pass when it is None."""
-    order = sorted(range(len(rows)), key=lambda i: len(rows[i].ids))
-    if pass_tokens is None:
-        yield order
-        return
-    chunk: list[int] = []
-    for index in order:
-        if chunk and (len(chunk) + 1) * len(rows[index].ids) > pass_tokens:
-            yield chunk
-            chunk = []
-        chunk.append(index)
-    if chunk:
-        yield chunk
+    @property
+    def tokens(self) -> int:
+        return len(self.ids)
 
 
 def _independent_layout(row: Row, length: int) -> tuple[list[int], list[int]]:
@@ -202,7 +190,6 @@ class VonModel:
         self._load_weights(directory / "option_marker.pt")
         self.half_window: int = config.sliding_window
         self.device = device
-        self.pass_tokens: int | None = CPU_PASS_TOKENS if device.type == "cpu" else None
         self._shared_logits: OrderedDict[tuple[int, ...], torch.Tensor] = OrderedDict()
         self._shared_lock = threading.Lock()
         """Guards `_shared_logits`: a worker may run several passes at once."""
@@ -244,7 +231,7 @@ class VonModel:
 
     def logits(self, rows: Sequence[Row]) -> list[torch.Tensor]:
         """One logit vector per row: shared rows from the cache or a pass of their own, the
-        others from passes of rows of similar length."""
+        others from one padded pass (the worker's planner sized it)."""
         scored: dict[int, torch.Tensor] = {}
         uncached: dict[tuple[int, ...], list[int]] = {}
         with self._shared_lock:
@@ -258,9 +245,8 @@ class VonModel:
                 else:
                     uncached.setdefault(key, []).append(index)
         own = [index for index in range(len(rows)) if not rows[index].shared]
-        for chunk in _passes([rows[index] for index in own], self.pass_tokens):
-            indices = [own[position] for position in chunk]
-            for index, logits in zip(indices, self._pass([rows[i] for i in indices]), strict=True):
+        if own:
+            for index, logits in zip(own, self._pass([rows[i] for i in own]), strict=True):
                 scored[index] = logits
         for key, indices in uncached.items():
             (logits,) = self._pass([rows[indices[0]]])

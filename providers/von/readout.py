@@ -14,10 +14,12 @@ the mass, anchored to the K-way chance level. `noul` is the calibrated P(true) (
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 
-from decidealot.contract import ChoiceAnswer, Json, NoulAnswer, ScoreAnswer
+from decidealot.contract import Answer, ChoiceAnswer, Question, ScoreAnswer
+from providers import answers
 from providers.von.model import Calibration
 
 _DEFAULT_DEBIAS = 0.7
@@ -65,36 +67,18 @@ def probabilities(logits: torch.Tensor, state_tokens: int, calibration: Calibrat
     return torch.softmax(logits / scale, dim=-1).cpu().tolist()
 
 
-def margin_confidence(probs: list[float]) -> float:
+def margin_confidence(probs: Sequence[float]) -> float:
     n = len(probs)
     if n <= 1:
         return 1.0
     return max(0.0, min(1.0, (n * max(probs) - 1) / (n - 1)))
 
 
-def choice_answer(labels: list[str], logits: torch.Tensor, probs: list[float]) -> ChoiceAnswer:
-    """The choice is the argmax of the raw logits (temperature never moves it)."""
+def answer(question: Question, logits: torch.Tensor, probs: list[float]) -> Answer:
+    """The choice is the argmax of the raw logits (temperature never moves it); the legend
+    echoes the caller's levels; options are packed as [yes, no], so P(true) comes first."""
     best = int(torch.argmax(logits).item())
-    return ChoiceAnswer(
-        choice=labels[best],
-        confidence=margin_confidence(probs),
-        probabilities=dict(zip(labels, probs, strict=True)),
-    )
-
-
-def score_answer(levels: list[Json], probs: list[float]) -> ScoreAnswer:
-    """The score is the expected level; the legend echoes the caller's levels unchanged."""
-    return ScoreAnswer(
-        score=sum(i * p for i, p in enumerate(probs)),
-        confidence=margin_confidence(probs),
-        legend={str(i): level for i, level in enumerate(levels)},
-        probabilities={str(i): p for i, p in enumerate(probs)},
-    )
-
-
-def noul_answer(probs: list[float]) -> NoulAnswer:
-    """Options are packed as [yes, no], so P(true) is the first probability."""
-    return NoulAnswer(noul=max(0.0, min(1.0, probs[0])))
+    return answers.answer(question, probs, margin_confidence, true_index=0, best=best)
 
 
 def empty_answer(is_choice: bool) -> ChoiceAnswer | ScoreAnswer:

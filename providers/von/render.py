@@ -132,28 +132,34 @@ def state_token_ids(tokenizer: Tokenizer, state: str, *, digit_split: bool) -> l
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
+def options_tokens(
+    tokenizer: Tokenizer, question: str, options: Sequence[str], *, digit_split: bool
+) -> int:
+    """Tokens of the question and every option marker with no state: what a state cannot cut."""
+    text = pack(tokenizer, "", question, options, digit_split=digit_split)
+    return len(tokenizer(text)["input_ids"])
+
+
 def fit_state(
     tokenizer: Tokenizer,
     state: str,
     state_ids: list[int],
-    question: str,
-    options: Sequence[str],
+    options_length: int,
     *,
-    digit_split: bool,
     window: int,
     max_state_tokens: int,
 ) -> str:
-    """Cut the middle out of a state too long for the window (60% head, 40% tail).
+    """Cut the middle out of a state too long for the window (60% head, 40% tail), as upstream.
 
     The question and every option marker must fit, so only the state gives way; rules sit at
     its top and recent events at its bottom, so the middle is the cheapest part to lose.
-    `state_ids` are `state_token_ids(state)`, computed once for all of a request's questions.
+    `state_ids` are `state_token_ids(state)`, computed once for all of a request's questions;
+    `options_length` is `options_tokens(...)`. The kept ids are decoded and joined by " ... ",
+    and the packed text is tokenised again, exactly as von-sdk 1.3.7 does, so the model reads
+    upstream's tokens even where that text tokenises longer than the cut (a split character,
+    an escaped `[SEP]` literal) and the row ends up past the window.
     """
-    reserve = (
-        len(tokenizer(pack(tokenizer, "", question, options, digit_split=digit_split))["input_ids"])
-        + 8
-    )
-    limit = max(16, min(max_state_tokens, window - reserve))
+    limit = max(16, min(max_state_tokens, window - options_length - 8))
     if len(state_ids) <= limit:
         return state
     head = int(limit * 0.6)

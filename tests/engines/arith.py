@@ -4,10 +4,12 @@ Every question gets a noul computed from the state and the question's name, so a
 the same however jobs are batched. A job's `config` steers it: `{"sleep": s}` slows the pass
 holding it, `{"crash": "prepare"|"run"}` ends the process, `{"hang": true}` blocks its pass,
 `{"input_error": "prepare"|"run"}` raises DecisionInputError for its first question,
-`{"fail": "prepare"|"run"}` raises another exception, `{"cost": n}` sets its token cost,
-`{"unsendable": true}` answers with an integer msgpack cannot carry.
-`spec.options`: `{"log": path}` appends a JSON line at start and per pass (batch size and
-states), `{"fail_start": true}`, `{"start_delay": s}`, `{"print": true}` prints to stdout.
+`{"fail": "prepare"|"run"}` raises another exception, `{"cost": n}` sets each row's tokens,
+`{"rows": n}` cuts the job into n rows (default 1), `{"unsendable": true}` answers with an
+integer msgpack cannot carry.
+`spec.options`: `{"log": path}` appends a JSON line at start and per pass (its jobs' count,
+rows and states, a state once per row), `{"fail_start": true}`, `{"start_delay": s}`,
+`{"print": true}` prints to stdout.
 """
 
 from __future__ import annotations
@@ -15,19 +17,29 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, field
 
 from decidealot.contract import NoulAnswer
 from decidealot.errors import DecisionInputError
-from providers.engine import Decision, EngineSpec, Job
+from providers.engine import Decision, EngineSpec, Job, PassShape
+
+
+@dataclass(frozen=True)
+class ArithRow:
+    job: Job
+    tokens: int
 
 
 @dataclass
 class ArithPrepared:
     job: Job
-    cost: int
     group: str
+    rows: list[ArithRow] = field(default_factory=list)
+
+    @property
+    def input_tokens(self) -> int:
+        return sum(row.tokens for row in self.rows)
 
 
 def state_text(job: Job) -> str:
@@ -55,6 +67,8 @@ def _misbehave(job: Job, stage: str) -> None:
 
 
 class ArithEngine:
+    shape = PassShape()
+
     def __init__(self, spec: EngineSpec) -> None:
         self._log_path = spec.options.get("log")
         self._log(
@@ -74,20 +88,25 @@ class ArithEngine:
     def prepare(self, job: Job) -> ArithPrepared:
         _misbehave(job, "prepare")
         cost = job.config.get("cost", len(state_text(job)))
-        return ArithPrepared(job, cost, job.checkpoint)
+        count = job.config.get("rows", 1)
+        return ArithPrepared(job, job.checkpoint, [ArithRow(job, cost) for _ in range(count)])
 
-    def run(self, batch: Sequence[ArithPrepared]) -> list[Decision]:
-        self._log({"size": len(batch), "states": [item.job.state for item in batch]})
-        time.sleep(max(item.job.config.get("sleep", 0) for item in batch))
-        for item in batch:
-            if item.job.config.get("hang"):
+    def forward(self, group: Hashable, rows: Sequence[ArithRow]) -> list[None]:
+        jobs = list({id(row.job): row.job for row in rows}.values())
+        states = [row.job.state for row in rows]
+        self._log({"size": len(jobs), "rows": len(rows), "states": states})
+        time.sleep(max(job.config.get("sleep", 0) for job in jobs))
+        for job in jobs:
+            if job.config.get("hang"):
                 time.sleep(3600)
-            _misbehave(item.job, "run")
-        decisions = [answer(item.job) for item in batch]
-        for item, decision in zip(batch, decisions, strict=True):
-            if item.job.config.get("unsendable"):
-                decision.input_tokens = 2**70
-        return decisions
+            _misbehave(job, "run")
+        return [None] * len(rows)
+
+    def finish(self, prepared: ArithPrepared, outputs: Sequence[object]) -> Decision:
+        decision = answer(prepared.job)
+        if prepared.job.config.get("unsendable"):
+            decision.input_tokens = 2**70
+        return decision
 
 
 def create(spec: EngineSpec) -> ArithEngine:

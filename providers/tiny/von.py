@@ -15,6 +15,8 @@ from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, 
 from tokenizers.processors import TemplateProcessing
 from transformers import ModernBertConfig, ModernBertModel, PreTrainedTokenizerFast
 
+from providers.tiny.common import modernbert_config
+
 _CORPUS = [
     "The customer requests a refund for a duplicate payment of 1250 dollars.",
     "Which department should handle this? billing technical sales support",
@@ -100,16 +102,7 @@ def _build_tokenizer(out: Path) -> PreTrainedTokenizerFast:
 
 
 def _encoder_config(tok: PreTrainedTokenizerFast, size: str) -> ModernBertConfig:
-    return ModernBertConfig(
-        vocab_size=len(tok),
-        **_SHAPES[size],
-        max_position_embeddings=8192,
-        pad_token_id=tok.pad_token_id,
-        cls_token_id=tok.cls_token_id,
-        sep_token_id=tok.sep_token_id,
-        bos_token_id=tok.cls_token_id,
-        eos_token_id=tok.sep_token_id,
-    )
+    return modernbert_config(tok, _SHAPES[size])
 
 
 def _scorer_weights(hidden: int) -> dict[str, torch.Tensor]:

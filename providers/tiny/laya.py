@@ -15,6 +15,8 @@ from safetensors.torch import save_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import ModernBertConfig, ModernBertModel, PreTrainedTokenizerFast
 
+from providers.tiny.common import modernbert_config
+
 VARIANTS = ("english", "multilingual", "typed-decisions")
 
 _CORPUS = [
@@ -152,15 +154,10 @@ def _encoder_config(
     }
     if size == "base":
         shape = _BASE
-    return ModernBertConfig(
+    return modernbert_config(
+        tok,
+        shape,
         vocab_size=BASE_VOCAB_SIZE if size == "base" else len(tok),
-        **shape,
-        max_position_embeddings=8192,
-        pad_token_id=tok.pad_token_id,
-        cls_token_id=tok.cls_token_id,
-        sep_token_id=tok.sep_token_id,
-        bos_token_id=tok.cls_token_id,
-        eos_token_id=tok.sep_token_id,
         rope_parameters={
             "full_attention": {"rope_type": "default", "rope_theta": full},
             "sliding_attention": {"rope_type": "default", "rope_theta": sliding},

@@ -1,15 +1,11 @@
-"""Random CLM head files in upstream's format (`torch.save` dict), for tests only."""
+"""Random CLM head files in upstream's format (`torch.save` dict): answers carry no meaning."""
 
 from __future__ import annotations
 
 import math
 from pathlib import Path
 
-import msgspec
 import torch
-
-from providers.clm.engine import create
-from providers.engine import Decision, EngineSpec, Job
 
 DEFAULT_LOGIT_SCALE = math.log(1 / 0.07)
 """scale ≈ 14.3: readable probabilities. Pass > ln 100 to exercise upstream's clamp."""
@@ -71,23 +67,3 @@ def build_clm_head(
     path.parent.mkdir(parents=True, exist_ok=True)
     torch.save(checkpoint, path)
     return path
-
-
-class InProcessClmRunner:
-    """A `JobRunner` that runs the CLM engine in this process, round-tripping jobs and
-    decisions through msgpack as the worker's frames would."""
-
-    def __init__(self, head: Path, *, width: int):
-        spec = EngineSpec(
-            factory="providers.clm.engine:create",
-            checkpoints={"clm-0.1-8b": str(head)},
-            options={"width": width},
-        )
-        self.engine = create(spec)
-        self.jobs = 0
-
-    async def run(self, job: Job) -> Decision:
-        self.jobs += 1
-        wire_job = msgspec.msgpack.decode(msgspec.msgpack.encode(job), type=Job)
-        decision = self.engine.run([self.engine.prepare(wire_job)])[0]
-        return msgspec.msgpack.decode(msgspec.msgpack.encode(decision), type=Decision)

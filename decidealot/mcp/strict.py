@@ -1,0 +1,99 @@
+"""Tool-call arguments under the HTTP API's strict JSON rules, before the SDK parses them.
+
+The SDK parses each JSON-RPC message itself, leniently: a duplicate key keeps its last value,
+`10**30` and `NaN` are numbers, a lone surrogate is a string. Both transports (streamable HTTP
+and stdio) pass every incoming message through `screen` first. A `tools/call` whose raw
+`arguments` fail `decidealot.validation.parse_json` gets them replaced by a marker holding
+the HTTP API's 422 envelope, and the tool handler answers the marker (`rejection`) with that
+envelope as a tool error: the same issues, at the same positions, as the same bytes sent as an
+HTTP body. Arguments that pass are left byte for byte as the client sent them; a message that
+is not JSON at all is left for the SDK to refuse.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+
+import msgspec
+
+from decidealot.contract import Json, ValidationErrorBody
+from decidealot.errors import RequestInvalid
+from decidealot.validation import parse_json
+
+_MARKER = f"decidealot.rejected.{secrets.token_hex(16)}"
+"""The one key of a marker: drawn per process, so no client can send a rejection itself."""
+
+_LENIENT = json.JSONDecoder()
+_WHITESPACE = " \t\n\r"
+
+Span = tuple[int, int]
+
+
+def screen(message: bytes) -> bytes:
+    """`message` as the SDK should parse it: unchanged unless it is a `tools/call` whose
+    arguments the strict parser refuses, which then carries the refusal instead."""
+    # surrogateescape: undecodable bytes survive the round trip, and the strict parser
+    # reports them as the HTTP API does
+    text = message.decode("utf-8", errors="surrogateescape")
+    try:
+        envelope, _ = _members(text, _skip(text, 0))
+        if _value(text, envelope.get("method")) != "tools/call" or "params" not in envelope:
+            return message
+        params, _ = _members(text, envelope["params"][0])
+    except (ValueError, IndexError, RecursionError):  # not a JSON-RPC object: the SDK answers
+        return message
+    if "arguments" not in params:
+        return message
+    start, end = params["arguments"]
+    try:
+        parse_json(text[start:end].encode("utf-8", errors="surrogateescape"))
+    except RequestInvalid as error:
+        marker = {_MARKER: msgspec.to_builtins(ValidationErrorBody(error.issues))}
+        spliced = text[:start] + json.dumps(marker) + text[end:]
+        return spliced.encode("utf-8", errors="surrogateescape")
+    return message
+
+
+def rejection(arguments: dict[str, Json]) -> Json:
+    """The 422 envelope `screen` put in place of refused arguments; None for real ones."""
+    if len(arguments) == 1 and _MARKER in arguments:
+        return arguments[_MARKER]
+    return None
+
+
+def _skip(text: str, at: int) -> int:
+    while text[at] in _WHITESPACE:
+        at += 1
+    return at
+
+
+def _members(text: str, at: int) -> tuple[dict[str, Span], int]:
+    """The spans of an object's member values (the last of a repeated key, as the SDK keeps),
+    and where the object ends; ValueError or IndexError when `at` holds no object."""
+    if text[at] != "{":
+        raise ValueError("not an object")
+    spans: dict[str, Span] = {}
+    at = _skip(text, at + 1)
+    if text[at] == "}":
+        return spans, at + 1
+    while True:
+        if text[at] != '"':
+            raise ValueError("not a key")
+        key, at = json.decoder.scanstring(text, at + 1)
+        at = _skip(text, at)
+        if text[at] != ":":
+            raise ValueError("no colon")
+        start = _skip(text, at + 1)
+        _, end = _LENIENT.raw_decode(text, start)
+        spans[key] = (start, end)
+        at = _skip(text, end)
+        if text[at] == "}":
+            return spans, at + 1
+        if text[at] != ",":
+            raise ValueError("no comma")
+        at = _skip(text, at + 1)
+
+
+def _value(text: str, span: Span | None) -> Json:
+    return None if span is None else _LENIENT.decode(text[span[0] : span[1]])

@@ -1,0 +1,120 @@
+"""JSON Schemas of the request bodies, with every bound the validator enforces.
+
+One source for the OpenAPI document (`decidealot.http.openapi`) and the MCP tool input schemas
+(`decidealot.mcp.tools`), so both state the same limits on questions, choice options and score
+levels as `decidealot.validation` applies; msgspec derives the shapes from the wire types.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from decidealot import validation
+from decidealot.contract import BatchRequest, SystemOneRequest
+
+QUESTION_TYPES = ("ChoiceQuestion", "ScoreQuestion", "NoulQuestion")
+
+CONFIG_DESCRIPTION = (
+    f'CLM selectors: {{"temperature": t}} with 0 < t <= {validation.MAX_TEMPERATURE:g}. '
+    "Every other selector: omitted or {}."
+)
+
+
+INTEGER = {"type": "integer", "minimum": -(2**63), "maximum": 2**64 - 1}
+SMALL_NUMBER = {"type": "number", "minimum": -(2**53), "maximum": 2**53}
+"""Together, what `validation.parse_json` takes for a number anywhere in a body: the 64-bit
+integer range, however the number is spelled. Every double past 2**53 is whole, so the two
+cover each number once; spelled as one bounded `number`, hypothesis-based generators reject
+most of what they draw."""
+
+
+def _json_value(ref: dict[str, str]) -> dict[str, Any]:
+    """Any JSON value as `parse_json` reads it, numbers bounded, so that a schema-valid body is
+    never refused and a body this calls invalid always is."""
+    return {
+        "anyOf": [
+            {"type": ["null", "boolean", "string"]},
+            INTEGER,
+            SMALL_NUMBER,
+            {"type": "array", "items": ref},
+            {"type": "object", "additionalProperties": ref},
+        ]
+    }
+
+
+def request_components(ref_template: str, *, json_values: bool = False) -> dict[str, Any]:
+    """`SystemOneRequest`, `BatchRequest` and the three question types, by name, with refs
+    spelled by `ref_template`; unknown fields are refused, as the validator refuses them.
+
+    With `json_values`, the free JSON inside a state, instructions and criteria is spelled out
+    by a recursive `JsonValue` component (numbers bounded as the parser bounds them) for tools that
+    generate bodies; without, it is only typed as a string, object or array, which every MCP
+    client reads.
+    """
+    _, components = msgspec.json.schema_components(
+        [SystemOneRequest, BatchRequest], ref_template=ref_template
+    )
+    if json_values:
+        value = {"$ref": ref_template.format(name="JsonValue")}
+        components["JsonValue"] = _json_value(value)
+        text: list[dict[str, Any]] = [
+            {"type": "string"},
+            {"type": "object", "additionalProperties": value},
+            {"type": "array", "items": value},
+        ]
+    else:
+        text = [{"type": "string"}, {"type": "object"}, {"type": "array"}]
+    text_or_null = [*text, {"type": "null"}]
+    request = components["SystemOneRequest"]
+    request["additionalProperties"] = False
+    request["description"] = "One System One decision request."
+    request["properties"]["state"] = {"anyOf": text}
+    request["properties"]["questions"].update(
+        minProperties=1,
+        maxProperties=validation.MAX_QUESTIONS,
+        propertyNames={"minLength": 1, "maxLength": validation.MAX_QUESTION_NAME_CHARS},
+    )
+    request["properties"]["config"] = {
+        "type": "object",
+        "description": CONFIG_DESCRIPTION,
+        "properties": {
+            "temperature": {
+                "type": "number",
+                "exclusiveMinimum": 0,
+                "maximum": validation.MAX_TEMPERATURE,
+            }
+        },
+        "additionalProperties": False,
+    }
+    for name in QUESTION_TYPES:
+        components[name]["additionalProperties"] = False
+        components[name]["properties"]["instructions"] = {"anyOf": text_or_null}
+    components["ChoiceQuestion"]["properties"]["criteria"] = {
+        "type": "object",
+        "minProperties": 1,
+        "maxProperties": validation.MAX_CHOICE_OPTIONS,
+        "propertyNames": {"minLength": 1, "maxLength": validation.MAX_LABEL_CHARS},
+        "additionalProperties": {"anyOf": text_or_null},
+    }
+    components["ScoreQuestion"]["properties"]["criteria"] = {
+        "type": "array",
+        "minItems": validation.MIN_SCORE_LEVELS,
+        "maxItems": validation.MAX_SCORE_LEVELS,
+        "items": {"anyOf": text},
+    }
+    components["NoulQuestion"]["properties"]["criteria"] = {
+        "anyOf": [
+            {
+                "type": "object",
+                "properties": {"true": {"anyOf": text_or_null}, "false": {"anyOf": text_or_null}},
+                "additionalProperties": False,
+            },
+            {"type": "null"},
+        ]
+    }
+    batch = components["BatchRequest"]
+    batch["additionalProperties"] = False
+    batch["properties"]["requests"]["minItems"] = 1
+    return components

@@ -1,0 +1,64 @@
+"""Contract answers from one question's option probabilities, shared by every local provider.
+
+Laya, Von and CLM differ only in how sure they say they are (the confidence rule, passed in),
+where P(true) sits among a noul's options, and how a score's legend is written; the rest of the
+readout is the same and lives here once. Nothing is rounded. Pure Python: no torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from decidealot.contract import (
+    Answer,
+    ChoiceAnswer,
+    ChoiceQuestion,
+    Json,
+    NoulAnswer,
+    Question,
+    ScoreAnswer,
+    ScoreQuestion,
+)
+
+ConfidenceRule = Callable[[Sequence[float]], float]
+"""Probabilities -> confidence in [0, 1]: each provider keeps its upstream's rule."""
+
+
+def first_max(values: Sequence[float]) -> int:
+    """Index of the largest value, the first one on a tie (as torch and numpy argmax)."""
+    return max(range(len(values)), key=values.__getitem__)
+
+
+def answer(
+    question: Question,
+    probs: Sequence[float],
+    confidence: ConfidenceRule,
+    *,
+    true_index: int,
+    legend: dict[str, Json] | None = None,
+    best: int | None = None,
+) -> Answer:
+    """One question's answer; `probs` are in option order.
+
+    `true_index` is P(true)'s position among a noul's two options. `legend` (score) defaults
+    to the caller's levels as given. `best` (choice) defaults to the most probable option; Von
+    passes the argmax of its raw logits, which a temperature never moves.
+    """
+    probs = list(probs)
+    if isinstance(question, ChoiceQuestion):
+        labels = list(question.criteria)
+        return ChoiceAnswer(
+            choice=labels[first_max(probs) if best is None else best],
+            confidence=confidence(probs),
+            probabilities=dict(zip(labels, probs, strict=True)),
+        )
+    if isinstance(question, ScoreQuestion):
+        if legend is None:
+            legend = {str(i): level for i, level in enumerate(question.criteria)}
+        return ScoreAnswer(
+            score=sum(i * p for i, p in enumerate(probs)),
+            confidence=confidence(probs),
+            legend=legend,
+            probabilities={str(i): p for i, p in enumerate(probs)},
+        )
+    return NoulAnswer(noul=max(0.0, min(1.0, probs[true_index])))

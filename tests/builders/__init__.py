@@ -1,1 +1,0 @@
-"""Builders of tiny random model checkpoints for tests; nothing here downloads anything."""

@@ -1,0 +1,273 @@
+"""No request breaks the execution path, over the real `decidealot serve` on tiny checkpoints.
+
+One worker pass at a time (`DECIDEALOT_WORKER_PASSES=1`, as on the CUDA lane) and a short pass
+timeout: a request of many passes finishes and never trips the watchdog; a small request that
+arrives while a large one runs waits about one pass; abandoned requests stop costing anything;
+the work bound answers 422 before any pass; every example request of the contract passes
+under the default bound.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from providers.tiny.laya import build_laya_checkpoint
+from providers.tiny.von import build_von_checkpoint
+
+ROOT = Path(__file__).resolve().parent.parent
+CONTRACT = ROOT.parent / "shared" / "seeds" / "003_84c1f9f9d3d5180b.txt"
+LAYA_VARIANTS = ("english", "multilingual", "typed-decisions")
+
+
+@dataclass
+class Serve:
+    url: str
+    process: subprocess.Popen[bytes]
+    log_file: Path
+
+    def post(self, path: str, body: object, timeout: float = 120) -> httpx.Response:
+        return httpx.post(self.url + path, json=body, timeout=timeout)
+
+    def metric(self, name: str, **labels: str) -> float:
+        text = httpx.get(self.url + "/metrics", timeout=10).text
+        total = 0.0
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                wanted = all(sample.labels.get(k) == v for k, v in labels.items())
+                if sample.name == name and wanted:
+                    total += sample.value
+        return total
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    folder = tmp_path_factory.mktemp("checkpoints")
+    laya = {v: build_laya_checkpoint(folder / "laya" / v, v) for v in LAYA_VARIANTS}
+    return {
+        "DECIDEALOT_VON_CHECKPOINT": str(
+            build_von_checkpoint(folder / "von", independent_options=False)
+        ),
+        "DECIDEALOT_LAYA_ENGLISH_CHECKPOINT": str(laya["english"]),
+        "DECIDEALOT_LAYA_MULTILINGUAL_CHECKPOINT": str(laya["multilingual"]),
+        "DECIDEALOT_LAYA_TYPED_DECISIONS_CHECKPOINT": str(laya["typed-decisions"]),
+    }
+
+
+def _serve(folder: Path, checkpoints: dict[str, str], **env: str) -> Iterator[Serve]:
+    folder.mkdir(parents=True, exist_ok=True)
+    port = _free_port()
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("DECIDEALOT_")} | {
+        "DECIDEALOT_HOST": "127.0.0.1",
+        "DECIDEALOT_PORT": str(port),
+        "DECIDEALOT_DEVICE": "cpu",
+        "DECIDEALOT_TORCH_THREADS": "1",
+        "DECIDEALOT_WORKER_PASSES": "1",
+        "DECIDEALOT_MODEL_DIR": str(folder / "models"),
+        "DECIDEALOT_LOG_FORMAT": "json",
+        **checkpoints,
+        **env,
+    }
+    log_file = folder / "server.log"
+    with log_file.open("wb") as log_out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "decidealot", "serve"],
+            cwd=ROOT,
+            env=full_env,
+            stdout=log_out,
+            stderr=subprocess.STDOUT,
+        )
+    server = Serve(f"http://127.0.0.1:{port}", process, log_file)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            if process.poll() is not None:
+                raise RuntimeError(f"decidealot serve exited: {log_file.read_text()[-2000:]}")
+            try:
+                if httpx.get(server.url + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError("decidealot serve did not answer /health in 60 s")
+            time.sleep(0.1)
+        yield server
+    finally:
+        process.terminate()
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+@pytest.fixture(scope="module")
+def unbounded(tmp_path_factory: pytest.TempPathFactory, checkpoints) -> Iterator[Serve]:
+    """One pass at a time of at most 1024 tokens, a 1 s pass timeout, no work bound (`0`
+    turns it off)."""
+    laya_only = {k: v for k, v in checkpoints.items() if not k.startswith("DECIDEALOT_VON_")}
+    yield from _serve(
+        tmp_path_factory.mktemp("unbounded"),
+        laya_only,
+        DECIDEALOT_PROVIDER_TIMEOUT_SECONDS="1",
+        DECIDEALOT_BATCH_TOKEN_BUDGET="1024",
+        DECIDEALOT_MAX_REQUEST_TOKENS="0",
+        DECIDEALOT_VON_ENABLED="false",
+    )
+
+
+@pytest.fixture(scope="module")
+def defaults(tmp_path_factory: pytest.TempPathFactory, checkpoints) -> Iterator[Serve]:
+    """Laya and Von with the default work bound and admission."""
+    yield from _serve(tmp_path_factory.mktemp("defaults"), checkpoints)
+
+
+def heavy(questions: int, options: int = 20, tag: str = "") -> dict[str, object]:
+    """A Laya request of `questions` choice questions of `options` options each."""
+    criteria = {f"option_{k}": f"Route it to team {k} {tag}" for k in range(options)}
+    return {
+        "model": "laya-english",
+        "state": f"A customer wrote in about a duplicate charge {tag}.",
+        "questions": {
+            f"q{n}": {"type": "choice", "instructions": f"Case {n}?", "criteria": criteria}
+            for n in range(questions)
+        },
+    }
+
+
+SMALL = {
+    "model": "laya-english",
+    "state": "I was charged twice.",
+    "questions": {"billing": {"type": "noul", "instructions": "Is this about billing?"}},
+}
+
+
+def test_a_request_of_many_passes_never_trips_the_pass_timeout(unbounded: Serve) -> None:
+    assert unbounded.post("/v1/systemone", SMALL).status_code == 200  # the worker is loaded
+    passes_before = unbounded.metric("decidealot_forward_pass_seconds_count")
+    started = time.monotonic()
+    response = unbounded.post("/v1/systemone", heavy(600))
+    took = time.monotonic() - started
+    assert response.status_code == 200, response.text
+    assert len(response.json()["answers"]) == 600
+    passes = unbounded.metric("decidealot_forward_pass_seconds_count") - passes_before
+    assert passes > 30  # cut into passes within the token budget, each reported
+    assert took > 1  # longer in all than one pass may take
+    assert unbounded.metric("decidealot_worker_failures_total") == 0
+    assert unbounded.metric("decidealot_worker_restarts_total") == 0
+
+
+def test_a_small_request_waits_about_one_pass_behind_a_large_one(unbounded: Serve) -> None:
+    alone = unbounded.post("/v1/systemone", SMALL).json()
+    with ThreadPoolExecutor(2) as pool:
+        large = pool.submit(unbounded.post, "/v1/systemone", heavy(600, tag="large"))
+        time.sleep(1.0)  # the large request is in its passes
+        started = time.monotonic()
+        small = unbounded.post("/v1/systemone", SMALL)
+        small_took = time.monotonic() - started
+        large_done = large.result()
+        large_left = time.monotonic() - started
+    assert small.status_code == large_done.status_code == 200
+    # the same answer as alone (fp32 rounding of a differently padded pass aside)
+    got, expected = small.json()["answers"]["billing"], alone["answers"]["billing"]
+    assert got["noul"] == pytest.approx(expected["noul"], abs=1e-5)
+    assert small_took < 0.5 * large_left, (small_took, large_left)
+
+
+def test_abandoned_requests_are_withdrawn_and_a_small_one_answers_soon(unbounded: Serve) -> None:
+    cancelled_before = unbounded.metric("decidealot_requests_cancelled_total", provider="laya")
+    withdrawn_before = unbounded.metric("decidealot_jobs_withdrawn_total", provider="laya")
+    passes_before = unbounded.metric("decidealot_forward_pass_seconds_count")
+
+    def abandon(n: int) -> None:
+        with pytest.raises(httpx.TimeoutException):
+            unbounded.post("/v1/systemone", heavy(300, tag=f"abandoned {n}"), timeout=1.0)
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(abandon, range(8)))
+    started = time.monotonic()
+    response = unbounded.post("/v1/systemone", SMALL)
+    assert response.status_code == 200
+    assert time.monotonic() - started < 5
+    deadline = time.monotonic() + 10
+    while unbounded.metric("decidealot_requests_cancelled_total", provider="laya") < (
+        cancelled_before + 8
+    ):
+        assert time.monotonic() < deadline, "the server never noticed the clients had gone"
+        time.sleep(0.1)
+    withdrawn = unbounded.metric("decidealot_jobs_withdrawn_total", provider="laya")
+    assert withdrawn - withdrawn_before >= 1
+    # eight 300-question requests run to the end take far more passes than what ran
+    ran = unbounded.metric("decidealot_forward_pass_seconds_count") - passes_before
+    time.sleep(1)
+    assert unbounded.metric("decidealot_forward_pass_seconds_count") - passes_before <= ran + 2
+
+
+def test_a_request_over_the_work_bound_is_refused_before_any_pass(defaults: Serve) -> None:
+    assert defaults.post("/v1/systemone", SMALL).status_code == 200
+    passes_before = defaults.metric("decidealot_forward_pass_seconds_count")
+    started = time.monotonic()
+    response = defaults.post("/v1/systemone", heavy(600))
+    assert time.monotonic() - started < 3
+    assert response.status_code == 422
+    (issue,) = response.json()["detail"]
+    assert issue["loc"] == ["body", "questions"]
+    cost = int(re.search(r"costs (\d+) model tokens", issue["msg"])[1])  # type: ignore[index]
+    assert cost > 32768
+    assert "DECIDEALOT_MAX_REQUEST_TOKENS" in issue["msg"] and "at most 32768" in issue["msg"]
+    batch = defaults.post("/v1/systemone/batch", {"requests": [SMALL, heavy(600)]})
+    assert batch.status_code == 422
+    assert batch.json()["detail"][0]["loc"] == ["body", "requests", 1, "questions"]
+    assert defaults.metric("decidealot_forward_pass_seconds_count") - passes_before <= 1
+
+
+_CURL = re.compile(r'^curl .*"\$base_url(/v1/systemone[^"]*)"')
+
+
+def _contract_examples() -> list[tuple[str, object]]:
+    """(path, body) of every request example in the contract that a local model answers: each
+    `curl ... "$base_url/v1/systemone..."` with its `--data '...'` body."""
+    examples: list[tuple[str, object]] = []
+    path, body = None, None
+    for line in CONTRACT.read_text().splitlines():
+        if match := _CURL.match(line):
+            path, body = match[1], None
+        elif path is not None and body is None and "--data '" in line:
+            body = line.split("--data '", 1)[1]
+        elif body is not None:
+            body += "\n" + line
+        if path is not None and body is not None and body.rstrip().endswith("'"):
+            payload = json.loads(body.rstrip()[:-1])
+            items = payload.get("requests", [payload])
+            if all(str(item["model"]).startswith(("laya", "von")) for item in items):
+                examples.append((path, payload))
+            path, body = None, None
+    return examples
+
+
+@pytest.mark.skipif(not CONTRACT.exists(), reason="the contract is in shared/, beside the repo")
+def test_every_contract_example_passes_under_the_default_bound(defaults: Serve) -> None:
+    examples = _contract_examples()
+    assert len(examples) >= 4
+    for path, body in examples:
+        response = defaults.post(path, body)
+        assert response.status_code == 200, (path, response.text)
