@@ -91,8 +91,7 @@ def von_load(folder: Path) -> Callable[[str], nn.Module]:
 
 
 def laya_passes(folder: Path, requests: int) -> tuple[nn.Module, list[Inputs]]:
-    from providers.laya.engine import LayaEngine
-    from providers.laya.model import PASS_INPUTS
+    from providers.laya.engine import LayaEngine, pass_inputs
     from providers.passes import cut
 
     engine = LayaEngine(EngineSpec(factory="", checkpoints={"english": str(folder)}))
@@ -102,19 +101,7 @@ def laya_passes(folder: Path, requests: int) -> tuple[nn.Module, list[Inputs]]:
     rows.sort(key=lambda row: len(row.ids))
     feeds = []
     for start, stop in cut([len(row.ids) for row in rows], engine.shape):
-        chunk = rows[start:stop]
-        length, width = len(chunk[-1].ids), max(len(row.markers) for row in chunk)
-        ids = torch.full((len(chunk), length), checkpoint.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(chunk), length), dtype=torch.long)
-        pos = torch.zeros((len(chunk), width), dtype=torch.long)
-        keep = torch.zeros((len(chunk), width), dtype=torch.bool)
-        for i, row in enumerate(chunk):
-            ids[i, : len(row.ids)] = torch.tensor(row.ids)
-            mask[i, : len(row.ids)] = 1
-            pos[i, : len(row.markers)] = torch.tensor(row.markers)
-            keep[i, : len(row.markers)] = True
-        qtype = torch.tensor([row.qtype for row in chunk])
-        feeds.append(dict(zip(PASS_INPUTS, (ids, mask, pos, keep, qtype), strict=True)))
+        feeds.append(pass_inputs(rows[start:stop], checkpoint.pad_id))
     return checkpoint.model, feeds
 
 

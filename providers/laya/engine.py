@@ -101,23 +101,28 @@ class LayaEngine(RunsTogether):
 
     def _forward(self, checkpoint: Checkpoint, rows: Sequence[Row]) -> list[list[float]]:
         """One padded pass; returns each row's logits trimmed to its own option count."""
-        length = max(len(row.ids) for row in rows)
-        width = max(len(row.markers) for row in rows)
-        input_ids = torch.full((len(rows), length), checkpoint.pad_id, dtype=torch.long)
-        attention = torch.zeros((len(rows), length), dtype=torch.long)
-        marker_pos = torch.zeros((len(rows), width), dtype=torch.long)
-        marker_mask = torch.zeros((len(rows), width), dtype=torch.bool)
-        for i, row in enumerate(rows):
-            input_ids[i, : len(row.ids)] = torch.tensor(row.ids)
-            attention[i, : len(row.ids)] = 1
-            marker_pos[i, : len(row.markers)] = torch.tensor(row.markers)
-            marker_mask[i, : len(row.markers)] = True
-        qtype = torch.tensor([row.qtype for row in rows], dtype=torch.long)
-        tensors = (input_ids, attention, marker_pos, marker_mask, qtype)
-        inputs = {name: t.to(self._device) for name, t in zip(PASS_INPUTS, tensors, strict=True)}
-        out = checkpoint.forward(inputs)
+        inputs = pass_inputs(rows, checkpoint.pad_id)
+        out = checkpoint.forward({name: t.to(self._device) for name, t in inputs.items()})
         values = out.cpu().tolist()
         return [values[i][: len(row.markers)] for i, row in enumerate(rows)]
+
+
+def pass_inputs(rows: Sequence[Row], pad_id: int) -> dict[str, torch.Tensor]:
+    """`rows` padded on the right into one pass's `PASS_INPUTS` tensors, on the CPU."""
+    length = max(len(row.ids) for row in rows)
+    width = max(len(row.markers) for row in rows)
+    input_ids = torch.full((len(rows), length), pad_id, dtype=torch.long)
+    attention = torch.zeros((len(rows), length), dtype=torch.long)
+    marker_pos = torch.zeros((len(rows), width), dtype=torch.long)
+    marker_mask = torch.zeros((len(rows), width), dtype=torch.bool)
+    for i, row in enumerate(rows):
+        input_ids[i, : len(row.ids)] = torch.tensor(row.ids)
+        attention[i, : len(row.ids)] = 1
+        marker_pos[i, : len(row.markers)] = torch.tensor(row.markers)
+        marker_mask[i, : len(row.markers)] = True
+    qtype = torch.tensor([row.qtype for row in rows], dtype=torch.long)
+    tensors = (input_ids, attention, marker_pos, marker_mask, qtype)
+    return dict(zip(PASS_INPUTS, tensors, strict=True))
 
 
 def create(spec: EngineSpec) -> LayaEngine:
