@@ -19,9 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SOURCES = ("decidealot", "providers", "bundles")
 LOCK = ROOT / "requirements.lock"
 # Declared but imported only through another dependency; each says why it is declared anyway.
-NOT_IMPORTED = {
-    "tokenizers": "transformers imports it; declared for its lower bound",
-}
+NOT_IMPORTED: dict[str, str] = {}
 _PIN = re.compile(r"^([A-Za-z0-9._-]+)==(\S+)")
 
 

@@ -10,15 +10,10 @@ under the default bound.
 from __future__ import annotations
 
 import json
-import os
 import re
-import socket
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -27,36 +22,26 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from providers.tiny.laya import build_laya_checkpoint
 from providers.tiny.von import build_von_checkpoint
+from tests.conftest import RunningServer, start_server
 
 ROOT = Path(__file__).resolve().parent.parent
 CONTRACT = ROOT.parent / "shared" / "seeds" / "003_84c1f9f9d3d5180b.txt"
 LAYA_VARIANTS = ("english", "multilingual", "typed-decisions")
 
 
-@dataclass
-class Serve:
-    url: str
-    process: subprocess.Popen[bytes]
-    log_file: Path
-
-    def post(self, path: str, body: object, timeout: float = 120) -> httpx.Response:
-        return httpx.post(self.url + path, json=body, timeout=timeout)
-
-    def metric(self, name: str, **labels: str) -> float:
-        text = httpx.get(self.url + "/metrics", timeout=10).text
-        total = 0.0
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                wanted = all(sample.labels.get(k) == v for k, v in labels.items())
-                if sample.name == name and wanted:
-                    total += sample.value
-        return total
+def post(server: RunningServer, path: str, body: object, timeout: float = 120) -> httpx.Response:
+    return httpx.post(server.url + path, json=body, timeout=timeout)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+def metric(server: RunningServer, name: str, **labels: str) -> float:
+    text = httpx.get(server.url + "/metrics", timeout=10).text
+    total = 0.0
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            wanted = all(sample.labels.get(k) == v for k, v in labels.items())
+            if sample.name == name and wanted:
+                total += sample.value
+    return total
 
 
 @pytest.fixture(scope="module")
@@ -73,55 +58,24 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     }
 
 
-def _serve(folder: Path, checkpoints: dict[str, str], **env: str) -> Iterator[Serve]:
-    folder.mkdir(parents=True, exist_ok=True)
-    port = _free_port()
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith("DECIDEALOT_")} | {
-        "DECIDEALOT_HOST": "127.0.0.1",
-        "DECIDEALOT_PORT": str(port),
-        "DECIDEALOT_DEVICE": "cpu",
-        "DECIDEALOT_TORCH_THREADS": "1",
-        "DECIDEALOT_WORKER_PASSES": "1",
-        "DECIDEALOT_MODEL_DIR": str(folder / "models"),
-        "DECIDEALOT_LOG_FORMAT": "json",
+def _serve(folder: Path, checkpoints: dict[str, str], **env: str) -> Iterator[RunningServer]:
+    """`decidealot serve` on the tiny checkpoints, one pass at a time on one torch thread."""
+    server = start_server(
+        folder,
+        launcher="decidealot",
+        args=("serve",),
+        DECIDEALOT_DEVICE="cpu",
+        DECIDEALOT_TORCH_THREADS="1",
+        DECIDEALOT_WORKER_PASSES="1",
         **checkpoints,
         **env,
-    }
-    log_file = folder / "server.log"
-    with log_file.open("wb") as log_out:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "decidealot", "serve"],
-            cwd=ROOT,
-            env=full_env,
-            stdout=log_out,
-            stderr=subprocess.STDOUT,
-        )
-    server = Serve(f"http://127.0.0.1:{port}", process, log_file)
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            if process.poll() is not None:
-                raise RuntimeError(f"decidealot serve exited: {log_file.read_text()[-2000:]}")
-            try:
-                if httpx.get(server.url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError("decidealot serve did not answer /health in 60 s")
-            time.sleep(0.1)
-        yield server
-    finally:
-        process.terminate()
-        try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+    )
+    yield server
+    assert server.stop(30) == 0
 
 
 @pytest.fixture(scope="module")
-def unbounded(tmp_path_factory: pytest.TempPathFactory, checkpoints) -> Iterator[Serve]:
+def unbounded(tmp_path_factory: pytest.TempPathFactory, checkpoints) -> Iterator[RunningServer]:
     """One pass at a time of at most 1024 tokens, a 1 s pass timeout, no work bound (`0`
     turns it off)."""
     laya_only = {k: v for k, v in checkpoints.items() if not k.startswith("DECIDEALOT_VON_")}
@@ -136,7 +90,7 @@ def unbounded(tmp_path_factory: pytest.TempPathFactory, checkpoints) -> Iterator
 
 
 @pytest.fixture(scope="module")
-def defaults(tmp_path_factory: pytest.TempPathFactory, checkpoints) -> Iterator[Serve]:
+def defaults(tmp_path_factory: pytest.TempPathFactory, checkpoints) -> Iterator[RunningServer]:
     """Laya and Von with the default work bound and admission."""
     yield from _serve(tmp_path_factory.mktemp("defaults"), checkpoints)
 
@@ -161,28 +115,28 @@ SMALL = {
 }
 
 
-def test_a_request_of_many_passes_never_trips_the_pass_timeout(unbounded: Serve) -> None:
-    assert unbounded.post("/v1/systemone", SMALL).status_code == 200  # the worker is loaded
-    passes_before = unbounded.metric("decidealot_forward_pass_seconds_count")
+def test_a_request_of_many_passes_never_trips_the_pass_timeout(unbounded: RunningServer) -> None:
+    assert post(unbounded, "/v1/systemone", SMALL).status_code == 200  # the worker is loaded
+    passes_before = metric(unbounded, "decidealot_forward_pass_seconds_count")
     started = time.monotonic()
-    response = unbounded.post("/v1/systemone", heavy(600))
+    response = post(unbounded, "/v1/systemone", heavy(600))
     took = time.monotonic() - started
     assert response.status_code == 200, response.text
     assert len(response.json()["answers"]) == 600
-    passes = unbounded.metric("decidealot_forward_pass_seconds_count") - passes_before
+    passes = metric(unbounded, "decidealot_forward_pass_seconds_count") - passes_before
     assert passes > 30  # cut into passes within the token budget, each reported
     assert took > 1  # longer in all than one pass may take
-    assert unbounded.metric("decidealot_worker_failures_total") == 0
-    assert unbounded.metric("decidealot_worker_restarts_total") == 0
+    assert metric(unbounded, "decidealot_worker_failures_total") == 0
+    assert metric(unbounded, "decidealot_worker_restarts_total") == 0
 
 
-def test_a_small_request_waits_about_one_pass_behind_a_large_one(unbounded: Serve) -> None:
-    alone = unbounded.post("/v1/systemone", SMALL).json()
+def test_a_small_request_waits_about_one_pass_behind_a_large_one(unbounded: RunningServer) -> None:
+    alone = post(unbounded, "/v1/systemone", SMALL).json()
     with ThreadPoolExecutor(2) as pool:
         large = pool.submit(unbounded.post, "/v1/systemone", heavy(600, tag="large"))
         time.sleep(1.0)  # the large request is in its passes
         started = time.monotonic()
-        small = unbounded.post("/v1/systemone", SMALL)
+        small = post(unbounded, "/v1/systemone", SMALL)
         small_took = time.monotonic() - started
         large_done = large.result()
         large_left = time.monotonic() - started
@@ -193,40 +147,42 @@ def test_a_small_request_waits_about_one_pass_behind_a_large_one(unbounded: Serv
     assert small_took < 0.5 * large_left, (small_took, large_left)
 
 
-def test_abandoned_requests_are_withdrawn_and_a_small_one_answers_soon(unbounded: Serve) -> None:
-    cancelled_before = unbounded.metric("decidealot_requests_cancelled_total", provider="laya")
-    withdrawn_before = unbounded.metric("decidealot_jobs_withdrawn_total", provider="laya")
-    passes_before = unbounded.metric("decidealot_forward_pass_seconds_count")
+def test_abandoned_requests_are_withdrawn_and_a_small_one_answers_soon(
+    unbounded: RunningServer,
+) -> None:
+    cancelled_before = metric(unbounded, "decidealot_requests_cancelled_total", provider="laya")
+    withdrawn_before = metric(unbounded, "decidealot_jobs_withdrawn_total", provider="laya")
+    passes_before = metric(unbounded, "decidealot_forward_pass_seconds_count")
 
     def abandon(n: int) -> None:
         with pytest.raises(httpx.TimeoutException):
-            unbounded.post("/v1/systemone", heavy(300, tag=f"abandoned {n}"), timeout=1.0)
+            post(unbounded, "/v1/systemone", heavy(300, tag=f"abandoned {n}"), timeout=1.0)
 
     with ThreadPoolExecutor(8) as pool:
         list(pool.map(abandon, range(8)))
     started = time.monotonic()
-    response = unbounded.post("/v1/systemone", SMALL)
+    response = post(unbounded, "/v1/systemone", SMALL)
     assert response.status_code == 200
     assert time.monotonic() - started < 5
     deadline = time.monotonic() + 10
-    while unbounded.metric("decidealot_requests_cancelled_total", provider="laya") < (
+    while metric(unbounded, "decidealot_requests_cancelled_total", provider="laya") < (
         cancelled_before + 8
     ):
         assert time.monotonic() < deadline, "the server never noticed the clients had gone"
         time.sleep(0.1)
-    withdrawn = unbounded.metric("decidealot_jobs_withdrawn_total", provider="laya")
+    withdrawn = metric(unbounded, "decidealot_jobs_withdrawn_total", provider="laya")
     assert withdrawn - withdrawn_before >= 1
     # eight 300-question requests run to the end take far more passes than what ran
-    ran = unbounded.metric("decidealot_forward_pass_seconds_count") - passes_before
+    ran = metric(unbounded, "decidealot_forward_pass_seconds_count") - passes_before
     time.sleep(1)
-    assert unbounded.metric("decidealot_forward_pass_seconds_count") - passes_before <= ran + 2
+    assert metric(unbounded, "decidealot_forward_pass_seconds_count") - passes_before <= ran + 2
 
 
-def test_a_request_over_the_work_bound_is_refused_before_any_pass(defaults: Serve) -> None:
-    assert defaults.post("/v1/systemone", SMALL).status_code == 200
-    passes_before = defaults.metric("decidealot_forward_pass_seconds_count")
+def test_a_request_over_the_work_bound_is_refused_before_any_pass(defaults: RunningServer) -> None:
+    assert post(defaults, "/v1/systemone", SMALL).status_code == 200
+    passes_before = metric(defaults, "decidealot_forward_pass_seconds_count")
     started = time.monotonic()
-    response = defaults.post("/v1/systemone", heavy(600))
+    response = post(defaults, "/v1/systemone", heavy(600))
     assert time.monotonic() - started < 3
     assert response.status_code == 422
     (issue,) = response.json()["detail"]
@@ -234,10 +190,10 @@ def test_a_request_over_the_work_bound_is_refused_before_any_pass(defaults: Serv
     cost = int(re.search(r"costs (\d+) model tokens", issue["msg"])[1])  # type: ignore[index]
     assert cost > 32768
     assert "DECIDEALOT_MAX_REQUEST_TOKENS" in issue["msg"] and "at most 32768" in issue["msg"]
-    batch = defaults.post("/v1/systemone/batch", {"requests": [SMALL, heavy(600)]})
+    batch = post(defaults, "/v1/systemone/batch", {"requests": [SMALL, heavy(600)]})
     assert batch.status_code == 422
     assert batch.json()["detail"][0]["loc"] == ["body", "requests", 1, "questions"]
-    assert defaults.metric("decidealot_forward_pass_seconds_count") - passes_before <= 1
+    assert metric(defaults, "decidealot_forward_pass_seconds_count") - passes_before <= 1
 
 
 _CURL = re.compile(r'^curl .*"\$base_url(/v1/systemone[^"]*)"')
@@ -265,9 +221,9 @@ def _contract_examples() -> list[tuple[str, object]]:
 
 
 @pytest.mark.skipif(not CONTRACT.exists(), reason="the contract is in shared/, beside the repo")
-def test_every_contract_example_passes_under_the_default_bound(defaults: Serve) -> None:
+def test_every_contract_example_passes_under_the_default_bound(defaults: RunningServer) -> None:
     examples = _contract_examples()
     assert len(examples) >= 4
     for path, body in examples:
-        response = defaults.post(path, body)
+        response = post(defaults, path, body)
         assert response.status_code == 200, (path, response.text)

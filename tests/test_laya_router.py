@@ -277,10 +277,11 @@ async def test_provider_routes_and_answers(
     selector: str, state: Any, names: list[str], checkpoint: str
 ) -> None:
     provider = LayaProvider(None)  # type: ignore[arg-type]
-    job, gateway_tokens = await provider.prepare(selector, _request(selector, state, names))
+    prepared = await provider.prepare(selector, _request(selector, state, names))
+    job = prepared.job
+    assert job is not None and prepared.rest is None and prepared.gateway_tokens == 0
     assert job.checkpoint == checkpoint
     assert job.state == state and list(job.questions) == names
-    assert gateway_tokens == 0
 
 
 def test_the_service_builds_a_worker_runtime_on_its_lane(tmp_path: Path) -> None:
