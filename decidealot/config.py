@@ -23,9 +23,31 @@ T = TypeVar("T")
 
 Device = Literal["auto", "cpu", "cuda"]
 LogFormat = Literal["json", "text"]
+Precision = Literal["fp32", "int8", "bf16", "fp16"]
 
 DEFAULT_TYPESAFE_BASE_URL = "https://api.typesafe.ai"
 _PREFIX = "DECIDEALOT_"
+
+
+PRECISION_DEVICES = {
+    "fp32": ("cpu", "cuda"),
+    "int8": ("cpu",),
+    "bf16": ("cuda",),
+    "fp16": ("cuda",),
+}
+"""`DECIDEALOT_PRECISION` values and the devices each runs on. fp32: exact parity with upstream;
+int8: int8 encoder weights (providers/numerics.py); bf16, fp16: CUDA autocast, as upstream Laya
+runs there."""
+
+
+def precision_problem(precision: str, device: str) -> str | None:
+    """Why `precision` cannot run on `device` (`auto` is checked once resolved), or None."""
+    if precision not in PRECISION_DEVICES:
+        return f"expected one of {', '.join(PRECISION_DEVICES)}, got {precision!r}"
+    devices = PRECISION_DEVICES[precision]
+    if device not in ("auto", *devices):
+        return f"{precision} runs on {' or '.join(devices)} only, not on DECIDEALOT_DEVICE={device}"
+    return None
 
 
 class ConfigError(ValueError):
@@ -56,6 +78,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     provider_start_timeout_seconds: float = 600.0
     device: Device = "auto"
     torch_threads: int = 0  # 0: torch's own default
+    precision: Precision = "fp32"  # see providers.precision
     batch_token_budget: int = 0  # 0: by device, see providers.local.token_budget
     worker_passes: int = 0  # 0: by device, see providers.local.concurrent_passes
     worker_python: str | None = None  # None: the gateway's own interpreter
@@ -360,6 +383,7 @@ def _parse(env: Mapping[str, str], known: set[str]) -> Settings:
     read("provider_start_timeout_seconds", _seconds)
     read("device", _choice(("auto", "cpu", "cuda")))
     read("torch_threads", lambda n, r: _int(n, r, low=0, high=1024))
+    read("precision", _choice(tuple(PRECISION_DEVICES)))
     read("batch_token_budget", _token_budget)
     read("worker_passes", lambda n, r: _int(n, r, low=0, high=64))
     read("worker_python", _file)
@@ -387,5 +411,10 @@ def _parse(env: Mapping[str, str], known: set[str]) -> Settings:
     read("typesafe_timeout_seconds", _seconds)
     read("typesafe_retry_seconds", lambda n, r: _seconds(n, r, allow_zero=True))
     read("mcp_allowed_hosts", _hosts)
+    problem = precision_problem(
+        str(values.get("precision", "fp32")), str(values.get("device", "auto"))
+    )
+    if problem is not None:
+        raise ConfigError(f"DECIDEALOT_PRECISION: {problem}")
     values["trace_exporters"] = _trace_exporters(env)
     return Settings(**values)  # type: ignore[arg-type]

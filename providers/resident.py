@@ -55,6 +55,7 @@ class ResidentProvider:
             checkpoints=cls.checkpoints(settings),
             preload=cls.preload(),
             torch_threads=settings.torch_threads,
+            options={"precision": settings.precision},
         )
         return cls(WorkerRuntime(cls.name, spec, settings))
 

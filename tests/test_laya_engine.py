@@ -255,10 +255,10 @@ def test_a_checkpoint_loads_once_under_concurrent_first_jobs(
     loads: list[str] = []
     load = engine_module.load_checkpoint
 
-    def slow_load(path: str, device: Any) -> Any:
+    def slow_load(path: str, *args: Any) -> Any:
         loads.append(path)
         time.sleep(0.2)  # both threads ask while the first load is under way
-        return load(path, device)
+        return load(path, *args)
 
     monkeypatch.setattr(engine_module, "load_checkpoint", slow_load)
     engine = create(_spec(checkpoints))

@@ -194,10 +194,10 @@ def test_a_checkpoint_loads_once_under_concurrent_first_jobs(
     loads: list[Path] = []
     model_class = engine_module.VonModel
 
-    def slow_model(directory: Path, device: torch.device) -> Any:
+    def slow_model(directory: Path, *args: Any) -> Any:
         loads.append(directory)
         time.sleep(0.2)  # both threads ask while the first load is under way
-        return model_class(directory, device)
+        return model_class(directory, *args)
 
     monkeypatch.setattr(engine_module, "VonModel", slow_model)
     engine = create(

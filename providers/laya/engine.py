@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Hashable, Sequence
-from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -19,9 +18,10 @@ import torch
 from decidealot.contract import Question
 from providers.engine import Decision, EngineSpec, Job, PassShape
 from providers.laya import readout
-from providers.laya.model import Checkpoint, load_checkpoint
+from providers.laya.model import PASS_INPUTS, Checkpoint, load_checkpoint
 from providers.laya.render import Row, render_rows
 from providers.passes import RunsTogether
+from providers.precision import engine_precision
 
 CHECKPOINT_KEYS = ("english", "multilingual", "typed-decisions")
 PASS_TOKEN_LIMIT = 262_144
@@ -52,6 +52,7 @@ class LayaEngine(RunsTogether):
             raise ValueError(f"unknown Laya checkpoint keys: {sorted(unknown)}")
         self._paths = dict(spec.checkpoints)
         self._device = torch.device(spec.device)
+        self._precision = engine_precision(spec.options, spec.device)
         # On CUDA a pass is worth a large batch: cut only past the token limit.
         cpu = self._device.type == "cpu"
         self.shape = PassShape(PASS_TOKEN_LIMIT, CPU_PASS_COST if cpu else None)
@@ -73,7 +74,7 @@ class LayaEngine(RunsTogether):
             raise ValueError(f"Laya checkpoint {key!r} is not configured")
         with self._load_lock:
             if key not in self._loaded:
-                self._loaded[key] = load_checkpoint(self._paths[key], self._device)
+                self._loaded[key] = load_checkpoint(self._paths[key], self._device, self._precision)
             return self._loaded[key]
 
     def prepare(self, job: Job) -> PreparedJob:
@@ -100,35 +101,28 @@ class LayaEngine(RunsTogether):
 
     def _forward(self, checkpoint: Checkpoint, rows: Sequence[Row]) -> list[list[float]]:
         """One padded pass; returns each row's logits trimmed to its own option count."""
-        length = max(len(row.ids) for row in rows)
-        width = max(len(row.markers) for row in rows)
-        input_ids = torch.full((len(rows), length), checkpoint.pad_id, dtype=torch.long)
-        attention = torch.zeros((len(rows), length), dtype=torch.long)
-        marker_pos = torch.zeros((len(rows), width), dtype=torch.long)
-        marker_mask = torch.zeros((len(rows), width), dtype=torch.bool)
-        for i, row in enumerate(rows):
-            input_ids[i, : len(row.ids)] = torch.tensor(row.ids)
-            attention[i, : len(row.ids)] = 1
-            marker_pos[i, : len(row.markers)] = torch.tensor(row.markers)
-            marker_mask[i, : len(row.markers)] = True
-        qtype = torch.tensor([row.qtype for row in rows], dtype=torch.long)
-        device = self._device
-        with torch.inference_mode(), self._autocast(checkpoint):
-            out = checkpoint.model(
-                input_ids.to(device),
-                attention.to(device),
-                marker_pos.to(device),
-                marker_mask.to(device),
-                qtype.to(device),
-            )
-        values = out.float().cpu().tolist()
+        inputs = pass_inputs(rows, checkpoint.pad_id)
+        out = checkpoint.forward({name: t.to(self._device) for name, t in inputs.items()})
+        values = out.cpu().tolist()
         return [values[i][: len(row.markers)] for i, row in enumerate(rows)]
 
-    def _autocast(self, checkpoint: Checkpoint) -> AbstractContextManager[object]:
-        """Upstream autocasts only on GPU; CPU stays fp32."""
-        if self._device.type != "cuda":
-            return nullcontext()
-        return torch.autocast(device_type="cuda", dtype=checkpoint.amp_dtype)
+
+def pass_inputs(rows: Sequence[Row], pad_id: int) -> dict[str, torch.Tensor]:
+    """`rows` padded on the right into one pass's `PASS_INPUTS` tensors, on the CPU."""
+    length = max(len(row.ids) for row in rows)
+    width = max(len(row.markers) for row in rows)
+    input_ids = torch.full((len(rows), length), pad_id, dtype=torch.long)
+    attention = torch.zeros((len(rows), length), dtype=torch.long)
+    marker_pos = torch.zeros((len(rows), width), dtype=torch.long)
+    marker_mask = torch.zeros((len(rows), width), dtype=torch.bool)
+    for i, row in enumerate(rows):
+        input_ids[i, : len(row.ids)] = torch.tensor(row.ids)
+        attention[i, : len(row.ids)] = 1
+        marker_pos[i, : len(row.markers)] = torch.tensor(row.markers)
+        marker_mask[i, : len(row.markers)] = True
+    qtype = torch.tensor([row.qtype for row in rows], dtype=torch.long)
+    tensors = (input_ids, attention, marker_pos, marker_mask, qtype)
+    return dict(zip(PASS_INPUTS, tensors, strict=True))
 
 
 def create(spec: EngineSpec) -> LayaEngine:

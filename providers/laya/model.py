@@ -8,6 +8,8 @@ pre-LN transformer layer, numerically the same as upstream's `nn.TransformerEnco
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +23,7 @@ from transformers.initialization import no_init_weights
 
 from providers.laya.readout import Temperatures
 from providers.laya.render import Budget, Specials
+from providers.numerics import AUTOCAST, PROBE_LENGTH, PROBE_ROWS, quantize_guarded
 
 LAYER_NORM_EPS = 1e-5
 MASKED_LOGIT = -1e4
@@ -121,6 +124,13 @@ class DecisionModel(nn.Module):
         return logits.masked_fill(~marker_mask, MASKED_LOGIT)
 
 
+PASS_INPUTS = ("input_ids", "attention_mask", "marker_pos", "marker_mask", "qtype")
+"""`DecisionModel.forward`'s inputs, by name: what a pass is given."""
+
+Pass = Callable[[dict[str, torch.Tensor]], torch.Tensor]
+"""One padded pass: `PASS_INPUTS` tensors on the model's device -> `[rows, K]` fp32 logits."""
+
+
 @dataclass(frozen=True)
 class Checkpoint:
     """Everything one loaded checkpoint needs to render, run and read out."""
@@ -132,6 +142,43 @@ class Checkpoint:
     temperatures: Temperatures
     amp_dtype: torch.dtype
     pad_id: int
+    forward: Pass
+    """The padded pass in the configured precision (`torch_pass`)."""
+
+
+def torch_pass(model: DecisionModel, device: torch.device, amp_dtype: torch.dtype) -> Pass:
+    """Eager torch with sdpa attention, under CUDA autocast when `amp_dtype` is not fp32."""
+
+    def forward(inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        autocast = (
+            torch.autocast(device_type=device.type, dtype=amp_dtype)
+            if amp_dtype != torch.float32
+            else nullcontext()
+        )
+        with torch.inference_mode(), autocast:
+            return model(**inputs).float()
+
+    return forward
+
+
+def int8_encoder(model: DecisionModel, specials: Specials, budget: Budget) -> list[str]:
+    """Make the encoder's linear layers int8 (`providers.numerics`), checked on a probe of random
+    rows with four markers each; the head and scorer stay fp32. Returns the roles kept fp32."""
+    generator = torch.Generator().manual_seed(0)
+    rows, options = PROBE_ROWS, 4
+    length = min(budget.max_len, PROBE_LENGTH)
+    ids = torch.randint(0, model.encoder.config.vocab_size, (rows, length), generator=generator)
+    marker_pos = torch.linspace(1, length - 2, options).long().expand(rows, -1).contiguous()
+    ids.scatter_(1, marker_pos, specials.mask_id)
+    ids[:, 0] = specials.cls_id
+    inputs = {
+        "input_ids": ids,
+        "attention_mask": torch.ones(rows, length, dtype=torch.long),
+        "marker_pos": marker_pos,
+        "marker_mask": torch.ones(rows, options, dtype=torch.bool),
+        "qtype": torch.arange(rows) % 3,
+    }
+    return quantize_guarded(model.encoder, lambda: model(**inputs).softmax(-1))
 
 
 def _load_tokenizer(directory: Path) -> Any:
@@ -151,8 +198,11 @@ def _require(path: Path, what: str) -> Path:
     return path
 
 
-def load_checkpoint(directory: str | Path, device: torch.device) -> Checkpoint:
-    """Build the model offline from `encoder/config.json`, strictly load fp16 weights as fp32."""
+def load_checkpoint(
+    directory: str | Path, device: torch.device, precision: str = "fp32"
+) -> Checkpoint:
+    """Build the model offline from `encoder/config.json`, strictly load fp16 weights as fp32,
+    then apply `precision` (`providers.precision.PRECISIONS`)."""
     root = Path(directory)
     config = json.loads(_require(root / "rl_agent_config.json", "its config").read_text())
     weights_path = _require(root / "model.safetensors", "its weights")
@@ -174,24 +224,26 @@ def load_checkpoint(directory: str | Path, device: torch.device) -> Checkpoint:
     model.load_state_dict(state, strict=True)
     model.to(device).eval().requires_grad_(False)
 
-    amp = torch.float32
-    if device.type == "cuda":
-        major = torch.cuda.get_device_capability(device)[0]
-        amp = torch.bfloat16 if major >= 8 and config.get("amp_dtype") == "bf16" else torch.float16
+    amp = AUTOCAST.get(precision, torch.float32)
+    specials = Specials(
+        cls_id=tokenizer.cls_token_id,
+        sep_id=tokenizer.sep_token_id,
+        mask_id=tokenizer.mask_token_id,
+        mask_text=tokenizer.mask_token,
+    )
+    budget = Budget(
+        max_len=int(config.get("max_len", 512)),
+        head_max_len=int(config.get("head_max_len", 192)),
+    )
+    if precision == "int8":
+        int8_encoder(model, specials, budget)
     return Checkpoint(
         model=model,
         tokenizer=tokenizer,
-        specials=Specials(
-            cls_id=tokenizer.cls_token_id,
-            sep_id=tokenizer.sep_token_id,
-            mask_id=tokenizer.mask_token_id,
-            mask_text=tokenizer.mask_token,
-        ),
-        budget=Budget(
-            max_len=int(config.get("max_len", 512)),
-            head_max_len=int(config.get("head_max_len", 192)),
-        ),
+        specials=specials,
+        budget=budget,
         temperatures=temperatures,
         amp_dtype=amp,
         pad_id=tokenizer.pad_token_id,
+        forward=torch_pass(model, device, amp),
     )

@@ -24,6 +24,7 @@ from decidealot.contract import (
 from decidealot.errors import DecisionInputError
 from providers.engine import Decision, EngineSpec, Job, PassShape
 from providers.passes import RunsTogether
+from providers.precision import engine_precision
 from providers.von import readout
 from providers.von.model import CPU_PASS_TOKENS, WINDOW, Row, VonModel
 from providers.von.render import (
@@ -79,6 +80,7 @@ class VonEngine(RunsTogether):
         if not isinstance(max_state_tokens, int) or max_state_tokens < 1:
             raise ValueError("Von engine option max_state_tokens must be a positive integer")
         self._max_state_tokens = max_state_tokens
+        self._precision = engine_precision(spec.options, spec.device)
         self._models: dict[str, VonModel] = {}
         self._load_lock = threading.Lock()
         for key in spec.preload:
@@ -92,7 +94,9 @@ class VonEngine(RunsTogether):
             raise ValueError(f"Von engine has no checkpoint {checkpoint!r}")
         with self._load_lock:
             if checkpoint not in self._models:
-                self._models[checkpoint] = VonModel(self._checkpoints[checkpoint], self._device)
+                self._models[checkpoint] = VonModel(
+                    self._checkpoints[checkpoint], self._device, self._precision
+                )
             return self._models[checkpoint]
 
     def prepare(self, job: Job) -> VonPrepared:

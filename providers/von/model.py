@@ -13,6 +13,7 @@ import json
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,6 +21,8 @@ import torch
 from torch import nn
 from transformers import AutoConfig, AutoTokenizer, ModernBertModel, PreTrainedTokenizerBase
 from transformers.initialization import no_init_weights
+
+from providers.numerics import AUTOCAST, PROBE_LENGTH, PROBE_ROWS, quantize_guarded
 
 WINDOW = 8192
 """Upstream forces `max_position_embeddings` to this; the state cut fits rows to it (a cut
@@ -167,7 +170,8 @@ def _additive(allowed: torch.Tensor) -> torch.Tensor:
 class VonModel:
     """A loaded Von checkpoint: tokenizer, encoder, scorer and calibration, on one device."""
 
-    def __init__(self, directory: Path, device: torch.device):
+    def __init__(self, directory: Path, device: torch.device, precision: str = "fp32"):
+        """Load `directory` onto `device` in `precision` (`providers.precision.PRECISIONS`)."""
         self.calibration = load_calibration(directory / "marker_calibration.json")
         config = AutoConfig.from_pretrained(str(directory), attn_implementation="sdpa")
         if config.model_type != "modernbert":
@@ -191,6 +195,28 @@ class VonModel:
         """Guards `_shared_logits`: a worker may run several passes at once."""
         self.encoder.to(device).eval()
         self.scorer.to(device).eval()
+        self.amp_dtype = AUTOCAST.get(precision, torch.float32)
+        if precision == "int8":
+            self._int8_encoder()
+
+    def _int8_encoder(self) -> None:
+        """The encoder's linear layers in int8 (`providers.numerics`), checked on a probe of random
+        rows with four markers each; the scorer stays fp32."""
+        generator = torch.Generator().manual_seed(0)
+        rows, options = PROBE_ROWS, 4
+        length = PROBE_LENGTH
+        vocab = self.encoder.config.vocab_size
+        ids = torch.randint(0, vocab, (rows, length), generator=generator)
+        ids[ids == self.mask_id] = self.pad_id
+        markers = torch.linspace(1, length - 2, options).long()
+        ids[:, markers] = self.mask_id
+        valid = torch.ones(rows, length, dtype=torch.long)
+
+        def probe() -> torch.Tensor:
+            states = self.encoder(input_ids=ids, attention_mask=valid).last_hidden_state
+            return self.scorer(states[:, markers]).softmax(-1)
+
+        quantize_guarded(self.encoder, probe)
 
     def _load_weights(self, path: Path) -> None:
         weights = torch.load(path, map_location="cpu", weights_only=True)
@@ -245,14 +271,28 @@ class VonModel:
             ids[b, : len(row.ids)] = torch.tensor(row.ids, dtype=torch.long)
             valid[b, : len(row.ids)] = True
         ids, valid = ids.to(self.device), valid.to(self.device)
+        with self._autocast():
+            hidden = self._encode(rows, ids, valid, length)
+        states = hidden.float()
+        markers = torch.cat([states[b, row.markers] for b, row in enumerate(rows)])
+        return list(self.scorer(markers).split([len(row.markers) for row in rows]))
+
+    def _autocast(self) -> AbstractContextManager[object]:
+        """CUDA autocast under bf16/fp16; fp32 and int8 run as they are."""
+        if self.amp_dtype == torch.float32:
+            return nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=self.amp_dtype)
+
+    def _encode(
+        self, rows: Sequence[Row], ids: torch.Tensor, valid: torch.Tensor, length: int
+    ) -> torch.Tensor:
+        """The encoder's last hidden states for one padded pass, in either attention mode."""
         if self.calibration.independent_options:
             masks, positions = self._independent_masks(rows, length, valid)
             hidden = self.encoder(input_ids=ids, attention_mask=masks, position_ids=positions)
         else:
             hidden = self.encoder(input_ids=ids, attention_mask=valid.long())
-        states = hidden.last_hidden_state
-        markers = torch.cat([states[b, row.markers] for b, row in enumerate(rows)])
-        return list(self.scorer(markers).split([len(row.markers) for row in rows]))
+        return hidden.last_hidden_state
 
     def _independent_masks(
         self, rows: Sequence[Row], length: int, valid: torch.Tensor
