@@ -8,10 +8,6 @@ depend on what it is batched with; and `decidealot serve` must run it end to end
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,13 +23,12 @@ from providers.laya.engine import LayaEngine
 from providers.tiny.laya import VARIANTS, build_laya_checkpoint
 from providers.tiny.von import build_von_checkpoint
 from providers.von.engine import VonEngine
-from tests.conftest import _free_port
+from tests.conftest import RunningServer, start_server
 from tests.test_cli import cli
 
 INT8_TOLERANCE = 0.05
 """Most any int8 probability may differ from fp32's (laya's own bar for reduced precision)."""
 
-ROOT = Path(__file__).resolve().parent.parent
 
 QUESTIONS: dict[str, Any] = {
     "team": {
@@ -220,60 +215,29 @@ def int8_and_fp32_servers(
     """`decidealot serve` twice on the same Laya and Von checkpoints: int8 and fp32."""
     folder = tmp_path_factory.mktemp("precision-serve")
     von = build_von_checkpoint(folder / "von", independent_options=False)
-    processes: list[subprocess.Popen[bytes]] = []
-    urls: dict[str, str] = {}
+    checkpoints = {
+        "DECIDEALOT_VON_CHECKPOINT": str(von),
+        "DECIDEALOT_LAYA_ENGLISH_CHECKPOINT": str(laya_checkpoints["english"]),
+        "DECIDEALOT_LAYA_MULTILINGUAL_CHECKPOINT": str(laya_checkpoints["multilingual"]),
+        "DECIDEALOT_LAYA_TYPED_DECISIONS_CHECKPOINT": str(laya_checkpoints["typed-decisions"]),
+    }
+    servers: dict[str, RunningServer] = {}
     try:
         for precision in ("int8", "fp32"):
-            port = _free_port()
-            env = {k: v for k, v in os.environ.items() if not k.startswith("DECIDEALOT_")} | {
-                "DECIDEALOT_HOST": "127.0.0.1",
-                "DECIDEALOT_PORT": str(port),
-                "DECIDEALOT_DEVICE": "cpu",
-                "DECIDEALOT_TORCH_THREADS": "1",
-                "DECIDEALOT_MAX_RESIDENT_PROVIDERS": "2",
-                "DECIDEALOT_PRECISION": precision,
-                "DECIDEALOT_MODEL_DIR": str(folder / f"models-{precision}"),
-                "DECIDEALOT_VON_CHECKPOINT": str(von),
-                "DECIDEALOT_LAYA_ENGLISH_CHECKPOINT": str(laya_checkpoints["english"]),
-                "DECIDEALOT_LAYA_MULTILINGUAL_CHECKPOINT": str(laya_checkpoints["multilingual"]),
-                "DECIDEALOT_LAYA_TYPED_DECISIONS_CHECKPOINT": str(
-                    laya_checkpoints["typed-decisions"]
-                ),
-            }
-            log = (folder / f"{precision}.log").open("wb")
-            processes.append(
-                subprocess.Popen(
-                    [sys.executable, "-m", "decidealot", "serve"],
-                    cwd=ROOT,
-                    env=env,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                )
+            servers[precision] = start_server(
+                folder / precision,
+                launcher="decidealot",
+                args=("serve",),
+                DECIDEALOT_DEVICE="cpu",
+                DECIDEALOT_TORCH_THREADS="1",
+                DECIDEALOT_MAX_RESIDENT_PROVIDERS="2",
+                DECIDEALOT_PRECISION=precision,
+                **checkpoints,
             )
-            urls[precision] = f"http://127.0.0.1:{port}"
-        for precision, url in urls.items():
-            _wait_healthy(url, processes[list(urls).index(precision)])
-        yield urls
+        yield {precision: server.url for precision, server in servers.items()}
     finally:
-        for process in processes:
-            process.terminate()
-            try:
-                process.wait(20)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-
-
-def _wait_healthy(url: str, process: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        assert process.poll() is None, "decidealot serve exited"
-        try:
-            httpx.get(url + "/health", timeout=1)
-            return
-        except httpx.TransportError:
-            time.sleep(0.1)
-    raise AssertionError("decidealot serve did not answer /health")
+        for server in servers.values():
+            server.stop()
 
 
 @pytest.mark.parametrize("model", ["laya-multilingual", "von"])
