@@ -109,9 +109,7 @@ def main() -> None:
     print("| way | seconds for 32 | decisions/s | batch speed-up over it |")
     print("|---|---:|---:|---:|")
     for name, value in median.items():
-        print(
-            f"| {name} | {value:.2f} | {ITEMS / value:.1f} | {value / median['batch']:.2f}x |"
-        )
+        print(f"| {name} | {value:.2f} | {ITEMS / value:.1f} | {value / median['batch']:.2f}x |")
     print(json.dumps({"seconds": seconds}), file=sys.stderr)
 
 

@@ -86,9 +86,7 @@ class DecisionInputError(Exception):
     not fit). `loc` is relative to the question: the executor prefixes the request's path.
     `question` None blames the request's questions as a whole (e.g. their summed cost)."""
 
-    def __init__(
-        self, question: str | None, msg: str, loc: Loc | None = None, input: Json = None
-    ):
+    def __init__(self, question: str | None, msg: str, loc: Loc | None = None, input: Json = None):
         super().__init__(msg)
         self.question = question
         self.msg = msg

@@ -103,9 +103,7 @@ async def test_a_cancelled_mcp_tool_call_is_withdrawn(
             await anyio.sleep(0.3)
             with anyio.move_on_after(0.5):  # the caller gives up: the SDK cancels the request
                 await client.call_tool("system_one", steered("laya", 0.0, "gone"))
-        await anyio.to_thread.run_sync(
-            lambda: wait_for(lambda: cancelled(server) == 1)
-        )
+        await anyio.to_thread.run_sync(lambda: wait_for(lambda: cancelled(server) == 1))
         result = await client.call_tool("system_one", steered("laya", 0.0, "after"))
         assert not result.is_error
     assert "gone" not in [event["tag"] for event in server.events()]

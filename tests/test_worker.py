@@ -133,9 +133,7 @@ class WorkerProcess:
             env=env,
         )
         spec = EngineSpec(factory="tests.engines.arith:create", checkpoints={}, options=options)
-        self.send(
-            Start(spec, budget, concurrent_passes=passes, job_token_limit=job_token_limit)
-        )
+        self.send(Start(spec, budget, concurrent_passes=passes, job_token_limit=job_token_limit))
         self.progress: list[Begin | Pass] = []
         """The `Begin` and `Pass` frames `receive` skipped, in order."""
 

@@ -18,14 +18,10 @@ ENGINE_FACTORY = "providers.laya.engine:create"
 RELEASE = "2026-09-23"
 
 SELECTORS = (
-    ModelInfo(
-        "laya", "Laya System One decisions with automatic checkpoint routing.", RELEASE
-    ),
+    ModelInfo("laya", "Laya System One decisions with automatic checkpoint routing.", RELEASE),
     ModelInfo("laya-auto", "Alias for laya with automatic checkpoint routing.", RELEASE),
     ModelInfo("laya-latest", "Alias for the current Laya release.", RELEASE),
-    ModelInfo(
-        "laya-english", "Laya English checkpoint for English Latin-script content.", RELEASE
-    ),
+    ModelInfo("laya-english", "Laya English checkpoint for English Latin-script content.", RELEASE),
     ModelInfo(
         "laya-multilingual",
         "Laya multilingual checkpoint for other languages and scripts.",
