@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.workload import QUESTIONS, sized_states
 from decidealot.contract import SystemOneRequest
-from providers.engine import EngineSpec, Job
+from decidealot.jobs import EngineSpec, Job
 
 Inputs = dict[str, torch.Tensor]
 Pass = Callable[[Inputs], torch.Tensor]
@@ -70,7 +70,7 @@ class VonPass(nn.Module):
 
 
 def laya_load(folder: Path) -> Callable[[str], nn.Module]:
-    from providers.laya.engine import LayaEngine
+    from decidealot.providers.laya.worker.engine import LayaEngine
 
     def load(precision: str) -> nn.Module:
         spec = EngineSpec("", {"english": str(folder)}, options={"precision": precision})
@@ -80,7 +80,7 @@ def laya_load(folder: Path) -> Callable[[str], nn.Module]:
 
 
 def von_load(folder: Path) -> Callable[[str], nn.Module]:
-    from providers.von.engine import VonEngine
+    from decidealot.providers.von.worker.engine import VonEngine
 
     def load(precision: str) -> nn.Module:
         spec = EngineSpec("", {"von-1.1": str(folder)}, options={"precision": precision})
@@ -91,8 +91,8 @@ def von_load(folder: Path) -> Callable[[str], nn.Module]:
 
 
 def laya_passes(folder: Path, requests: int) -> tuple[nn.Module, list[Inputs]]:
-    from providers.laya.engine import LayaEngine, pass_inputs
-    from providers.passes import cut
+    from decidealot.providers.laya.worker.engine import LayaEngine, pass_inputs
+    from decidealot.providers.worker.passes import cut
 
     engine = LayaEngine(EngineSpec(factory="", checkpoints={"english": str(folder)}))
     checkpoint = engine._checkpoint("english")
@@ -106,8 +106,8 @@ def laya_passes(folder: Path, requests: int) -> tuple[nn.Module, list[Inputs]]:
 
 
 def von_passes(folder: Path, requests: int) -> tuple[nn.Module, list[Inputs]]:
-    from providers.passes import cut
-    from providers.von.engine import VonEngine
+    from decidealot.providers.von.worker.engine import VonEngine
+    from decidealot.providers.worker.passes import cut
 
     engine = VonEngine(EngineSpec(factory="", checkpoints={"von-1.1": str(folder)}))
     model = engine._model("von-1.1")

@@ -58,7 +58,7 @@ VARIANTS = ("english", "multilingual", "typed-decisions")
 def build_checkpoints(cache: Path, size: str) -> Path:
     """The english checkpoint of `size` (plus tiny multilingual/typed siblings, which Decidealot
     needs configured but never loads here); built once into `cache`."""
-    from providers.tiny.laya import build_laya_checkpoint
+    from decidealot.providers.tiny.laya import build_laya_checkpoint
 
     folder = cache / size
     for variant in VARIANTS:
@@ -256,15 +256,15 @@ def english_engine(folder: Path, device: str, threads: int) -> Callable[[list[st
     batch, in this process."""
     import msgspec
     import torch
+    from decidealot.providers.laya.worker.engine import create
 
     from decidealot.contract import Question
-    from providers.engine import EngineSpec, Job
-    from providers.laya.engine import create
+    from decidealot.jobs import EngineSpec, Job
 
     torch.set_num_threads(threads)
     engine = create(
         EngineSpec(
-            factory="providers.laya.engine:create",
+            factory="decidealot.providers.laya.worker.engine:create",
             checkpoints={"english": str(folder / "english")},
             preload=("english",),
             device=device,

@@ -63,7 +63,7 @@ JSON = {"content-type": "application/json"}
 
 def build_checkpoint(cache: Path, size: str, mode: str) -> Path:
     """The `size` checkpoint in attention `mode`, built once into `cache`."""
-    from providers.tiny.von import build_von_checkpoint
+    from decidealot.providers.tiny.von import build_von_checkpoint
 
     folder = cache / f"{size}-{mode}"
     if not (folder / "marker_calibration.json").exists():
@@ -236,16 +236,16 @@ def in_process(
     batch, both in this process on `checkpoint`."""
     import msgspec
     import torch
+    from decidealot.providers.von.worker.engine import create
 
     from decidealot.contract import Question
-    from providers.engine import EngineSpec, Job
-    from providers.von.engine import create
+    from decidealot.jobs import EngineSpec, Job
 
     torch.set_num_threads(threads)
     upstream = upstream_backend(checkpoint, device)
     engine = create(
         EngineSpec(
-            factory="providers.von.engine:create",
+            factory="decidealot.providers.von.worker.engine:create",
             checkpoints={MODEL: str(checkpoint)},
             preload=(MODEL,),
             device=device,

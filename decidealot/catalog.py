@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from decidealot.contract import ModelInfo
 from decidealot.errors import ProviderUnavailable
-from providers.base import Provider
+from decidealot.protocols import Provider
 
 
 @dataclass(frozen=True, slots=True)

@@ -86,7 +86,7 @@ def _prepare(settings: config.Settings) -> int:
     failed = _preflight(settings, rehash=True)
     if failed is not None:
         return failed
-    from decidealot.bundles import checkpoint_path, enabled_slots
+    from decidealot.checkpoints.install import checkpoint_path, enabled_slots
 
     for name in enabled_slots(settings):
         print(f"{name}: {checkpoint_path(settings, name)}")
@@ -98,8 +98,8 @@ def _tiny_checkpoints(directory: str) -> int:
     variables that use them, as shell lines (`eval "$(decidealot checkpoints tiny DIR)"`)."""
     from transformers.utils import logging as transformers_logging
 
-    from decidealot.bundles import slot
-    from providers.tiny import write_checkpoints
+    from decidealot.checkpoints.install import slot
+    from decidealot.providers.tiny import write_checkpoints
 
     transformers_logging.disable_progress_bar()  # stderr stays for errors
 
@@ -133,7 +133,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args_list[:1] in (["mcp"], ["encoder"]):
         passthrough = args_list[1:]
         if args_list[0] == "encoder":
-            return int(importlib.import_module("providers.clm.encoder_server").main(passthrough))
+            return int(
+                importlib.import_module("decidealot.providers.clm.encoder_server").main(passthrough)
+            )
         return int(importlib.import_module("decidealot.mcp").main(passthrough))
     args = _parser().parse_args(args_list)
     if args.command == "checkpoints":

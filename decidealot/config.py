@@ -78,11 +78,17 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     provider_start_timeout_seconds: float = 600.0
     device: Device = "auto"
     torch_threads: int = 0  # 0: torch's own default
-    precision: Precision = "fp32"  # see providers.precision
-    batch_token_budget: int = 0  # 0: by device, see providers.local.token_budget
-    worker_passes: int = 0  # 0: by device, see providers.local.concurrent_passes
+    precision: Precision = "fp32"  # see decidealot.providers.worker.precision
+    batch_token_budget: int = (
+        0  # 0: by device, see decidealot.providers.gateway.process_runtime.token_budget
+    )
+    worker_passes: int = (
+        0  # 0: by device, see decidealot.providers.gateway.process_runtime.concurrent_passes
+    )
     worker_python: str | None = None  # None: the gateway's own interpreter
-    max_request_tokens: int | None = None  # None: by device, see providers.local; 0: no bound
+    max_request_tokens: int | None = (
+        None  # None: by device, see decidealot.providers.gateway.process_runtime; 0: no bound
+    )
     max_pending_requests: int = 64  # 0: no bound
 
     # Laya.

@@ -52,9 +52,9 @@ from decidealot.errors import (
     ProviderUnavailable,
     RequestInvalid,
 )
+from decidealot.jobs import Decision
+from decidealot.protocols import HostedProvider, LocalProvider, PreparedRequest, forwarded
 from decidealot.residency import Residency
-from providers.base import HostedProvider, LocalProvider, PreparedRequest, forwarded
-from providers.engine import Decision
 
 log = logging.getLogger("decidealot.executor")
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from decidealot import bundles
+from decidealot.checkpoints import install as bundles
 from decidealot.config import ConfigError, Settings
 
 log = logging.getLogger("decidealot.preflight")
@@ -82,7 +82,7 @@ def _raise(problems: list[str]) -> None:
 def check_device(settings: Settings) -> None:
     """`DECIDEALOT_DEVICE=cuda` must name a GPU torch can use; raises ConfigError otherwise."""
     if settings.local_providers:
-        from providers.device import check_cuda
+        from decidealot.device import check_cuda
 
         check_cuda(settings)
 

@@ -26,7 +26,7 @@ from decidealot import metrics, tracing
 from decidealot.config import Settings
 from decidealot.contract import UnloadedProvider
 from decidealot.errors import ProviderBusy, ProviderUnavailable
-from providers.base import LocalRuntime
+from decidealot.protocols import LocalRuntime
 
 log = logging.getLogger("decidealot.residency")
 

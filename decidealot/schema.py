@@ -2,7 +2,7 @@
 
 One source for the OpenAPI document (`decidealot.http.openapi`) and the MCP tool input schemas
 (`decidealot.mcp.tools`), so both state the same limits on questions, choice options and score
-levels as `decidealot.validation` applies; msgspec derives the shapes from the wire types.
+levels as `decidealot.validation.requests` applies; msgspec derives the shapes from the wire types.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from typing import Any
 
 import msgspec
 
-from decidealot import validation
 from decidealot.contract import BatchRequest, SystemOneRequest
+from decidealot.validation import requests as validation
 
 QUESTION_TYPES = ("ChoiceQuestion", "ScoreQuestion", "NoulQuestion")
 

@@ -14,21 +14,22 @@ import logging
 from collections.abc import Sequence
 from typing import cast
 
-from decidealot import bundles, logs
+from decidealot import logs
 from decidealot.catalog import Catalog
+from decidealot.checkpoints import install as bundles
 from decidealot.config import Settings
 from decidealot.contract import Health, ModelInfo, ModelList
 from decidealot.executor import Executor
+from decidealot.protocols import LocalProvider, Provider
 from decidealot.residency import Residency
-from providers.base import LocalProvider, Provider
 
 log = logging.getLogger("decidealot.service")
 
 PROVIDER_CLASSES = {
-    "laya": "providers.laya.provider:LayaProvider",
-    "von": "providers.von.provider:VonProvider",
-    "clm": "providers.clm.provider:ClmProvider",
-    "jev": "providers.jev.provider:JevProvider",
+    "laya": "decidealot.providers.laya.gateway.provider:LayaProvider",
+    "von": "decidealot.providers.von.gateway.provider:VonProvider",
+    "clm": "decidealot.providers.clm.gateway.provider:ClmProvider",
+    "jev": "decidealot.providers.jev.gateway.provider:JevProvider",
 }
 """Imported lazily: a deployment imports only the providers it enables."""
 

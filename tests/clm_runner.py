@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import msgspec
+from decidealot.providers.clm.worker.engine import create
 
-from providers.clm.engine import create
-from providers.engine import Decision, EngineSpec, Job
+from decidealot.jobs import Decision, EngineSpec, Job
 
 
 class InProcessClmRunner:
@@ -20,7 +20,7 @@ class InProcessClmRunner:
 
     def __init__(self, head: Path, *, width: int):
         spec = EngineSpec(
-            factory="providers.clm.engine:create",
+            factory="decidealot.providers.clm.worker.engine:create",
             checkpoints={"clm-0.1-8b": str(head)},
             options={"width": width},
         )

@@ -7,6 +7,12 @@ os.environ.setdefault("MKL_NUM_THREADS", "1")
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Workers start with -P (the installed package only); the test engines (tests.engines) they
+# load, and the test launchers, import from the checkout.
+_CHECKOUT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    [_CHECKOUT, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+)
 
 
 # -- the gateway over real HTTP (tests/server.py with fake providers) -------------------------
@@ -79,6 +85,9 @@ def start_server(
         **(fakes if launcher.startswith("tests.") else {}),  # `decidealot` refuses them
         "DECIDEALOT_MODEL_DIR": str(folder / "models"),
         "DECIDEALOT_LOG_FORMAT": "json",
+        "PYTHONPATH": str(
+            _ROOT
+        ),  # test engines (tests.engines) load in workers, which start with -P
         **env,
     }
     with log.open("wb") as log_out:

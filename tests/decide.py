@@ -6,7 +6,7 @@ from typing import Any
 
 from decidealot.contract import SystemOneRequest, SystemOneResponse
 from decidealot.executor import respond
-from providers.base import LocalProvider
+from decidealot.protocols import LocalProvider
 
 
 class Deciding:

@@ -15,14 +15,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Self
 
+from decidealot.providers.gateway.process_runtime import WorkerRuntime
+
 from decidealot import logs
 from decidealot.config import Settings
 from decidealot.contract import ModelInfo, SystemOneRequest
 from decidealot.http.server import run
+from decidealot.jobs import EngineSpec, Job
+from decidealot.protocols import PreparedRequest, Provider
 from decidealot.service import Service, local_selectors
-from providers.base import PreparedRequest, Provider
-from providers.engine import EngineSpec, Job
-from providers.local import WorkerRuntime
 from tests.conftest import RunningServer, start_server
 from tests.server import settings_from_env
 from tests.test_providers import FakeProvider

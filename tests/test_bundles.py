@@ -20,8 +20,8 @@ import msgspec
 import pytest
 from huggingface_hub import constants
 
-from decidealot import bundles
-from decidealot.bundles import RECORD_NAME, BundleError, InstallRecord
+from decidealot.checkpoints import install as bundles
+from decidealot.checkpoints.install import RECORD_NAME, BundleError, InstallRecord
 from decidealot.config import Settings
 from tests.fake_hub import FakeHub, running_hub
 
@@ -231,7 +231,7 @@ def test_laya_subfolders_and_clm_head_install_where_providers_look(
     )
     names = [m.name for m in bundles.enabled_bundles(settings)]
     assert names == ["laya-english", "laya-multilingual", "laya-typed-decisions", "clm-0.1-8b"]
-    with caplog.at_level("INFO", logger="decidealot.bundles"):
+    with caplog.at_level("INFO", logger="decidealot.checkpoints.install"):
         bundles.prepare(settings, progress=False)  # no bars: progress goes to log lines
     assert "downloading laya-multilingual/model.safetensors: 0.1 MB of 0.1 MB (100%)" in (
         caplog.messages

@@ -20,6 +20,12 @@ import torch
 from clm.embedder import Embedder
 from clm.engine import Engine as UpstreamEngine
 from clm.schema import build_pairs
+from decidealot.providers.clm.gateway.encoder_client import EncoderClient
+from decidealot.providers.clm.gateway.provider import ClmProvider
+from decidealot.providers.clm.render import render_question
+from decidealot.providers.clm.worker.engine import create
+from decidealot.providers.clm.worker.head import HeadFileError
+from decidealot.providers.tiny.clm import build_clm_head
 
 from decidealot.contract import (
     ChoiceQuestion,
@@ -29,13 +35,7 @@ from decidealot.contract import (
     ScoreQuestion,
     SystemOneRequest,
 )
-from providers.clm.encoder_client import EncoderClient
-from providers.clm.engine import create
-from providers.clm.head import HeadFileError
-from providers.clm.provider import ClmProvider
-from providers.clm.render import render_question
-from providers.engine import EngineSpec, Job
-from providers.tiny.clm import build_clm_head
+from decidealot.jobs import EngineSpec, Job
 from tests.clm_runner import InProcessClmRunner
 from tests.decide import Deciding
 from tests.devices import DEVICES, assert_fp32_matmul_is_ieee
@@ -222,7 +222,7 @@ async def test_answers_match_upstream_engine(
 
 def _spec(head: Path, width: int = WIDTH, device: str = "cpu") -> EngineSpec:
     return EngineSpec(
-        factory="providers.clm.engine:create",
+        factory="decidealot.providers.clm.worker.engine:create",
         checkpoints={"clm-0.1-8b": str(head)},
         options={"width": width},
         device=device,
@@ -289,7 +289,7 @@ def test_head_with_mismatched_weights_fails_at_creation(tmp_path: Path) -> None:
 
 
 def test_logit_scale_is_clamped_at_100(tmp_path: Path) -> None:
-    from providers.clm.head import load_heads
+    from decidealot.providers.clm.worker.head import load_heads
 
     assert load_heads(build_clm_head(tmp_path / "a.pt", logit_scale=6.0), "cpu").scale == 100.0
     low = load_heads(build_clm_head(tmp_path / "b.pt", logit_scale=2.0), "cpu").scale

@@ -13,6 +13,10 @@ from pathlib import Path
 
 import msgspec
 import pytest
+from decidealot.providers.clm.gateway.encoder_client import EncoderClient, embeddings_endpoint
+from decidealot.providers.clm.gateway.provider import ClmProvider
+from decidealot.providers.clm.render import render_question
+from decidealot.providers.tiny.clm import build_clm_head
 
 from decidealot.catalog import Catalog
 from decidealot.config import Settings
@@ -27,10 +31,6 @@ from decidealot.errors import DecisionInputError, ProviderUnavailable
 from decidealot.executor import Executor
 from decidealot.residency import Residency
 from decidealot.service import Service, build_providers, lane_for, local_selectors
-from providers.clm.encoder_client import EncoderClient, embeddings_endpoint
-from providers.clm.provider import ClmProvider
-from providers.clm.render import render_question
-from providers.tiny.clm import build_clm_head
 from tests.clm_runner import InProcessClmRunner
 from tests.decide import Deciding
 from tests.fake_embeddings import FakeEmbeddings, fake_tokens
@@ -312,8 +312,9 @@ async def test_the_executor_runs_the_encoder_calls_inside_the_hold_unless_parall
 
 def test_gateway_modules_do_not_import_torch() -> None:
     code = (
-        "import sys, providers.clm.provider, providers.clm.encoder_client, "
-        "providers.clm.encoder_server; "
+        "import sys, decidealot.providers.clm.gateway.provider, "
+        "decidealot.providers.clm.gateway.encoder_client, "
+        "decidealot.providers.clm.encoder_server; "
         "assert not {'torch', 'transformers', 'sentence_transformers'} & set(sys.modules)"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parents[1])
@@ -345,7 +346,7 @@ async def test_the_service_builds_the_worker_spec_and_lane(
     runtime = provider.runtime
     assert lane_for("clm", runtime.device, settings) == lane
     spec = runtime._spec  # type: ignore[attr-defined]
-    assert spec.factory == "providers.clm.engine:create"
+    assert spec.factory == "decidealot.providers.clm.worker.engine:create"
     head = tmp_path / "clm-0.1-8b" / "CLM_v0.1-8B.pt"
     assert spec.checkpoints == {"clm-0.1-8b": str(head)}
     assert spec.options == {"width": 4096} and spec.preload == ["clm-0.1-8b"]

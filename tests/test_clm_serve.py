@@ -23,9 +23,9 @@ from typing import Any
 import httpx
 import msgspec
 import pytest
+from decidealot.providers.clm.gateway.provider import MAX_VECTORS, estimated_tokens
+from decidealot.providers.tiny.clm import build_clm_head
 
-from providers.clm.provider import MAX_VECTORS, estimated_tokens
-from providers.tiny.clm import build_clm_head
 from tests import ops_server
 from tests.conftest import RunningServer, start_server, while_health_polls
 from tests.fake_embeddings import FakeEmbeddings

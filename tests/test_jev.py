@@ -21,14 +21,14 @@ from typing import Any
 import httpx
 import msgspec
 import pytest
+from decidealot.providers.jev.gateway.client import retry_after_seconds
+from decidealot.providers.jev.gateway.provider import JevProvider
+from decidealot.providers.jev.gateway.wire import MODELS_PATH, SYSTEM_ONE_PATH, encode_request
 
 from decidealot.config import ConfigError, Settings
 from decidealot.contract import ChoiceAnswer, NoulAnswer, ScoreAnswer, SystemOneRequest
 from decidealot.errors import ProviderUnavailable
-from providers.base import Provider
-from providers.jev.client import retry_after_seconds
-from providers.jev.provider import JevProvider
-from providers.jev.wire import MODELS_PATH, SYSTEM_ONE_PATH, encode_request
+from decidealot.protocols import Provider
 from tests.fake_typesafe import DEFAULT_MODELS, FakeTypeSafe, Fault, answer_request, serve
 
 KEY = "ts-live-Zq8xK3vN9pL2mR7t"  # distinctive, so any leak is found by substring search

@@ -13,12 +13,12 @@ from typing import Any
 import msgspec
 import pytest
 import torch
+from decidealot.providers.laya.worker import engine as engine_module
+from decidealot.providers.laya.worker.engine import LayaEngine, create
+from decidealot.providers.tiny.laya import VARIANTS, build_laya_checkpoint
 
 from decidealot.contract import ChoiceAnswer, NoulAnswer, ScoreAnswer, SystemOneRequest
-from providers.engine import EngineSpec, Job
-from providers.laya import engine as engine_module
-from providers.laya.engine import LayaEngine, create
-from providers.tiny.laya import VARIANTS, build_laya_checkpoint
+from decidealot.jobs import EngineSpec, Job
 from tests.devices import DEVICES, autocast_tolerance
 
 BATCH_TOLERANCE = 1e-5
@@ -34,7 +34,7 @@ def _spec(
     checkpoints: dict[str, Path], preload: list[str] | None = None, device: str = "cpu"
 ) -> EngineSpec:
     return EngineSpec(
-        factory="providers.laya.engine:create",
+        factory="decidealot.providers.laya.worker.engine:create",
         checkpoints={k: str(p) for k, p in checkpoints.items()},
         preload=preload or [],
         device=device,

@@ -23,12 +23,12 @@ from typing import Any
 
 import msgspec
 import pytest
+from decidealot.providers.laya.worker.engine import LayaEngine, create
+from decidealot.providers.tiny.laya import VARIANTS, build_laya_checkpoint
 
 from decidealot.contract import SystemOneRequest
 from decidealot.errors import DecisionInputError
-from providers.engine import Decision, EngineSpec, Job
-from providers.laya.engine import LayaEngine, create
-from providers.tiny.laya import VARIANTS, build_laya_checkpoint
+from decidealot.jobs import Decision, EngineSpec, Job
 from tests.devices import DEVICES, autocast_tolerance
 
 laya = pytest.importorskip("laya")
@@ -88,7 +88,7 @@ class Side:
 def side(request: pytest.FixtureRequest, checkpoints: dict[str, Path]) -> Iterator[Side]:
     device: str = request.param
     spec = EngineSpec(
-        factory="providers.laya.engine:create",
+        factory="decidealot.providers.laya.worker.engine:create",
         checkpoints={k: str(p) for k, p in checkpoints.items()},
         preload=["english"],
         device=device,

@@ -10,13 +10,18 @@ from typing import Any
 
 import msgspec
 import pytest
+from decidealot.providers.laya.gateway import lang
+from decidealot.providers.laya.gateway.provider import LayaProvider
+from decidealot.providers.laya.gateway.router import (
+    AUTO_SELECTORS,
+    TYPED_DECISION_WORKFLOWS,
+    route,
+    workflow_of,
+)
 
 from decidealot.config import Settings
 from decidealot.contract import SystemOneRequest
 from decidealot.service import build_providers, lane_for
-from providers.laya import lang
-from providers.laya.provider import LayaProvider
-from providers.laya.router import AUTO_SELECTORS, TYPED_DECISION_WORKFLOWS, route, workflow_of
 
 upstream_lang = pytest.importorskip("laya.lang")
 upstream_router = pytest.importorskip("laya.router")
@@ -218,7 +223,8 @@ def test_direct_selectors_ignore_detection() -> None:
 
 def test_router_and_provider_import_without_torch() -> None:
     code = (
-        "import sys; import providers.laya.router, providers.laya.provider; "
+        "import sys; import decidealot.providers.laya.gateway.router, "
+        "decidealot.providers.laya.gateway.provider; "
         "bad = [m for m in ('torch', 'transformers', 'numpy', 'laya') if m in sys.modules]; "
         "assert not bad, bad"
     )
@@ -295,7 +301,7 @@ def test_the_service_builds_a_worker_runtime_on_its_lane(tmp_path: Path) -> None
     assert lane_for("laya", runtime.device, settings) == ("local", "models")
     assert runtime.name == "laya" and not runtime.loaded
     spec = runtime._spec
-    assert spec.factory == "providers.laya.engine:create"
+    assert spec.factory == "decidealot.providers.laya.worker.engine:create"
     assert spec.checkpoints == {
         "english": str(own),
         "multilingual": str(tmp_path / "models" / "laya-multilingual"),

@@ -13,8 +13,8 @@ from collections.abc import Iterator
 import httpx
 import msgspec
 import pytest
+from decidealot.providers.tiny.laya import VARIANTS, build_laya_checkpoint
 
-from providers.tiny.laya import VARIANTS, build_laya_checkpoint
 from tests.conftest import RunningServer, start_server, while_health_polls
 
 upstream_router = pytest.importorskip("laya.router")

@@ -140,7 +140,7 @@ def test_forwarding_ends_on_a_signal_with_stdin_open(
 def test_providers_and_workers_are_closed_on_sigint(
     servers: list[StdioServer], tmp_path: Path
 ) -> None:
-    from providers.tiny.von import build_von_checkpoint  # torch: only in this test
+    from decidealot.providers.tiny.von import build_von_checkpoint  # torch: only in this test
 
     checkpoint = build_von_checkpoint(tmp_path / "von", independent_options=False)
     env = {

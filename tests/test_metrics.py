@@ -10,6 +10,9 @@ from pathlib import Path
 
 import httpx
 import pytest
+from decidealot.providers.clm.gateway.encoder_client import EncoderClient
+from decidealot.providers.gateway.process_runtime import WorkerRuntime
+from decidealot.providers.jev.gateway.client import TypeSafeClient
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -17,12 +20,9 @@ from decidealot import metrics
 from decidealot.config import Settings
 from decidealot.contract import NoulQuestion
 from decidealot.errors import ProviderUnavailable
+from decidealot.jobs import EngineSpec, Job
 from decidealot.metrics import Registry, ServiceCollector
 from decidealot.residency import Residency
-from providers.clm.encoder_client import EncoderClient
-from providers.engine import EngineSpec, Job
-from providers.jev.client import TypeSafeClient
-from providers.local import WorkerRuntime
 from tests.conftest import RunningServer
 from tests.test_providers import FakeRuntime
 

@@ -15,14 +15,14 @@ from typing import Any
 import httpx
 import msgspec
 import pytest
+from decidealot.providers.laya.worker.engine import LayaEngine
+from decidealot.providers.tiny.laya import VARIANTS, build_laya_checkpoint
+from decidealot.providers.tiny.von import build_von_checkpoint
+from decidealot.providers.von.worker.engine import VonEngine
 
 from decidealot.config import ConfigError, from_env
 from decidealot.contract import Answer, ChoiceAnswer, NoulAnswer, Question, ScoreAnswer
-from providers.engine import EngineSpec, Job
-from providers.laya.engine import LayaEngine
-from providers.tiny.laya import VARIANTS, build_laya_checkpoint
-from providers.tiny.von import build_von_checkpoint
-from providers.von.engine import VonEngine
+from decidealot.jobs import EngineSpec, Job
 from tests.conftest import RunningServer, start_server
 from tests.test_cli import cli
 
@@ -120,7 +120,7 @@ def test_laya_int8_answers_stay_within_tolerance_of_fp32(
     """Every variant within tolerance. The probe keeps in fp32 what int8 would move too far;
     on these wide random checkpoints that is every layer for some variants (their answers
     then equal fp32's), so int8 must at least have run on one of them."""
-    factory = "providers.laya.engine:create"
+    factory = "decidealot.providers.laya.worker.engine:create"
     fp32 = LayaEngine(_spec(factory, laya_checkpoints, "fp32"))
     int8 = LayaEngine(_spec(factory, laya_checkpoints, "int8"))
     moved = {}
@@ -135,7 +135,7 @@ def test_laya_int8_answers_stay_within_tolerance_of_fp32(
 
 
 def test_von_int8_answers_stay_within_tolerance_of_fp32(von_checkpoint: Path) -> None:
-    factory = "providers.von.engine:create"
+    factory = "decidealot.providers.von.worker.engine:create"
     fp32 = VonEngine(_spec(factory, {"von-1.1": von_checkpoint}, "fp32"))
     int8 = VonEngine(_spec(factory, {"von-1.1": von_checkpoint}, "int8"))
     jobs = _jobs("von-1.1")
@@ -201,7 +201,7 @@ def test_precisions_each_device_runs_are_accepted(env: dict[str, str], precision
 
 def test_an_engine_refuses_a_precision_its_resolved_device_cannot_run() -> None:
     """`auto` is checked once the worker resolves it: int8 on a GPU is refused there."""
-    from providers.precision import engine_precision
+    from decidealot.providers.worker.precision import engine_precision
 
     with pytest.raises(ValueError, match="DECIDEALOT_PRECISION: int8 runs on cpu only"):
         engine_precision({"precision": "int8"}, "cuda")

@@ -23,7 +23,7 @@ import httpx
 import msgspec
 import pytest
 
-from decidealot.bundles import RECORD_NAME, InstallRecord, RecordFile
+from decidealot.checkpoints.install import RECORD_NAME, InstallRecord, RecordFile
 from tests.conftest import _free_port
 from tests.fake_embeddings import FakeEmbeddings
 

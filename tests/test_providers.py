@@ -37,9 +37,9 @@ from decidealot.contract import (
     Usage,
 )
 from decidealot.errors import DecisionInputError, ProviderUnavailable
+from decidealot.jobs import Decision, Job
+from decidealot.protocols import HostedProvider, LocalProvider, PreparedRequest, Provider
 from decidealot.service import local_selectors
-from providers.base import HostedProvider, LocalProvider, PreparedRequest, Provider
-from providers.engine import Decision, Job
 
 ANSWERING_MODEL = {"laya": "laya-english", "von": "von-1.1", "clm": "clm-0.1-8b"}
 

@@ -13,15 +13,16 @@ import time
 from pathlib import Path
 
 import pytest
+from decidealot.providers.gateway import process_runtime as local
+from decidealot.providers.gateway.process_runtime import WorkerRuntime
 
+from decidealot import device
 from decidealot.config import ConfigError, Settings
 from decidealot.contract import NoulQuestion
+from decidealot.device import check_cuda, resolve_device
 from decidealot.errors import DecisionInputError, ProviderBusy, ProviderUnavailable
+from decidealot.jobs import EngineSpec, Job
 from decidealot.residency import Residency
-from providers import device, local
-from providers.device import check_cuda, resolve_device
-from providers.engine import EngineSpec, Job
-from providers.local import WorkerRuntime
 from tests.engines.arith import answer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -449,8 +450,8 @@ PARENT = """
 import asyncio, sys
 from decidealot.config import Settings
 from decidealot.contract import NoulQuestion
-from providers.engine import EngineSpec, Job
-from providers.local import WorkerRuntime
+from decidealot.jobs import EngineSpec, Job
+from decidealot.providers.gateway.process_runtime import WorkerRuntime
 
 async def main():
     spec = EngineSpec(factory="tests.engines.arith:create", checkpoints={})
@@ -497,12 +498,12 @@ GATEWAY_MODULES = [
     "decidealot.http",
     "decidealot.mcp",
     "decidealot.cli",
-    "providers.local",
-    "providers.frames",
-    "providers.laya.provider",
-    "providers.von.provider",
-    "providers.clm.provider",
-    "providers.jev.provider",
+    "decidealot.providers.gateway.process_runtime",
+    "decidealot.frames",
+    "decidealot.providers.laya.gateway.provider",
+    "decidealot.providers.von.gateway.provider",
+    "decidealot.providers.clm.gateway.provider",
+    "decidealot.providers.jev.gateway.provider",
 ]
 
 NO_TORCH = """
@@ -514,7 +515,7 @@ for name in sys.argv[1:]:
         if not name.startswith(missing.name or "?"):
             raise
 from decidealot.config import Settings
-from providers.local import resolve_device
+from decidealot.providers.gateway.process_runtime import resolve_device
 resolve_device(Settings())
 heavy = sorted(m for m in ("torch", "transformers", "safetensors") if m in sys.modules)
 print(",".join(heavy) or "none")
@@ -536,7 +537,7 @@ def test_the_gateway_never_imports_torch() -> None:
 
 def test_token_budget_follows_the_device_unless_set() -> None:
     from decidealot.config import ConfigError, from_env
-    from providers.device import token_budget
+    from decidealot.device import token_budget
 
     assert token_budget(Settings(), "cpu") == 4096
     assert token_budget(Settings(), "cuda") == 32768
@@ -547,7 +548,7 @@ def test_token_budget_follows_the_device_unless_set() -> None:
 
 
 def test_concurrent_passes_fill_the_cores_on_cpu_and_stay_serial_on_cuda(monkeypatch) -> None:
-    from providers.device import concurrent_passes
+    from decidealot.device import concurrent_passes
 
     monkeypatch.setattr(device.os, "sched_getaffinity", lambda pid: set(range(8)))
     assert concurrent_passes(Settings(torch_threads=1), "cpu") == 8

@@ -17,7 +17,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from decidealot.contract import NoulQuestion
-from providers.engine import Job
+from decidealot.jobs import Job
 from tests import ops_server
 from tests.conftest import RunningServer
 from tests.engines.arith import answer

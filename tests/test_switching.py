@@ -24,9 +24,9 @@ from pathlib import Path
 
 import httpx
 import pytest
+from decidealot.providers.tiny.laya import build_laya_checkpoint
+from decidealot.providers.tiny.von import build_von_checkpoint
 
-from providers.tiny.laya import build_laya_checkpoint
-from providers.tiny.von import build_von_checkpoint
 from tests.ops_server import children
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -21,10 +21,10 @@ from typing import Any
 
 import httpx
 import pytest
+from decidealot.providers.tiny.clm import build_clm_head
 from prometheus_client.parser import text_string_to_metric_families
 
 from decidealot import config
-from providers.tiny.clm import build_clm_head
 from tests import ops_server
 from tests.conftest import ALL_FAKES, RunningServer, start_server
 from tests.fake_embeddings import FakeEmbeddings

@@ -18,6 +18,17 @@ from typing import Any
 import msgspec
 import pytest
 import torch
+from decidealot.providers.tiny.von import build_von_checkpoint
+from decidealot.providers.von.gateway.provider import VonProvider
+from decidealot.providers.von.worker.engine import VonEngine, create
+from decidealot.providers.von.worker.model import WINDOW, CheckpointError
+from decidealot.providers.von.worker.render import (
+    NO_TEXT,
+    YES_TEXT,
+    instructions_text,
+    pack,
+    score_level_text,
+)
 
 from decidealot.config import Settings
 from decidealot.contract import (
@@ -31,13 +42,8 @@ from decidealot.contract import (
     SystemOneRequest,
 )
 from decidealot.errors import DecisionInputError
+from decidealot.jobs import Decision, EngineSpec, Job
 from decidealot.service import Service, build_providers, lane_for
-from providers.engine import Decision, EngineSpec, Job
-from providers.tiny.von import build_von_checkpoint
-from providers.von.engine import VonEngine, create
-from providers.von.model import WINDOW, CheckpointError
-from providers.von.provider import VonProvider
-from providers.von.render import NO_TEXT, YES_TEXT, instructions_text, pack, score_level_text
 from tests.decide import Deciding
 from tests.devices import DEVICES
 
@@ -71,7 +77,7 @@ def device_engines(
 def _engine(path: Path, device: str = "cpu", **options: Any) -> VonEngine:
     return create(
         EngineSpec(
-            factory="providers.von.engine:create",
+            factory="decidealot.providers.von.worker.engine:create",
             checkpoints={"von-1.1": str(path)},
             preload=["von-1.1"],
             options=options,
@@ -189,7 +195,7 @@ def test_concurrent_runs_answer_as_sequential_runs(
 def test_a_checkpoint_loads_once_under_concurrent_first_jobs(
     von_dirs: dict[str, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from providers.von import engine as engine_module
+    from decidealot.providers.von.worker import engine as engine_module
 
     loads: list[Path] = []
     model_class = engine_module.VonModel
@@ -202,7 +208,8 @@ def test_a_checkpoint_loads_once_under_concurrent_first_jobs(
     monkeypatch.setattr(engine_module, "VonModel", slow_model)
     engine = create(
         EngineSpec(
-            factory="providers.von.engine:create", checkpoints={"von-1.1": str(von_dirs["plain"])}
+            factory="decidealot.providers.von.worker.engine:create",
+            checkpoints={"von-1.1": str(von_dirs["plain"])},
         )
     )
     job = _job("a state", {"n": {"type": "noul"}})
@@ -443,7 +450,7 @@ def test_the_service_builds_a_worker_runtime_on_its_lane(tmp_path: Path, device:
     runtime = provider.runtime
     spec = runtime._spec
     assert runtime.name == "von" and runtime.device == device
-    assert spec.factory == "providers.von.engine:create"
+    assert spec.factory == "decidealot.providers.von.worker.engine:create"
     assert spec.checkpoints == {"von-1.1": str(tmp_path)}
     assert spec.torch_threads == 3
     lane = lane_for("von", runtime.device, settings)
@@ -458,7 +465,7 @@ def test_the_service_builds_a_worker_runtime_on_its_lane(tmp_path: Path, device:
 
 def test_provider_module_imports_no_torch() -> None:
     code = (
-        "import sys, providers.von.provider; "
+        "import sys, decidealot.providers.von.gateway.provider; "
         "bad = [m for m in ('torch', 'transformers', 'tokenizers') if m in sys.modules]; "
         "print(bad); sys.exit(1 if bad else 0)"
     )

@@ -17,13 +17,13 @@ from typing import Any
 
 import msgspec
 import pytest
+from decidealot.providers.tiny.von import build_von_checkpoint
+from decidealot.providers.von.worker.engine import VonEngine, create
+from decidealot.providers.von.worker.model import WINDOW
 
 from decidealot.contract import Question
 from decidealot.errors import DecisionInputError
-from providers.engine import EngineSpec, Job
-from providers.tiny.von import build_von_checkpoint
-from providers.von.engine import VonEngine, create
-from providers.von.model import WINDOW
+from decidealot.jobs import EngineSpec, Job
 from tests.test_von_parity import _assert_same
 
 VARIANTS: dict[str, dict[str, Any]] = {
@@ -84,7 +84,7 @@ def pairs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, tuple[
             upstream._get_model()
             assert upstream.max_state_tokens == WINDOW
             spec = EngineSpec(
-                factory="providers.von.engine:create",
+                factory="decidealot.providers.von.worker.engine:create",
                 checkpoints={"von-1.1": str(path)},
                 device="cpu",
             )

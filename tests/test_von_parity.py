@@ -17,11 +17,11 @@ from typing import Any
 
 import msgspec
 import pytest
+from decidealot.providers.tiny.von import build_von_checkpoint
+from decidealot.providers.von.worker.engine import VonEngine, create
 
 from decidealot.contract import ChoiceAnswer, NoulAnswer, Question, ScoreAnswer
-from providers.engine import EngineSpec, Job
-from providers.tiny.von import build_von_checkpoint
-from providers.von.engine import VonEngine, create
+from decidealot.jobs import EngineSpec, Job
 from tests.devices import DEVICES, assert_fp32_matmul_is_ieee
 
 TOLERANCE = 1e-4
@@ -117,7 +117,7 @@ def pairs(
             assert upstream.device.type == device  # no silent fallback to the CPU
             ours = create(
                 EngineSpec(
-                    factory="providers.von.engine:create",
+                    factory="decidealot.providers.von.worker.engine:create",
                     checkpoints={"von-1.1": str(path)},
                     options={"max_state_tokens": MAX_STATE_TOKENS},
                     device=device,

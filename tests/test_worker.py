@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import BinaryIO
 
 import pytest
+from decidealot.providers.worker.passes import STARVE_TURNS, Planner
 
 from decidealot.contract import NoulQuestion
-from providers.engine import EngineSpec, Job, PassShape
-from providers.frames import (
+from decidealot.frames import (
     Begin,
     Cancel,
     Failed,
@@ -31,7 +31,7 @@ from providers.frames import (
     read_payload,
     write_frame,
 )
-from providers.passes import STARVE_TURNS, Planner
+from decidealot.jobs import EngineSpec, Job, PassShape
 from tests.engines.arith import answer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -126,7 +126,7 @@ class WorkerProcess:
     ) -> None:
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "providers.worker"],
+            [sys.executable, "-m", "decidealot.providers.worker"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

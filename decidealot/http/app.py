@@ -10,15 +10,15 @@ from litestar import Litestar, Request, Response, get, post
 from litestar.exceptions import HTTPException
 
 from decidealot import logs, metrics
+from decidealot.asgi.body import read_body
+from decidealot.asgi.disconnect import CLIENT_GONE, ClientGone, unless_gone
+from decidealot.asgi.middleware import ASGIApp, Gateway, error_body
 from decidealot.contract import ErrorBody, ValidationErrorBody
 from decidealot.errors import DecidealotError, ProviderUnavailable, RequestInvalid
 from decidealot.http import docs, openapi
-from decidealot.http.body import read_body
-from decidealot.http.disconnect import CLIENT_GONE, ClientGone, unless_gone
-from decidealot.http.middleware import ASGIApp, Gateway, error_body
 from decidealot.mcp.http import MCP_PATH, McpEndpoint
 from decidealot.service import Service
-from decidealot.validation import parse_json, validate_batch, validate_request
+from decidealot.validation.requests import parse_json, validate_batch, validate_request
 
 log = logging.getLogger("decidealot.http")
 

@@ -141,8 +141,8 @@ class McpEndpoint:
     def __init__(self, service: Service) -> None:
         # `decidealot.http` imports this module to mount it, so the REST API's body reader
         # and error renderer are imported when the app builds the mount, not at import time.
-        from decidealot.http.body import read_body
-        from decidealot.http.middleware import send_error
+        from decidealot.asgi.body import read_body
+        from decidealot.asgi.middleware import send_error
 
         self._manager = _session_manager(service)
         manager = self._manager

@@ -42,7 +42,7 @@ from decidealot.mcp.tools import (
     UNLOAD_MODELS,
 )
 from decidealot.service import Service
-from decidealot.validation import validate_batch, validate_request
+from decidealot.validation.requests import validate_batch, validate_request
 
 log = logging.getLogger("decidealot.mcp")
 

@@ -3,7 +3,7 @@
 The SDK parses each JSON-RPC message itself, leniently: a duplicate key keeps its last value,
 `10**30` and `NaN` are numbers, a lone surrogate is a string. Both transports (streamable HTTP
 and stdio) pass every incoming message through `screen` first. A `tools/call` whose raw
-`arguments` fail `decidealot.validation.parse_json` gets them replaced by a marker holding
+`arguments` fail `decidealot.validation.requests.parse_json` gets them replaced by a marker holding
 the HTTP API's 422 envelope, and the tool handler answers the marker (`rejection`) with that
 envelope as a tool error: the same issues, at the same positions, as the same bytes sent as an
 HTTP body. Arguments that pass are left byte for byte as the client sent them; a message that
@@ -19,7 +19,7 @@ import msgspec
 
 from decidealot.contract import Json, ValidationErrorBody
 from decidealot.errors import RequestInvalid
-from decidealot.validation import parse_json
+from decidealot.validation.requests import parse_json
 
 _MARKER = f"decidealot.rejected.{secrets.token_hex(16)}"
 """The one key of a marker: drawn per process, so no client can send a rejection itself."""

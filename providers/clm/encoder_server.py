@@ -182,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     from granian.server import Server
 
     server = Server(
-        target="providers.clm.encoder_server:create_app",
+        target="decidealot.providers.clm.encoder_server:create_app",
         address=args.host,
         port=args.port,
         interface=Interfaces.ASGI,

@@ -2,5 +2,5 @@
 
 Jev takes no residency slot and no lane: `client` talks to the operator's fixed TypeSafe URL
 with the operator's key, `catalog` caches TypeSafe's model list, `wire` builds TypeSafe's
-request and checks its answers, and `provider` joins them behind `providers.base.Provider`.
+request and checks its answers, and `provider` joins them behind `decidealot.protocols.Provider`.
 """

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from providers.tiny.clm import build_clm_head
-from providers.tiny.laya import VARIANTS as LAYA_VARIANTS
-from providers.tiny.laya import build_laya_checkpoint
-from providers.tiny.von import build_von_checkpoint
+from decidealot.providers.tiny.clm import build_clm_head
+from decidealot.providers.tiny.laya import VARIANTS as LAYA_VARIANTS
+from decidealot.providers.tiny.laya import build_laya_checkpoint
+from decidealot.providers.tiny.von import build_von_checkpoint
 
 CLM_HEAD_FILE = "CLM_v0.1-8B.pt"
 CLM_HIDDEN = 4096

@@ -11,11 +11,10 @@ import json
 from pathlib import Path
 
 import torch
+from decidealot.providers.tiny.common import modernbert_config
 from safetensors.torch import save_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import ModernBertConfig, ModernBertModel, PreTrainedTokenizerFast
-
-from providers.tiny.common import modernbert_config
 
 VARIANTS = ("english", "multilingual", "typed-decisions")
 

@@ -11,11 +11,10 @@ import json
 from pathlib import Path
 
 import torch
+from decidealot.providers.tiny.common import modernbert_config
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 from tokenizers.processors import TemplateProcessing
 from transformers import ModernBertConfig, ModernBertModel, PreTrainedTokenizerFast
-
-from providers.tiny.common import modernbert_config
 
 _CORPUS = [
     "The customer requests a refund for a duplicate payment of 1250 dollars.",

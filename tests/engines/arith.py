@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from decidealot.contract import NoulAnswer
 from decidealot.errors import DecisionInputError
-from providers.engine import Decision, EngineSpec, Job, PassShape
+from decidealot.jobs import Decision, EngineSpec, Job, PassShape
 
 
 @dataclass(frozen=True)

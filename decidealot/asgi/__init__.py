@@ -1,0 +1,1 @@
+"""What both HTTP faces (REST and `/mcp`) share: the gateway middleware, bodies, disconnects."""

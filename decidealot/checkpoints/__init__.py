@@ -1,0 +1,1 @@
+"""Where local checkpoints come from: bundle manifests, download, verification, install."""

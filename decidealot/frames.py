@@ -1,0 +1,175 @@
+"""The frames a gateway and its worker subprocess exchange over the worker's stdin/stdout.
+
+Each frame is a 4-byte big-endian length followed by one msgspec msgpack message. The gateway
+writes `Start` once, then `Submit` per job and `Cancel` for a job whose caller has gone; the
+worker answers `Ready` or `Failed` once, then exactly one of `Result`, `InputError` or
+`JobFailed` per submitted job id that was not cancelled, and `Begin` and `Pass` around every
+forward pass (the gateway's watchdog times each pass; metrics and traces read `Pass`).
+No frame carries an exception message: those may quote the state, and frames' errors end up
+in logs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+from typing import Annotated, BinaryIO, TypeAlias
+
+import msgspec
+
+from decidealot.contract import Json, Loc
+from decidealot.jobs import Decision, EngineSpec, Job
+
+_LENGTH = struct.Struct(">I")
+MAX_FRAME_BYTES = 1 << 30
+"""A length above this means the stream is corrupt, not that a job is large."""
+
+
+class Start(msgspec.Struct, tag="start", frozen=True):
+    """First frame to a worker: the engine to build and how much one pass may hold."""
+
+    spec: EngineSpec
+    batch_token_budget: int
+    concurrent_passes: Annotated[int, msgspec.Meta(ge=1)] = 1
+    """Forward passes the worker runs at once, each on its own compute thread (one per core on
+    CPU, so one-thread passes use every core; 1 on CUDA)."""
+    job_token_limit: Annotated[int, msgspec.Meta(ge=0)] = 0
+    """A job whose `input_tokens` exceed this fails at prepare with an `InputError` at the
+    request's questions (`DECIDEALOT_MAX_REQUEST_TOKENS`); 0: no bound."""
+
+
+class Submit(msgspec.Struct, tag="submit", frozen=True):
+    id: int
+    job: Job
+
+
+class Cancel(msgspec.Struct, tag="cancel", frozen=True):
+    """The job's caller has gone: withdraw its rows not yet in a pass and send no answer."""
+
+    id: int
+
+
+class Ready(msgspec.Struct, tag="ready", frozen=True):
+    """The engine is built and its preloaded checkpoints are in memory."""
+
+    device: str
+
+
+class Failed(msgspec.Struct, tag="failed", frozen=True):
+    """The engine could not be built; `error` is the exception's type name only."""
+
+    error: str
+
+
+class Result(msgspec.Struct, tag="result", frozen=True):
+    id: int
+    decision: Decision
+
+
+class InputError(msgspec.Struct, tag="input_error", frozen=True):
+    """A `DecisionInputError` raised for this job, rebuilt as one in the gateway."""
+
+    id: int
+    question: str | None
+    msg: str
+    loc: Loc = []
+    input: Json = None
+
+
+class JobFailed(msgspec.Struct, tag="job_failed", frozen=True):
+    """Any other exception while preparing or running this job; `error` is its type name."""
+
+    id: int
+    error: str
+
+
+class Begin(msgspec.Struct, tag="begin", frozen=True):
+    """Compute thread `lane` starts a forward pass; its `Pass` (or the worker's death) ends it."""
+
+    lane: int
+
+
+class Pass(msgspec.Struct, tag="pass", frozen=True):
+    """A forward pass that ran on compute thread `lane`: the jobs with rows in it, its rows,
+    its padded tokens, when it started (`time.time()`) and how long `engine.forward` took.
+    Sent before the results of the jobs it completed."""
+
+    lane: int
+    jobs: list[int]
+    rows: int
+    tokens: int
+    started: float
+    seconds: float
+
+
+ToWorker: TypeAlias = Start | Submit | Cancel
+FromWorker: TypeAlias = Ready | Failed | Result | InputError | JobFailed | Begin | Pass
+
+_encoder = msgspec.msgpack.Encoder()
+_to_worker = msgspec.msgpack.Decoder(ToWorker)
+_from_worker = msgspec.msgpack.Decoder(FromWorker)
+
+
+class FrameError(Exception):
+    """The stream ended inside a frame or holds something that is not a frame."""
+
+
+def encode(frame: ToWorker | FromWorker) -> bytes:
+    """The frame with its length prefix, ready for one write."""
+    payload = _encoder.encode(frame)
+    return _LENGTH.pack(len(payload)) + payload
+
+
+def decode_to_worker(payload: bytes) -> ToWorker:
+    try:
+        return _to_worker.decode(payload)
+    except msgspec.DecodeError as exc:
+        raise FrameError("malformed frame") from exc
+
+
+def decode_from_worker(payload: bytes) -> FromWorker:
+    try:
+        return _from_worker.decode(payload)
+    except msgspec.DecodeError as exc:
+        raise FrameError("malformed frame") from exc
+
+
+def _length(prefix: bytes) -> int:
+    (length,) = _LENGTH.unpack(prefix)
+    if length > MAX_FRAME_BYTES:
+        raise FrameError("frame length out of range")
+    return length
+
+
+def read_payload(stream: BinaryIO) -> bytes | None:
+    """Blocking read of one frame's payload; None at a clean end of stream."""
+    prefix = stream.read(_LENGTH.size)
+    if not prefix:
+        return None
+    if len(prefix) < _LENGTH.size:
+        raise FrameError("stream ended inside a frame")
+    length = _length(prefix)
+    payload = stream.read(length)
+    if len(payload) < length:
+        raise FrameError("stream ended inside a frame")
+    return payload
+
+
+def write_frame(stream: BinaryIO, frame: ToWorker | FromWorker) -> None:
+    """Blocking write of one frame; callers sharing `stream` across threads hold a lock."""
+    stream.write(encode(frame))
+    stream.flush()
+
+
+async def read_payload_async(reader: asyncio.StreamReader) -> bytes | None:
+    """One frame's payload from an asyncio stream; None at a clean end of stream."""
+    try:
+        prefix = await reader.readexactly(_LENGTH.size)
+    except asyncio.IncompleteReadError as exc:
+        if not exc.partial:
+            return None
+        raise FrameError("stream ended inside a frame") from None
+    try:
+        return await reader.readexactly(_length(prefix))
+    except asyncio.IncompleteReadError:
+        raise FrameError("stream ended inside a frame") from None

@@ -1,0 +1,1 @@
+"""The one System One validator: strict JSON, then the request rules."""

@@ -1,0 +1,1 @@
+"""Clm, gateway side: runs in the gateway process and never imports torch."""

@@ -1,0 +1,222 @@
+"""The CLM provider (gateway side; never imports torch, even indirectly).
+
+A decision renders every question's state text and option texts (off the event loop), bounds
+each by `clm_max_text_bytes` UTF-8 bytes (422, never truncated), bounds the request's estimated
+cost by `DECIDEALOT_MAX_REQUEST_TOKENS` and its distinct vectors by `MAX_VECTORS` (422 before
+any encoder call), embeds each distinct state text (always fresh) and option text (cached) once
+at the configured endpoint, and sends each distinct vector once to the head in its worker, with
+an index saying which rows each question uses (layout documented in
+`decidealot.providers.clm.worker.engine`). `usage.input_tokens` is the encoder's `prompt_tokens`
+for the calls actually made.
+
+Serial lane: by default the whole decision (encoder calls in `prepare`, and the head pass)
+runs inside one residency hold of the CLM runtime (`prepares_in_lane`), on the lane the service
+gives it, which it shares with Laya and Von, so the encoder (which may share the GPU or the
+cores) and the head never overlap another local model's forward pass. With
+`clm_parallel_with_local_models` the runtime takes no lane, the encoder calls run before the
+residency hold, and only the head pass holds a slot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from dataclasses import dataclass
+from typing import Self
+
+from decidealot.providers.clm.gateway.encoder_client import EncoderClient
+from decidealot.providers.clm.render import RenderedQuestion, render_questions
+from decidealot.providers.gateway.process_runtime import WorkerRuntime
+
+from decidealot.config import Settings
+from decidealot.contract import ModelInfo, SystemOneRequest
+from decidealot.device import request_token_limit
+from decidealot.errors import DecisionInputError, over_token_limit
+from decidealot.frames import MAX_FRAME_BYTES
+from decidealot.jobs import EngineSpec, Job
+from decidealot.protocols import LocalRuntime, PreparedRequest
+
+CHECKPOINT = "clm-0.1-8b"
+QWEN3_8B_WIDTH = 4096
+"""The contract: exactly 4096 floats per input, Qwen3-8B's hidden size."""
+MAX_VECTORS = MAX_FRAME_BYTES // (2 * QWEN3_8B_WIDTH * 4)
+"""Distinct vectors one request may carry (32768, 512 MiB of float32): half a worker frame,
+so no request reaches the frame limit, whatever DECIDEALOT_MAX_REQUEST_TOKENS allows."""
+RELEASE = "2026-09-19"  # contrastive-lm 0.1.0 dates its models so (clm.engine.RELEASE)
+
+SELECTORS = (
+    ModelInfo(
+        "clm",
+        "CLM System One decisions from the local Contrastive-LM/CLM-v0.1-8B head.",
+        RELEASE,
+    ),
+    ModelInfo("clm-latest", "Alias for the current CLM release.", RELEASE),
+    ModelInfo("clm-0.1", "Alias for the CLM v0.1 release.", RELEASE),
+    ModelInfo(
+        "clm-0.1-8b",
+        "Contrastive-LM/CLM-v0.1-8B projection head over Qwen3-8B vectors.",
+        RELEASE,
+    ),
+)
+
+
+_DIGITS = b"0123456789"
+
+
+def estimated_tokens(text: str) -> int:
+    """The encoder tokens `text` costs, estimated from its UTF-8 bytes: every digit one token
+    (Qwen splits numbers into single digits), every other two bytes one token, plus one for the
+    end of the text. Every byte-level BPE token holds at least one byte, so this is never below
+    half of Qwen3's true count; ordinary text runs 2.5 to 4.5 bytes a token, so for prose in
+    any language, JSON and code it is above the true count (tests/test_clm_tokens.py)."""
+    raw = text.encode()
+    rest = len(raw.translate(None, _DIGITS))
+    return 1 + (len(raw) - rest) + -(-rest // 2)
+
+
+@dataclass(frozen=True)
+class EncoderTexts:
+    """What one request sends its encoder, each distinct text once, and which of them each
+    question's rows are (the layout of `Job.vector_index`: state texts' rows first, then
+    option texts' rows)."""
+
+    states: list[str]
+    options: list[str]
+    index: list[int]
+
+    @property
+    def vectors(self) -> int:
+        return len(self.states) + len(self.options)
+
+    @property
+    def cost(self) -> int:
+        """Model tokens as `usage.input_tokens` counts them, at most: every distinct text sent
+        to the encoder (a cold cache), plus one head row per distinct vector."""
+        texts = (*self.states, *self.options)
+        return sum(map(estimated_tokens, texts)) + len(texts)
+
+
+def encoder_texts(request: SystemOneRequest, max_text_bytes: int) -> EncoderTexts:
+    """Render, bound and de-duplicate a request's texts; CPU work, so callers run it off the
+    event loop. Raises DecisionInputError for a text over `max_text_bytes`."""
+    states: dict[str, int] = {}
+    options: dict[str, int] = {}
+    rows: list[tuple[int, list[int]]] = []
+    for name, question in render_questions(request.state, request.questions):
+        _bounded(name, question, max_text_bytes)
+        state = states.setdefault(question.state_text, len(states))
+        rows.append(
+            (state, [options.setdefault(c.text, len(options)) for c in question.candidates])
+        )
+    index: list[int] = []
+    for state, option_rows in rows:
+        index.append(state)
+        index += [len(states) + row for row in option_rows]
+    return EncoderTexts(list(states), list(options), index)
+
+
+def _bounded(name: str, question: RenderedQuestion, limit: int) -> None:
+    """Reject, never truncate: the encoder only ever sees whole texts."""
+    size = len(question.state_text.encode())
+    if size > limit:
+        raise DecisionInputError(
+            name,
+            f"state plus instructions render to {size} UTF-8 bytes; CLM accepts at most "
+            f"{limit} (DECIDEALOT_CLM_MAX_TEXT_BYTES)",
+        )
+    for candidate in question.candidates:
+        size = len(candidate.text.encode())
+        if size > limit:
+            raise DecisionInputError(
+                name,
+                f"option text renders to {size} UTF-8 bytes; CLM accepts at most {limit} "
+                "(DECIDEALOT_CLM_MAX_TEXT_BYTES)",
+                loc=candidate.loc,
+            )
+
+
+class ClmProvider:
+    name = "clm"
+    local = True
+    accepts_temperature = True
+    selectors = SELECTORS
+
+    def __init__(
+        self,
+        encoder: EncoderClient,
+        runtime: LocalRuntime,
+        *,
+        max_text_bytes: int,
+        max_request_tokens: int = 0,
+        prepares_in_lane: bool = True,
+    ):
+        """`prepares_in_lane`: the encoder calls run inside the residency hold, on the lane.
+        `max_request_tokens` bounds a request's `EncoderTexts.cost` (0: no bound)."""
+        self._encoder = encoder
+        self.runtime = runtime
+        self._max_text_bytes = max_text_bytes
+        self._max_request_tokens = max_request_tokens
+        self.prepares_in_lane = prepares_in_lane
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> Self:
+        """The head's worker runtime and the encoder client for the configured URL."""
+        head = settings.clm_head
+        spec = EngineSpec(
+            factory="decidealot.providers.clm.worker.engine:create",
+            checkpoints={} if head is None else {CHECKPOINT: str(head)},
+            preload=[CHECKPOINT],
+            torch_threads=settings.torch_threads,
+            options={"width": QWEN3_8B_WIDTH},
+        )
+        runtime = WorkerRuntime(cls.name, spec, settings)  # resolves the device
+        return cls(
+            EncoderClient.from_settings(settings, width=QWEN3_8B_WIDTH),
+            runtime,
+            max_text_bytes=settings.clm_max_text_bytes,
+            max_request_tokens=request_token_limit(settings, runtime.device),
+            prepares_in_lane=not settings.clm_parallel_with_local_models,
+        )
+
+    async def start(self) -> None:
+        await self._encoder.start()
+
+    async def close(self) -> None:
+        await self._encoder.close()
+        await self.runtime.unload()
+
+    async def models(self) -> list[ModelInfo]:
+        return list(self.selectors)
+
+    async def prepare(self, selector: str, request: SystemOneRequest) -> PreparedRequest:
+        """Render, bound and de-duplicate every text (off the loop) and check the request's
+        cost, before any wait; the encoder calls and the head's job are the `rest` (the
+        encoder's prompt tokens are the gateway's share of `usage.input_tokens`)."""
+        texts = await asyncio.to_thread(encoder_texts, request, self._max_text_bytes)
+        if texts.vectors > MAX_VECTORS:
+            raise DecisionInputError(
+                None,
+                f"this request needs {texts.vectors} distinct encoder vectors; CLM carries at "
+                f"most {MAX_VECTORS} per request: split its questions over several requests",
+            )
+        limit = self._max_request_tokens
+        if limit and (cost := texts.cost) > limit:
+            raise over_token_limit(cost, limit)
+        return PreparedRequest(None, rest=functools.partial(self._embedded_job, request, texts))
+
+    async def _embedded_job(
+        self, request: SystemOneRequest, texts: EncoderTexts
+    ) -> PreparedRequest:
+        """The encoder calls and the job they feed: each distinct vector once, in the order
+        `texts.index` counts them, with the encoder's prompt tokens spent."""
+        states = await self._encoder.embed(texts.states, cache=False)
+        options = await self._encoder.embed(texts.options, cache=True)
+        job = Job(
+            checkpoint=CHECKPOINT,
+            state=request.state,
+            questions=request.questions,
+            config=request.config,
+            vectors=b"".join((*states.rows, *options.rows)),
+            vector_index=texts.index,
+        )
+        return PreparedRequest(job, states.prompt_tokens + options.prompt_tokens)

@@ -1,0 +1,1 @@
+"""Clm, worker side: runs in the worker process (torch lives here)."""

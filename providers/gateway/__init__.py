@@ -1,0 +1,1 @@
+"""The gateway side local providers share: the worker process client, the checkpoint provider."""

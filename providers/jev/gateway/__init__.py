@@ -1,0 +1,1 @@
+"""Jev, gateway side: runs in the gateway process and never imports torch."""

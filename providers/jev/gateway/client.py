@@ -1,0 +1,260 @@
+"""The one HTTP client to TypeSafe: the operator's fixed URL and key, timeouts, bounded retries.
+
+Nothing in a request can reach this module's URL or key. Transient failures (connection errors,
+timeouts, 408, 429, 5xx) are retried with exponential backoff, or after TypeSafe's
+`retry-after-ms` / `Retry-After`, while the retry budget allows: no delay starts that would end
+past it, so one call lasts at most the budget plus one attempt's timeout. Every failure leaves
+as `ProviderUnavailable` with the fixed safe message. Its log line names the route, the status
+or error class and TypeSafe's request id: never the key, and never a body, because upstream
+bodies can echo the caller's state.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import time
+from collections.abc import Callable
+from email.utils import parsedate_to_datetime
+from typing import NoReturn, TypeVar
+
+import httpx
+import zstandard
+from decidealot.providers.jev.gateway.wire import InvalidReply
+from tenacity import (
+    AsyncRetrying,
+    RetryCallState,
+    retry_if_exception_type,
+    stop_before_delay,
+)
+
+from decidealot import __version__, metrics, tracing
+from decidealot.errors import ProviderUnavailable
+
+T = TypeVar("T")
+
+log = logging.getLogger(__name__)
+
+# The SDK's own choices, so TypeSafe sees the traffic shape it designed for.
+_RETRY_STATUSES = frozenset({408, 429})
+_BACKOFF_INITIAL_SECONDS = 0.5
+_BACKOFF_MAX_SECONDS = 5.0
+_BACKOFF_JITTER = 0.25
+_MIN_COMPRESSED_BYTES = 1024
+_LIMITS = httpx.Limits(max_connections=100, max_keepalive_connections=100, keepalive_expiry=30.0)
+_REQUEST_ID_HEADER = "x-typesafe-request-id"
+_RETRY_COUNT_HEADER = "X-TypeSafe-Retry-Count"
+
+
+class _Transient(Exception):
+    """A retryable status; `retry_after` is TypeSafe's requested wait in seconds, if any."""
+
+    def __init__(self, status: int, retry_after: float | None, request_id: str | None):
+        super().__init__(status)
+        self.status = status
+        self.retry_after = retry_after
+        self.request_id = request_id
+
+
+class _Refused(Exception):
+    """A final (non-2xx, non-transient) status. 401/403 mean the operator's key was rejected;
+    400/422 that TypeSafe refused what our validator accepted, which its detail would only
+    explain in upstream terms. None is the caller's to see: all become the safe 503."""
+
+    def __init__(self, status: int, request_id: str | None):
+        super().__init__(status)
+        self.status = status
+        self.request_id = request_id
+
+    @property
+    def reason(self) -> str:
+        if self.status in (401, 403):
+            return f"the configured key was rejected (status {self.status})"
+        return f"refused with status {self.status}"
+
+
+class TypeSafeClient:
+    """Sends authenticated requests to TypeSafe over one pooled `httpx.AsyncClient`."""
+
+    def __init__(
+        self, *, base_url: str, api_key: str, timeout_seconds: float, retry_seconds: float
+    ) -> None:
+        self._base_url = base_url.rstrip("/")
+        # httpx.Headers hides `authorization` in its repr, so the key never prints from here.
+        self._headers = httpx.Headers(
+            {
+                "Authorization": f"Bearer {api_key}",
+                "Accept": "application/json",
+                "User-Agent": f"decidealot/{__version__}",
+            }
+        )
+        self._timeout = httpx.Timeout(timeout_seconds)
+        self._retry_seconds = retry_seconds
+        self._http: httpx.AsyncClient | None = None
+
+    def __repr__(self) -> str:
+        return f"TypeSafeClient(base_url={self._base_url!r})"
+
+    __str__ = __repr__
+
+    async def start(self) -> None:
+        if self._http is None:
+            self._http = httpx.AsyncClient(
+                base_url=self._base_url,
+                headers=self._headers,
+                timeout=self._timeout,
+                limits=_LIMITS,
+                follow_redirects=False,
+            )
+
+    async def close(self) -> None:
+        http, self._http = self._http, None
+        if http is not None:
+            await http.aclose()
+
+    async def get(self, path: str, decode: Callable[[bytes], T]) -> T:
+        return await self._call("GET", path, None, decode)
+
+    async def post(self, path: str, body: bytes, decode: Callable[[bytes], T]) -> T:
+        return await self._call("POST", path, body, decode)
+
+    @tracing.traced("typesafe", kind="client")
+    async def _call(
+        self, method: str, path: str, body: bytes | None, decode: Callable[[bytes], T]
+    ) -> T:
+        """One logical call: retried while transient, then decoded once (a bad 2xx is final)."""
+        tracing.annotate({"http.request.method": method, "url.path": path})
+        http = self._http
+        if http is None:
+            log.warning("TypeSafe %s %s: the client is not started", method, path)
+            metrics.UPSTREAM_FAILURES.inc(provider="jev", route=path, reason="not_started")
+            raise ProviderUnavailable()
+        headers, content = _body_headers(body)
+        tracing.inject(headers)
+        retrying = AsyncRetrying(
+            stop=stop_before_delay(self._retry_seconds),
+            wait=_wait,
+            retry=retry_if_exception_type((_Transient, httpx.TransportError)),
+            before_sleep=lambda state: _log_retry(method, path, state),
+            reraise=True,
+        )
+        response: httpx.Response | None = None
+        attempts = 0
+        try:
+            async for attempt in retrying:
+                with attempt:
+                    attempts = attempt.retry_state.attempt_number
+                    if attempts > 1:
+                        headers[_RETRY_COUNT_HEADER] = str(attempts - 1)
+                    response = await http.request(method, path, content=content, headers=headers)
+                    _raise_for_status(response)
+        except (_Refused, _Transient, httpx.HTTPError) as error:
+            _fail(
+                method,
+                path,
+                _reason(error, attempts),
+                getattr(error, "request_id", None),
+                _kind(error),
+            )
+        assert response is not None  # the loop either produced a success or raised
+        try:
+            return decode(response.content)
+        except InvalidReply as error:
+            _fail(method, path, f"invalid reply: {error}", _request_id(response), "invalid_reply")
+
+
+def _body_headers(body: bytes | None) -> tuple[dict[str, str], bytes | None]:
+    """Headers and content for `body`, compressed with zstd like the SDK when it is large."""
+    if body is None:
+        return {}, None
+    headers = {"Content-Type": "application/json"}
+    if len(body) >= _MIN_COMPRESSED_BYTES:
+        headers["Content-Encoding"] = "zstd"
+        body = zstandard.ZstdCompressor().compress(body)
+    return headers, body
+
+
+def _raise_for_status(response: httpx.Response) -> None:
+    status = response.status_code
+    if status in _RETRY_STATUSES or status >= 500:
+        raise _Transient(status, retry_after_seconds(response.headers), _request_id(response))
+    if not response.is_success:
+        raise _Refused(status, _request_id(response))
+
+
+def retry_after_seconds(headers: httpx.Headers) -> float | None:
+    """TypeSafe's requested wait: `retry-after-ms` first, then `Retry-After` (seconds or date)."""
+    raw_ms = headers.get("retry-after-ms")
+    if raw_ms is not None:
+        milliseconds = _number(raw_ms)
+        if milliseconds is not None:
+            return milliseconds / 1000
+    raw = headers.get("retry-after")
+    if raw is None:
+        return None
+    seconds = _number(raw)
+    if seconds is not None:
+        return seconds
+    try:
+        return max(0.0, parsedate_to_datetime(raw).timestamp() - time.time())
+    except (TypeError, ValueError, OverflowError):
+        return None
+
+
+def _number(raw: str) -> float | None:
+    try:
+        value = float(raw.strip())
+    except ValueError:
+        return None
+    return value if math.isfinite(value) and value >= 0 else None
+
+
+def _wait(state: RetryCallState) -> float:
+    error = state.outcome.exception() if state.outcome is not None else None
+    if isinstance(error, _Transient) and error.retry_after is not None:
+        return error.retry_after
+    exponential = _BACKOFF_INITIAL_SECONDS * 2 ** (state.attempt_number - 1)
+    return min(_BACKOFF_MAX_SECONDS, exponential) * (1 - random.random() * _BACKOFF_JITTER)
+
+
+def _reason(error: Exception, attempts: int) -> str:
+    """What went wrong, in words that carry no URL, key or body."""
+    if isinstance(error, _Refused):
+        return error.reason
+    if isinstance(error, _Transient):
+        return f"status {error.status} after {attempts} attempt(s)"
+    if isinstance(error, httpx.TimeoutException):
+        return f"timed out after {attempts} attempt(s)"
+    return f"{type(error).__name__} after {attempts} attempt(s)"
+
+
+def _kind(error: Exception) -> str:
+    """The failure's metric reason: a small fixed set, unlike `_reason`'s words."""
+    if isinstance(error, _Refused):
+        return "key_rejected" if error.status in (401, 403) else "refused"
+    if isinstance(error, _Transient):
+        return "unavailable"
+    if isinstance(error, httpx.TimeoutException):
+        return "timeout"
+    return "connection"
+
+
+def _request_id(response: httpx.Response | None) -> str | None:
+    return None if response is None else response.headers.get(_REQUEST_ID_HEADER)
+
+
+def _log_retry(method: str, path: str, state: RetryCallState) -> None:
+    error = state.outcome.exception() if state.outcome is not None else None
+    what = f"status {error.status}" if isinstance(error, _Transient) else type(error).__name__
+    delay = state.next_action.sleep if state.next_action is not None else 0.0
+    attempt = state.attempt_number
+    log.info("TypeSafe %s %s: %s, retry %d in %.2f s", method, path, what, attempt, delay)
+
+
+def _fail(method: str, path: str, reason: str, request_id: str | None, kind: str) -> NoReturn:
+    metrics.UPSTREAM_FAILURES.inc(provider="jev", route=path, reason=kind)
+    tracing.annotate(failure=kind)
+    request_id = request_id or "-"
+    log.warning("TypeSafe %s %s failed: %s (request id %s)", method, path, reason, request_id)
+    raise ProviderUnavailable() from None

@@ -1,0 +1,1 @@
+"""Laya, gateway side: runs in the gateway process and never imports torch."""

@@ -1,0 +1,1 @@
+"""Laya, worker side: runs in the worker process (torch lives here)."""

@@ -1,0 +1,132 @@
+"""The Laya worker engine: jobs -> encoder rows -> shared padded forward passes -> answers.
+
+`prepare` tokenises one job (its state once, one row per question) on the worker's preparing
+thread; the worker's planner packs rows of concurrent jobs into passes cut by `shape`;
+`forward` runs one padded pass; `finish` reads a job's answers out of its rows' logits. Rows
+never see each other (padding is masked), so a job's answers do not depend on what it shared
+passes with.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+
+import torch
+from decidealot.providers.laya.worker import readout
+from decidealot.providers.laya.worker.model import PASS_INPUTS, Checkpoint, load_checkpoint
+from decidealot.providers.laya.worker.render import Row, render_rows
+from decidealot.providers.worker.passes import RunsTogether
+from decidealot.providers.worker.precision import engine_precision
+
+from decidealot.contract import Question
+from decidealot.jobs import Decision, EngineSpec, Job, PassShape
+
+CHECKPOINT_KEYS = ("english", "multilingual", "typed-decisions")
+PASS_TOKEN_LIMIT = 262_144
+"""Padded tokens (rows x longest row) above which a turn is cut into several passes."""
+CPU_PASS_COST = 64
+"""A pass's fixed cost on CPU in tokens' worth of compute (measured on the tiny test checkpoint;
+less on larger models). A CPU pass costs the same per padded token at any batch size, so padding
+is pure waste there: a turn is cut wherever that saves more padding than this."""
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedJob:
+    """A job's rendered rows plus what readout needs."""
+
+    group: str
+    input_tokens: int
+    questions: dict[str, Question]
+    rows: list[Row]
+
+
+class LayaEngine(RunsTogether):
+    """Serves the three Laya checkpoints; each loads once, at create or on its first job.
+    `prepare` and `run` may be called from several threads at once."""
+
+    def __init__(self, spec: EngineSpec):
+        unknown = set(spec.checkpoints) - set(CHECKPOINT_KEYS)
+        if unknown:
+            raise ValueError(f"unknown Laya checkpoint keys: {sorted(unknown)}")
+        self._paths = dict(spec.checkpoints)
+        self._device = torch.device(spec.device)
+        self._precision = engine_precision(spec.options, spec.device)
+        # On CUDA a pass is worth a large batch: cut only past the token limit.
+        cpu = self._device.type == "cpu"
+        self.shape = PassShape(PASS_TOKEN_LIMIT, CPU_PASS_COST if cpu else None)
+        self._loaded: dict[str, Checkpoint] = {}
+        self._load_lock = threading.Lock()
+        for key in spec.preload:
+            self._checkpoint(key)
+
+    @property
+    def loaded(self) -> tuple[str, ...]:
+        """Keys of the checkpoints in memory, in load order."""
+        return tuple(self._loaded)
+
+    def _checkpoint(self, key: str) -> Checkpoint:
+        loaded = self._loaded.get(key)
+        if loaded is not None:
+            return loaded
+        if key not in self._paths:
+            raise ValueError(f"Laya checkpoint {key!r} is not configured")
+        with self._load_lock:
+            if key not in self._loaded:
+                self._loaded[key] = load_checkpoint(self._paths[key], self._device, self._precision)
+            return self._loaded[key]
+
+    def prepare(self, job: Job) -> PreparedJob:
+        checkpoint = self._checkpoint(job.checkpoint)
+        tokenizer = checkpoint.tokenizer
+
+        def encode(texts: Sequence[str]) -> list[list[int]]:
+            return tokenizer(list(texts), add_special_tokens=False)["input_ids"]
+
+        rows = render_rows(job.state, job.questions, encode, checkpoint.specials, checkpoint.budget)
+        tokens = sum(len(row.ids) for row in rows)
+        return PreparedJob(job.checkpoint, tokens, job.questions, rows)
+
+    def forward(self, group: Hashable, rows: Sequence[Row]) -> list[list[float]]:
+        return self._forward(self._checkpoint(str(group)), rows)
+
+    def finish(self, prepared: PreparedJob, outputs: Sequence[object]) -> Decision:
+        temperatures = self._checkpoint(prepared.group).temperatures
+        answers = {
+            name: readout.answer(question, outputs[i], temperatures)  # type: ignore[arg-type]
+            for i, (name, question) in enumerate(prepared.questions.items())
+        }
+        return Decision(f"laya-{prepared.group}", answers, prepared.input_tokens)
+
+    def _forward(self, checkpoint: Checkpoint, rows: Sequence[Row]) -> list[list[float]]:
+        """One padded pass; returns each row's logits trimmed to its own option count."""
+        inputs = pass_inputs(rows, checkpoint.pad_id)
+        out = checkpoint.forward({name: t.to(self._device) for name, t in inputs.items()})
+        values = out.cpu().tolist()
+        return [values[i][: len(row.markers)] for i, row in enumerate(rows)]
+
+
+def pass_inputs(rows: Sequence[Row], pad_id: int) -> dict[str, torch.Tensor]:
+    """`rows` padded on the right into one pass's `PASS_INPUTS` tensors, on the CPU."""
+    length = max(len(row.ids) for row in rows)
+    width = max(len(row.markers) for row in rows)
+    input_ids = torch.full((len(rows), length), pad_id, dtype=torch.long)
+    attention = torch.zeros((len(rows), length), dtype=torch.long)
+    marker_pos = torch.zeros((len(rows), width), dtype=torch.long)
+    marker_mask = torch.zeros((len(rows), width), dtype=torch.bool)
+    for i, row in enumerate(rows):
+        input_ids[i, : len(row.ids)] = torch.tensor(row.ids)
+        attention[i, : len(row.ids)] = 1
+        marker_pos[i, : len(row.markers)] = torch.tensor(row.markers)
+        marker_mask[i, : len(row.markers)] = True
+    qtype = torch.tensor([row.qtype for row in rows], dtype=torch.long)
+    tensors = (input_ids, attention, marker_pos, marker_mask, qtype)
+    return dict(zip(PASS_INPUTS, tensors, strict=True))
+
+
+def create(spec: EngineSpec) -> LayaEngine:
+    """The engine factory `EngineSpec.factory` names."""
+    if spec.torch_threads > 0:
+        torch.set_num_threads(spec.torch_threads)
+    return LayaEngine(spec)

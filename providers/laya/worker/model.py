@@ -1,0 +1,253 @@
+"""The Laya network (laya.md §2, §4): HF ModernBERT encoder + typed decision head + scorer.
+
+Worker-side only (imports torch and transformers). Parameter names match upstream's
+`model.safetensors` exactly so the checkpoint loads strictly; the head is our own functional
+pre-LN transformer layer, numerically the same as upstream's `nn.TransformerEncoderLayer`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from decidealot.providers.laya.worker.readout import Temperatures
+from decidealot.providers.laya.worker.render import Budget, Specials
+from decidealot.providers.worker.numerics import (
+    AUTOCAST,
+    PROBE_LENGTH,
+    PROBE_ROWS,
+    quantize_guarded,
+)
+from safetensors.torch import load_file
+from torch import nn
+from transformers import AutoConfig, AutoModel, PreTrainedTokenizerFast
+from transformers.initialization import no_init_weights
+
+LAYER_NORM_EPS = 1e-5
+MASKED_LOGIT = -1e4
+
+
+class HeadAttention(nn.Module):
+    """Packed-projection self-attention with `nn.MultiheadAttention`'s parameter names."""
+
+    def __init__(self, d: int, heads: int):
+        super().__init__()
+        self.heads = heads
+        self.in_proj_weight = nn.Parameter(torch.empty(3 * d, d))
+        self.in_proj_bias = nn.Parameter(torch.empty(3 * d))
+        self.out_proj = nn.Linear(d, d)
+
+    def forward(
+        self, x: torch.Tensor, keep: torch.Tensor, queries: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Attention over all of `x`; outputs only at `queries` (`[rows, K, d]`) when given."""
+        if queries is None:
+            projected = F.linear(x, self.in_proj_weight, self.in_proj_bias).chunk(3, dim=-1)
+        else:
+            d = x.size(-1)
+            q = F.linear(queries, self.in_proj_weight[:d], self.in_proj_bias[:d])
+            kv = F.linear(x, self.in_proj_weight[d:], self.in_proj_bias[d:]).chunk(2, dim=-1)
+            projected = (q, *kv)
+        q, k, v = (part.unflatten(-1, (self.heads, -1)).transpose(1, 2) for part in projected)
+        attended = F.scaled_dot_product_attention(q, k, v, attn_mask=keep)
+        return self.out_proj(attended.transpose(1, 2).flatten(-2))
+
+
+class HeadLayer(nn.Module):
+    """Pre-LN encoder layer (ReLU feed-forward of width 4d), as upstream trains it."""
+
+    def __init__(self, d: int):
+        super().__init__()
+        self.self_attn = HeadAttention(d, max(1, d // 64))
+        self.linear1 = nn.Linear(d, 4 * d)
+        self.linear2 = nn.Linear(4 * d, d)
+        self.norm1 = nn.LayerNorm(d, eps=LAYER_NORM_EPS)
+        self.norm2 = nn.LayerNorm(d, eps=LAYER_NORM_EPS)
+
+    def forward(
+        self, h: torch.Tensor, keep: torch.Tensor, index: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """The layer's output at every position, or only at `index` (`[rows, K, d]` gather
+        positions): each position's output depends on the others only through attention's keys
+        and values, so computing a subset is exact and skips most of the layer's work."""
+        y = self.norm1(h)
+        if index is None:
+            h = h + self.self_attn(y, keep)
+        else:
+            h = torch.gather(h, 1, index) + self.self_attn(y, keep, torch.gather(y, 1, index))
+        return h + self.linear2(F.relu(self.linear1(self.norm2(h))))
+
+
+class HeadStack(nn.Module):
+    def __init__(self, d: int, layers: int):
+        super().__init__()
+        self.layers = nn.ModuleList(HeadLayer(d) for _ in range(layers))
+
+
+class DecisionModel(nn.Module):
+    """Encoder + head + scorer. `act_head` and `temperature` are loaded (strict load) but unused:
+    the contract reports neither the act probability nor the training-time temperature buffer."""
+
+    def __init__(self, encoder: nn.Module, head_layers: int, n_act: int):
+        super().__init__()
+        d = encoder.config.hidden_size
+        self.encoder = encoder
+        self.head = HeadStack(d, head_layers) if head_layers > 0 else None
+        self.type_emb = nn.Embedding(3, d)
+        self.scorer = nn.Sequential(nn.LayerNorm(d), nn.Linear(d, d), nn.GELU(), nn.Linear(d, 1))
+        self.act_head = nn.Sequential(nn.Linear(d + 4, 256), nn.GELU(), nn.Linear(256, n_act))
+        self.register_buffer("temperature", torch.ones(3))
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        marker_pos: torch.Tensor,
+        marker_mask: torch.Tensor,
+        qtype: torch.Tensor,
+    ) -> torch.Tensor:
+        """Option logits `[rows, K]` in fp32; padded marker slots hold -1e4."""
+        h = self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        h = h + self.type_emb(qtype)[:, None, :]
+        index = marker_pos[:, :, None].expand(-1, -1, h.size(-1))
+        if self.head is None:
+            markers = torch.gather(h, 1, index)
+        else:
+            keep = attention_mask.bool()[:, None, None, :]
+            *inner, last = self.head.layers
+            for layer in inner:
+                h = layer(h, keep)
+            markers = last(h, keep, index)  # only the markers are read out
+        logits = self.scorer(markers).squeeze(-1).float()
+        return logits.masked_fill(~marker_mask, MASKED_LOGIT)
+
+
+PASS_INPUTS = ("input_ids", "attention_mask", "marker_pos", "marker_mask", "qtype")
+"""`DecisionModel.forward`'s inputs, by name: what a pass is given."""
+
+Pass = Callable[[dict[str, torch.Tensor]], torch.Tensor]
+"""One padded pass: `PASS_INPUTS` tensors on the model's device -> `[rows, K]` fp32 logits."""
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """Everything one loaded checkpoint needs to render, run and read out."""
+
+    model: DecisionModel
+    tokenizer: Any
+    specials: Specials
+    budget: Budget
+    temperatures: Temperatures
+    amp_dtype: torch.dtype
+    pad_id: int
+    forward: Pass
+    """The padded pass in the configured precision (`torch_pass`)."""
+
+
+def torch_pass(model: DecisionModel, device: torch.device, amp_dtype: torch.dtype) -> Pass:
+    """Eager torch with sdpa attention, under CUDA autocast when `amp_dtype` is not fp32."""
+
+    def forward(inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        autocast = (
+            torch.autocast(device_type=device.type, dtype=amp_dtype)
+            if amp_dtype != torch.float32
+            else nullcontext()
+        )
+        with torch.inference_mode(), autocast:
+            return model(**inputs).float()
+
+    return forward
+
+
+def int8_encoder(model: DecisionModel, specials: Specials, budget: Budget) -> list[str]:
+    """Make the encoder's linear layers int8 (`numerics`), checked on a probe of random
+    rows with four markers each; the head and scorer stay fp32. Returns the roles kept fp32."""
+    generator = torch.Generator().manual_seed(0)
+    rows, options = PROBE_ROWS, 4
+    length = min(budget.max_len, PROBE_LENGTH)
+    ids = torch.randint(0, model.encoder.config.vocab_size, (rows, length), generator=generator)
+    marker_pos = torch.linspace(1, length - 2, options).long().expand(rows, -1).contiguous()
+    ids.scatter_(1, marker_pos, specials.mask_id)
+    ids[:, 0] = specials.cls_id
+    inputs = {
+        "input_ids": ids,
+        "attention_mask": torch.ones(rows, length, dtype=torch.long),
+        "marker_pos": marker_pos,
+        "marker_mask": torch.ones(rows, options, dtype=torch.bool),
+        "qtype": torch.arange(rows) % 3,
+    }
+    return quantize_guarded(model.encoder, lambda: model(**inputs).softmax(-1))
+
+
+def _load_tokenizer(directory: Path) -> Any:
+    """Load as `PreTrainedTokenizerFast`, applying upstream's load-time config fixes in memory
+    (upstream rewrites the file; the checkpoint directory is never written here)."""
+    config = json.loads((directory / "tokenizer_config.json").read_text(encoding="utf-8"))
+    overrides: dict[str, Any] = {}
+    extra = config.get("extra_special_tokens")
+    if isinstance(extra, list):
+        overrides["extra_special_tokens"] = {f"extra_{i}": t for i, t in enumerate(extra)}
+    return PreTrainedTokenizerFast.from_pretrained(str(directory), **overrides)
+
+
+def _require(path: Path, what: str) -> Path:
+    if not path.exists():
+        raise FileNotFoundError(f"Laya checkpoint is missing {what} ({path.name})")
+    return path
+
+
+def load_checkpoint(
+    directory: str | Path, device: torch.device, precision: str = "fp32"
+) -> Checkpoint:
+    """Build the model offline from `encoder/config.json`, strictly load fp16 weights as fp32,
+    then apply `precision` (`decidealot.providers.worker.precision.PRECISIONS`)."""
+    root = Path(directory)
+    config = json.loads(_require(root / "rl_agent_config.json", "its config").read_text())
+    weights_path = _require(root / "model.safetensors", "its weights")
+    encoder_dir = _require(root / "encoder", "its encoder config")
+    tokenizer = _load_tokenizer(_require(root / "tokenizer", "its tokenizer"))
+    if "head_layers" not in config or "encoder" not in config:
+        raise ValueError("rl_agent_config.json: 'encoder' and 'head_layers' are required")
+    if config.get("option_layout", "sequential") != "sequential":
+        raise ValueError("rl_agent_config.json: only the sequential option layout is supported")
+    temperatures = Temperatures(
+        config.get("temperature", [1.0, 1.0, 1.0]), config.get("temperature_by_options", {})
+    )
+
+    encoder_config = AutoConfig.from_pretrained(str(encoder_dir))
+    with no_init_weights():
+        encoder = AutoModel.from_config(encoder_config, attn_implementation="sdpa")
+    model = DecisionModel(encoder, int(config["head_layers"]), len(config.get("act_costs", {})) + 1)
+    state = {k: v.float() for k, v in load_file(str(weights_path)).items()}
+    model.load_state_dict(state, strict=True)
+    model.to(device).eval().requires_grad_(False)
+
+    amp = AUTOCAST.get(precision, torch.float32)
+    specials = Specials(
+        cls_id=tokenizer.cls_token_id,
+        sep_id=tokenizer.sep_token_id,
+        mask_id=tokenizer.mask_token_id,
+        mask_text=tokenizer.mask_token,
+    )
+    budget = Budget(
+        max_len=int(config.get("max_len", 512)),
+        head_max_len=int(config.get("head_max_len", 192)),
+    )
+    if precision == "int8":
+        int8_encoder(model, specials, budget)
+    return Checkpoint(
+        model=model,
+        tokenizer=tokenizer,
+        specials=specials,
+        budget=budget,
+        temperatures=temperatures,
+        amp_dtype=amp,
+        pad_id=tokenizer.pad_token_id,
+        forward=torch_pass(model, device, amp),
+    )

@@ -1,0 +1,74 @@
+"""Laya readout (laya.md §5): option logits -> tempered softmax -> contract answers.
+
+Mirrors upstream `Agent._decode_answers` except that floats keep full precision (upstream
+rounds to 4 decimals) and only the contract's fields are produced. Pure Python, float64.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+from decidealot.providers.laya.worker.render import QTYPES, question_type
+from decidealot.providers.worker import answers
+
+from decidealot.contract import Answer, Question
+
+TEMPERATURE_MIN = 0.5
+TEMPERATURE_MAX = 5.0
+
+
+def clamp_temperature(value: object) -> float:
+    """Upstream `clamp_temperature`: non-numbers (bools, NaN, inf) mean 1.0; else [0.5, 5]."""
+    if isinstance(value, bool):
+        return 1.0
+    try:
+        number = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return 1.0
+    if not math.isfinite(number):
+        return 1.0
+    return min(TEMPERATURE_MAX, max(TEMPERATURE_MIN, number))
+
+
+def temperature_bucket(qtype: str, options: int) -> str:
+    size = "2" if options <= 2 else "3-5" if options <= 5 else "6-10" if options <= 10 else "11+"
+    return f"{qtype}:{size}"
+
+
+class Temperatures:
+    """A checkpoint's softmax temperatures, clamped once at load as upstream does."""
+
+    def __init__(self, by_type: Sequence[object], by_options: Mapping[str, object]):
+        if not isinstance(by_type, list | tuple) or len(by_type) != 3:
+            raise ValueError("rl_agent_config.json: temperature must be a list of 3 numbers")
+        self.by_type = [clamp_temperature(t) for t in by_type]
+        self.by_options = {key: clamp_temperature(t) for key, t in by_options.items()}
+
+    def get(self, qtype: str, options: int) -> float:
+        fallback = self.by_type[QTYPES[qtype]]
+        return self.by_options.get(temperature_bucket(qtype, options), fallback)
+
+
+def softmax(logits: Sequence[float], temperature: float) -> list[float]:
+    scaled = [float(x) / temperature for x in logits]
+    top = max(scaled)
+    exps = [math.exp(x - top) for x in scaled]
+    total = sum(exps)
+    return [e / total for e in exps]
+
+
+def entropy_confidence(probs: Sequence[float]) -> float:
+    """Upstream `confidence_from_probs`: 1 - H(p)/ln k, clipped to [0, 1]; 1.0 below 2 options."""
+    k = len(probs)
+    if k < 2:
+        return 1.0
+    entropy = -sum(p * math.log(min(1.0, max(p, 1e-12))) for p in probs)
+    return min(1.0, max(0.0, 1.0 - entropy / math.log(k)))
+
+
+def answer(question: Question, logits: Sequence[float], temperatures: Temperatures) -> Answer:
+    """One question's answer from its option logits (slot order = option order); a noul's
+    options are [false, true]."""
+    probs = softmax(logits, temperatures.get(question_type(question), len(logits)))
+    return answers.answer(question, probs, entropy_confidence, true_index=1)

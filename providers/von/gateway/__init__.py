@@ -1,0 +1,1 @@
+"""Von, gateway side: runs in the gateway process and never imports torch."""

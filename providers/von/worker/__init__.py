@@ -1,0 +1,1 @@
+"""Von, worker side: runs in the worker process (torch lives here)."""

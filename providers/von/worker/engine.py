@@ -1,0 +1,197 @@
+"""The Von engine a worker hosts: jobs -> packed rows -> padded forward passes -> answers.
+
+`prepare` renders and tokenises a job's questions (one row each, plus a no-state row for each
+zero-shot noul); the worker's planner packs rows of concurrent jobs into passes cut by `shape`;
+`forward` scores one pass; `finish` reads a job's answers out of its own rows, so a job's
+answers are the same alone or batched.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from decidealot.providers.von.worker import readout
+from decidealot.providers.von.worker.model import CPU_PASS_TOKENS, WINDOW, Row, VonModel
+from decidealot.providers.von.worker.render import (
+    fit_state,
+    format_state,
+    instructions_text,
+    noul_options,
+    option_texts,
+    options_tokens,
+    pack,
+    state_token_ids,
+)
+from decidealot.providers.worker.passes import RunsTogether
+from decidealot.providers.worker.precision import engine_precision
+
+from decidealot.contract import (
+    Answer,
+    ChoiceQuestion,
+    NoulQuestion,
+    Question,
+)
+from decidealot.errors import DecisionInputError
+from decidealot.jobs import Decision, EngineSpec, Job, PassShape
+
+DEFAULT_MAX_STATE_TOKENS = WINDOW
+"""Upstream's `VON_MAX_STATE_TOKENS` default; `EngineSpec.options["max_state_tokens"]` lowers it."""
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """How to read one question's answer out of its job's rows."""
+
+    name: str
+    question: Question
+    options: list[str]
+    row: int | None
+    """Index of the question's row in its job; None when there is nothing to score."""
+    null_row: int | None
+    """Index of the zero-shot noul's no-state row, when the debias pass runs."""
+    state_tokens: int
+    """Tokens of the fitted state, the temperature map's length feature (1 without a map)."""
+
+
+@dataclass(frozen=True)
+class VonPrepared:
+    """A tokenised job, ready to share a forward pass with others of its checkpoint."""
+
+    checkpoint: str
+    rows: list[Row]
+    plans: list[_Plan]
+    input_tokens: int
+    group: str
+
+
+class VonEngine(RunsTogether):
+    """Serves the checkpoints of one `EngineSpec`; a checkpoint loads once, on first use.
+    `prepare` and `run` may be called from several threads at once."""
+
+    def __init__(self, spec: EngineSpec):
+        self._checkpoints = {key: Path(path) for key, path in spec.checkpoints.items()}
+        self._device = torch.device(spec.device)
+        self.shape = PassShape(CPU_PASS_TOKENS if self._device.type == "cpu" else None)
+        max_state_tokens = spec.options.get("max_state_tokens", DEFAULT_MAX_STATE_TOKENS)
+        if not isinstance(max_state_tokens, int) or max_state_tokens < 1:
+            raise ValueError("Von engine option max_state_tokens must be a positive integer")
+        self._max_state_tokens = max_state_tokens
+        self._precision = engine_precision(spec.options, spec.device)
+        self._models: dict[str, VonModel] = {}
+        self._load_lock = threading.Lock()
+        for key in spec.preload:
+            self._model(key)
+
+    def _model(self, checkpoint: str) -> VonModel:
+        model = self._models.get(checkpoint)
+        if model is not None:
+            return model
+        if checkpoint not in self._checkpoints:
+            raise ValueError(f"Von engine has no checkpoint {checkpoint!r}")
+        with self._load_lock:
+            if checkpoint not in self._models:
+                self._models[checkpoint] = VonModel(
+                    self._checkpoints[checkpoint], self._device, self._precision
+                )
+            return self._models[checkpoint]
+
+    def prepare(self, job: Job) -> VonPrepared:
+        model = self._model(job.checkpoint)
+        tokenizer, calibration = model.tokenizer, model.calibration
+        state = format_state(job.state)
+        state_ids = state_token_ids(tokenizer, state, digit_split=calibration.digit_split)
+        fitted_tokens: dict[str, int] = {}
+        rows: list[Row] = []
+        plans: list[_Plan] = []
+        instruction_chars = 0
+        for name, question in job.questions.items():
+            instructions = instructions_text(question.instructions)
+            instruction_chars += len(instructions)
+            options = option_texts(question)
+            if not options:
+                plans.append(_Plan(name, question, options, None, None, 0))
+                continue
+            fixed = options_tokens(
+                tokenizer, instructions, options, digit_split=calibration.digit_split
+            )
+            if fixed > WINDOW:
+                raise DecisionInputError(
+                    name,
+                    f"instructions and criteria take {fixed} tokens by themselves, before any "
+                    f"state; Von's context window holds {WINDOW}",
+                )
+            fitted = fit_state(
+                tokenizer,
+                state,
+                state_ids,
+                fixed,
+                window=WINDOW,
+                max_state_tokens=self._max_state_tokens,
+            )
+            rows.append(self._row(model, name, fitted, instructions, options))
+            row = len(rows) - 1
+            null_row = None
+            if isinstance(question, NoulQuestion) and not noul_options(question)[1]:
+                rows.append(self._row(model, name, "", instructions, options, shared=True))
+                null_row = len(rows) - 1
+            if calibration.calibration_map is not None and fitted not in fitted_tokens:
+                fitted_ids = tokenizer(fitted, add_special_tokens=False)["input_ids"]
+                fitted_tokens[fitted] = max(1, len(fitted_ids))
+            state_tokens = fitted_tokens.get(fitted, 1)
+            plans.append(_Plan(name, question, options, row, null_row, state_tokens))
+        if rows:
+            input_tokens = sum(len(row.ids) for row in rows)
+        else:  # upstream's estimate when no pass ran
+            input_tokens = max(1, len(state) // 4) + max(1, instruction_chars // 4)
+        return VonPrepared(job.checkpoint, rows, plans, input_tokens, job.checkpoint)
+
+    @staticmethod
+    def _row(
+        model: VonModel,
+        name: str,
+        state: str,
+        instructions: str,
+        options: list[str],
+        *,
+        shared: bool = False,
+    ) -> Row:
+        text = pack(
+            model.tokenizer, state, instructions, options, digit_split=model.calibration.digit_split
+        )
+        ids: list[int] = model.tokenizer(text)["input_ids"]
+        markers = [t for t, token in enumerate(ids) if token == model.mask_id]
+        if len(markers) != len(options):
+            raise DecisionInputError(name, "criteria could not be packed as separate options")
+        return Row(ids, markers, shared)
+
+    def forward(self, group: Hashable, rows: Sequence[Row]) -> list[torch.Tensor]:
+        with torch.inference_mode():
+            return self._model(str(group)).logits(rows)
+
+    def finish(self, prepared: VonPrepared, outputs: Sequence[object]) -> Decision:
+        model = self._model(prepared.checkpoint)
+        logits: list[torch.Tensor] = list(outputs)  # type: ignore[arg-type]
+        with torch.inference_mode():
+            answers = {plan.name: self._answer(model, plan, logits) for plan in prepared.plans}
+        return Decision(prepared.checkpoint, answers, prepared.input_tokens)
+
+    @staticmethod
+    def _answer(model: VonModel, plan: _Plan, logits: list[torch.Tensor]) -> Answer:
+        question = plan.question
+        if plan.row is None:
+            return readout.empty_answer(isinstance(question, ChoiceQuestion))
+        calibration = model.calibration
+        row_logits = logits[plan.row]
+        if plan.null_row is not None:
+            row_logits = readout.debias(row_logits, logits[plan.null_row], calibration)
+        probs = readout.probabilities(row_logits, plan.state_tokens, calibration)
+        return readout.answer(question, row_logits, probs)
+
+
+def create(spec: EngineSpec) -> VonEngine:
+    """The worker's entry point (`decidealot.providers.von.worker.engine:create`)."""
+    return VonEngine(spec)

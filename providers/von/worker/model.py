@@ -1,0 +1,320 @@
+"""Von's checkpoint and forward pass (von.md §1, §3): ModernBERT plus the option-marker scorer.
+
+The encoder is built from `config.json` without random initialisation and filled once from
+`option_marker.pt` (the full state dict); `model.safetensors` holds the same encoder and is not
+read. A pass's rows (the worker's planner sorts and sizes them) are padded on the right; each
+row keeps its own masks and position ids, so a row's logits do not depend on what it is
+batched with.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from decidealot.providers.worker.numerics import (
+    AUTOCAST,
+    PROBE_LENGTH,
+    PROBE_ROWS,
+    quantize_guarded,
+)
+from torch import nn
+from transformers import AutoConfig, AutoTokenizer, ModernBertModel, PreTrainedTokenizerBase
+from transformers.initialization import no_init_weights
+
+WINDOW = 8192
+"""Upstream forces `max_position_embeddings` to this; the state cut fits rows to it (a cut
+row may still end a few tokens past it, as upstream's does: RoPE has no position table)."""
+
+_MAP_FEATURES = ("bias", "entropy", "log_tokens", "n_options")
+
+CPU_PASS_TOKENS = 1024
+"""Padded tokens per forward pass on CPU (the engine's `PassShape`). There, a row of a few
+hundred tokens already keeps the matrix units busy, while one large padded pass spends its time
+on padding, on [B, L, L] masks and on activations that no longer fit in cache (bench/von.py:
+2-3x slower per row). Elsewhere a pass is as large as the token budget allows."""
+
+SHARED_CACHE_ROWS = 4096
+"""State-free rows (the zero-shot noul's debias row) whose logits are kept, least recently
+used first out: they depend only on the question, so requests asking it again reuse them.
+Such a row is scored in a pass of its own, as upstream scores it, so its cached logits are the
+same whichever request, batch or compute thread scored it first."""
+
+
+class CheckpointError(ValueError):
+    """A Von checkpoint directory that cannot be served as it is."""
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """`marker_calibration.json`: temperature rule, noul prior and the two forward-pass flags."""
+
+    temperature: float
+    calibration_map: dict[str, float] | None
+    noul_prior: tuple[float, float] | None
+    independent_options: bool
+    digit_split: bool
+
+
+def _calibration_map(raw: object) -> dict[str, float] | None:
+    """Upstream's validation: unusable maps are dropped and the scalar temperature applies."""
+    if not isinstance(raw, dict):
+        return None
+    try:
+        values = {str(key): float(value) for key, value in raw.items()}
+    except (TypeError, ValueError):
+        return None
+    if not any(key in values for key in _MAP_FEATURES):
+        return None
+    values.setdefault("lo", 0.5)
+    values.setdefault("hi", 12.0)
+    return None if values["lo"] > values["hi"] else values
+
+
+def _noul_prior(raw: object) -> tuple[float, float] | None:
+    if not isinstance(raw, dict):
+        return None
+    try:
+        return float(raw["a"]), float(raw["b"])
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def load_calibration(path: Path) -> Calibration:
+    """Read the calibration file, refusing what upstream would silently reset.
+
+    Upstream falls back to plain attention when the file is missing or unreadable, which
+    answers 1.2+ weights in the wrong mode; a checkpoint without a usable file is refused.
+    """
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"Von checkpoint: cannot read {path.name}") from exc
+    if not isinstance(data, dict):
+        raise CheckpointError(f"Von checkpoint: {path.name} is not a JSON object")
+    try:
+        temperature = float(data.get("temperature", 1.0))
+    except (TypeError, ValueError) as exc:
+        raise CheckpointError(f"Von checkpoint: {path.name} has a non-numeric temperature") from exc
+    flags = {}
+    for flag in ("independent_options", "digit_split"):
+        value = data.get(flag, False)
+        if not isinstance(value, bool):
+            raise CheckpointError(f"Von checkpoint: {path.name} field {flag} must be a boolean")
+        flags[flag] = value
+    return Calibration(
+        temperature=temperature,
+        calibration_map=_calibration_map(data.get("calibration_map")),
+        noul_prior=_noul_prior(data.get("noul_zero_shot_prior")),
+        **flags,
+    )
+
+
+class OptionMarkerScorer(nn.Module):
+    """Marker hidden state -> one logit; parameter names match upstream's `scorer.*` keys."""
+
+    def __init__(self, hidden_size: int):
+        super().__init__()
+        self.input_norm = nn.LayerNorm(hidden_size)
+        self.dense = nn.Linear(hidden_size, hidden_size // 2)
+        self.norm = nn.LayerNorm(hidden_size // 2)
+        self.out_proj = nn.Linear(hidden_size // 2, 1)
+
+    def forward(self, markers: torch.Tensor) -> torch.Tensor:
+        hidden = self.norm(nn.functional.gelu(self.dense(self.input_norm(markers))))
+        return self.out_proj(hidden).squeeze(-1)
+
+
+@dataclass(frozen=True)
+class Row:
+    """One packed sequence: token ids and the positions of its option markers."""
+
+    ids: list[int]
+    markers: list[int]
+    shared: bool = False
+    """True for a row that holds no state, so its logits may be cached and reused."""
+
+    @property
+    def tokens(self) -> int:
+        return len(self.ids)
+
+
+def _independent_layout(row: Row, length: int) -> tuple[list[int], list[int]]:
+    """Option span of every token (-1 outside options) and position ids restarting per option.
+
+    The trailing `[SEP]` belongs to no option and keeps its raw position, as upstream's does.
+    """
+    spans = [-1] * length
+    positions = list(range(length))
+    last = len(row.ids) - 1
+    prefix = row.markers[0]
+    for k, start in enumerate(row.markers):
+        end = row.markers[k + 1] if k + 1 < len(row.markers) else last
+        for offset, t in enumerate(range(start, end)):
+            spans[t] = k
+            positions[t] = prefix + offset
+    return spans, positions
+
+
+def _additive(allowed: torch.Tensor) -> torch.Tensor:
+    """Float mask (0 allowed, most negative blocked): boolean 4-D masks are only honoured by
+    sdpa, while additive ones mean the same under every attention implementation."""
+    blocked = torch.finfo(torch.float32).min
+    return torch.zeros(allowed.shape, dtype=torch.float32, device=allowed.device).masked_fill(
+        ~allowed, blocked
+    )
+
+
+class VonModel:
+    """A loaded Von checkpoint: tokenizer, encoder, scorer and calibration, on one device."""
+
+    def __init__(self, directory: Path, device: torch.device, precision: str = "fp32"):
+        """Load `directory` onto `device` in `precision` (`DECIDEALOT_PRECISION`)."""
+        self.calibration = load_calibration(directory / "marker_calibration.json")
+        config = AutoConfig.from_pretrained(str(directory), attn_implementation="sdpa")
+        if config.model_type != "modernbert":
+            raise CheckpointError("Von checkpoint: config.json is not a ModernBERT config")
+        config.max_position_embeddings = WINDOW
+        self.tokenizer: PreTrainedTokenizerBase = AutoTokenizer.from_pretrained(
+            str(directory), model_max_length=WINDOW
+        )
+        if self.tokenizer.mask_token is None or self.tokenizer.sep_token is None:
+            raise CheckpointError("Von checkpoint: the tokenizer lacks a mask or sep token")
+        self.mask_id: int = self.tokenizer.mask_token_id
+        self.pad_id: int = self.tokenizer.pad_token_id or 0  # padded keys are masked anyway
+        with no_init_weights():
+            self.encoder = ModernBertModel(config)
+        self.scorer = OptionMarkerScorer(config.hidden_size)
+        self._load_weights(directory / "option_marker.pt")
+        self.half_window: int = config.sliding_window
+        self.device = device
+        self._shared_logits: OrderedDict[tuple[int, ...], torch.Tensor] = OrderedDict()
+        self._shared_lock = threading.Lock()
+        """Guards `_shared_logits`: a worker may run several passes at once."""
+        self.encoder.to(device).eval()
+        self.scorer.to(device).eval()
+        self.amp_dtype = AUTOCAST.get(precision, torch.float32)
+        if precision == "int8":
+            self._int8_encoder()
+
+    def _int8_encoder(self) -> None:
+        """The encoder's linear layers in int8 (`numerics`), checked on a probe of random
+        rows with four markers each; the scorer stays fp32."""
+        generator = torch.Generator().manual_seed(0)
+        rows, options = PROBE_ROWS, 4
+        length = PROBE_LENGTH
+        vocab = self.encoder.config.vocab_size
+        ids = torch.randint(0, vocab, (rows, length), generator=generator)
+        ids[ids == self.mask_id] = self.pad_id
+        markers = torch.linspace(1, length - 2, options).long()
+        ids[:, markers] = self.mask_id
+        valid = torch.ones(rows, length, dtype=torch.long)
+
+        def probe() -> torch.Tensor:
+            states = self.encoder(input_ids=ids, attention_mask=valid).last_hidden_state
+            return self.scorer(states[:, markers]).softmax(-1)
+
+        quantize_guarded(self.encoder, probe)
+
+    def _load_weights(self, path: Path) -> None:
+        weights = torch.load(path, map_location="cpu", weights_only=True)
+        parts: dict[str, dict[str, torch.Tensor]] = {"encoder": {}, "scorer": {}}
+        for key, tensor in weights.items():
+            prefix, _, name = key.partition(".")
+            if prefix not in parts:
+                raise CheckpointError(f"Von checkpoint: unexpected weight {key!r}")
+            parts[prefix][name] = tensor
+        self.encoder.load_state_dict(parts["encoder"], strict=True)
+        self.scorer.load_state_dict(parts["scorer"], strict=True)
+
+    def logits(self, rows: Sequence[Row]) -> list[torch.Tensor]:
+        """One logit vector per row: shared rows from the cache or a pass of their own, the
+        others from one padded pass (the worker's planner sized it)."""
+        scored: dict[int, torch.Tensor] = {}
+        uncached: dict[tuple[int, ...], list[int]] = {}
+        with self._shared_lock:
+            for index, row in enumerate(rows):
+                if not row.shared:
+                    continue
+                key = tuple(row.ids)
+                if (cached := self._shared_logits.get(key)) is not None:
+                    self._shared_logits.move_to_end(key)
+                    scored[index] = cached
+                else:
+                    uncached.setdefault(key, []).append(index)
+        own = [index for index in range(len(rows)) if not rows[index].shared]
+        if own:
+            for index, logits in zip(own, self._pass([rows[i] for i in own]), strict=True):
+                scored[index] = logits
+        for key, indices in uncached.items():
+            (logits,) = self._pass([rows[indices[0]]])
+            self._remember(key, logits)
+            for index in indices:
+                scored[index] = logits
+        return [scored[index] for index in range(len(rows))]
+
+    def _remember(self, key: tuple[int, ...], logits: torch.Tensor) -> None:
+        kept = logits.clone()
+        with self._shared_lock:
+            self._shared_logits[key] = kept
+            if len(self._shared_logits) > SHARED_CACHE_ROWS:
+                self._shared_logits.popitem(last=False)
+
+    def _pass(self, rows: Sequence[Row]) -> list[torch.Tensor]:
+        """Score `rows` in one padded forward pass; one logit vector per row."""
+        length = max(len(row.ids) for row in rows)
+        ids = torch.full((len(rows), length), self.pad_id, dtype=torch.long)
+        valid = torch.zeros((len(rows), length), dtype=torch.bool)
+        for b, row in enumerate(rows):
+            ids[b, : len(row.ids)] = torch.tensor(row.ids, dtype=torch.long)
+            valid[b, : len(row.ids)] = True
+        ids, valid = ids.to(self.device), valid.to(self.device)
+        with self._autocast():
+            hidden = self._encode(rows, ids, valid, length)
+        states = hidden.float()
+        markers = torch.cat([states[b, row.markers] for b, row in enumerate(rows)])
+        return list(self.scorer(markers).split([len(row.markers) for row in rows]))
+
+    def _autocast(self) -> AbstractContextManager[object]:
+        """CUDA autocast under bf16/fp16; fp32 and int8 run as they are."""
+        if self.amp_dtype == torch.float32:
+            return nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=self.amp_dtype)
+
+    def _encode(
+        self, rows: Sequence[Row], ids: torch.Tensor, valid: torch.Tensor, length: int
+    ) -> torch.Tensor:
+        """The encoder's last hidden states for one padded pass, in either attention mode."""
+        if self.calibration.independent_options:
+            masks, positions = self._independent_masks(rows, length, valid)
+            hidden = self.encoder(input_ids=ids, attention_mask=masks, position_ids=positions)
+        else:
+            hidden = self.encoder(input_ids=ids, attention_mask=valid.long())
+        return hidden.last_hidden_state
+
+    def _independent_masks(
+        self, rows: Sequence[Row], length: int, valid: torch.Tensor
+    ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        """Each option sees the prefix and itself only, at positions restarting after the
+        prefix; sliding layers window on those reset positions, not on raw indices."""
+        layouts = [_independent_layout(row, length) for row in rows]
+        spans = torch.tensor([s for s, _ in layouts], dtype=torch.long, device=self.device)
+        positions = torch.tensor([p for _, p in layouts], dtype=torch.long, device=self.device)
+        query, key = spans.unsqueeze(2), spans.unsqueeze(1)
+        allowed = torch.where(query == -1, key == -1, (key == -1) | (key == query))
+        allowed &= valid.unsqueeze(1)
+        eye = torch.eye(length, dtype=torch.bool, device=self.device).unsqueeze(0)
+        full = allowed | eye
+        distance = (positions.unsqueeze(2) - positions.unsqueeze(1)).abs()
+        sliding = (allowed & (distance <= self.half_window)) | eye
+        masks = {
+            "full_attention": _additive(full.unsqueeze(1)),
+            "sliding_attention": _additive(sliding.unsqueeze(1)),
+        }
+        return masks, positions

@@ -1,0 +1,88 @@
+"""Von's readout (von.md §4): temperature, noul debias and the three answer types.
+
+Arithmetic follows von-sdk 1.3.7 step by step (float32 softmax, then Python sums). Upstream
+rounds what it reports (probabilities to 4 places, confidence to 3, score to 2); Decidealot
+reports the unrounded values, like every other provider, so probabilities keep summing to 1 and
+a caller's threshold is never moved by a rounding step.
+
+Confidence (choice and score) is upstream's margin confidence `(K·p_max − 1)/(K − 1)`, clamped
+to [0, 1]: 0 at the uniform distribution, 1 when one option holds all
+the mass, anchored to the K-way chance level. `noul` is the calibrated P(true) (upstream's
+`noul_raw`), not upstream's banded decision value.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+from decidealot.providers.von.worker.model import Calibration
+from decidealot.providers.worker import answers
+
+from decidealot.contract import Answer, ChoiceAnswer, Question, ScoreAnswer
+
+_DEFAULT_DEBIAS = 0.7
+
+
+def entropy_ratio(logits: torch.Tensor) -> float:
+    """Entropy of softmax(logits) over ln K: the map's difficulty feature."""
+    probs = torch.softmax(logits.float(), dim=-1)
+    n = max(probs.numel(), 1)
+    if n <= 1:
+        return 0.0
+    return -(probs * torch.log(probs.clamp_min(1e-12))).sum().item() / math.log(n)
+
+
+def temperature(logits: torch.Tensor, state_tokens: int, calibration: Calibration) -> float:
+    """The scalar temperature, or the map's input-conditioned one clamped to [lo, hi]."""
+    params = calibration.calibration_map
+    if params is None:
+        return calibration.temperature
+    features = {
+        "bias": 1.0,
+        "entropy": entropy_ratio(logits),
+        "log_tokens": math.log10(state_tokens) / 4.0,
+        "n_options": logits.numel() / 8.0,
+    }
+    raw = sum(params.get(name, 0.0) * value for name, value in features.items())
+    return min(params["hi"], max(params["lo"], raw))
+
+
+def debias(
+    logits: torch.Tensor, null_logits: torch.Tensor, calibration: Calibration
+) -> torch.Tensor:
+    """Subtract the no-state preference for "yes" from the yes logit (zero-shot noul only)."""
+    bias = null_logits[0] - null_logits[1]
+    if calibration.noul_prior is None:
+        correction = _DEFAULT_DEBIAS * bias
+    else:
+        a, b = calibration.noul_prior
+        correction = a * bias + b
+    return torch.stack([logits[0] - correction, logits[1]])
+
+
+def probabilities(logits: torch.Tensor, state_tokens: int, calibration: Calibration) -> list[float]:
+    scale = max(temperature(logits, state_tokens, calibration), 1e-4)
+    return torch.softmax(logits / scale, dim=-1).cpu().tolist()
+
+
+def margin_confidence(probs: Sequence[float]) -> float:
+    n = len(probs)
+    if n <= 1:
+        return 1.0
+    return max(0.0, min(1.0, (n * max(probs) - 1) / (n - 1)))
+
+
+def answer(question: Question, logits: torch.Tensor, probs: list[float]) -> Answer:
+    """The choice is the argmax of the raw logits (temperature never moves it); the legend
+    echoes the caller's levels; options are packed as [yes, no], so P(true) comes first."""
+    best = int(torch.argmax(logits).item())
+    return answers.answer(question, probs, margin_confidence, true_index=0, best=best)
+
+
+def empty_answer(is_choice: bool) -> ChoiceAnswer | ScoreAnswer:
+    """Upstream's answer to a question with no criteria: nothing is run."""
+    if is_choice:
+        return ChoiceAnswer(choice="", confidence=0.0, probabilities={})
+    return ScoreAnswer(score=0.0, confidence=0.0, legend={}, probabilities={})

@@ -1,0 +1,1 @@
+"""The worker process local providers share: its host, the pass planner, numerics, answers."""

@@ -1,0 +1,7 @@
+"""`python -m decidealot.providers.worker`: the process a local provider's engine runs in."""
+
+import sys
+
+from decidealot.providers.worker.host import main
+
+sys.exit(main())
