@@ -58,7 +58,7 @@ VARIANTS = ("english", "multilingual", "typed-decisions")
 def build_checkpoints(cache: Path, size: str) -> Path:
     """The english checkpoint of `size` (plus tiny multilingual/typed siblings, which Decidealot
     needs configured but never loads here); built once into `cache`."""
-    from decidealot.providers.tiny.laya import build_laya_checkpoint
+    from decidealot.providers.laya.tiny import build_laya_checkpoint
 
     folder = cache / size
     for variant in VARIANTS:
@@ -256,10 +256,11 @@ def english_engine(folder: Path, device: str, threads: int) -> Callable[[list[st
     batch, in this process."""
     import msgspec
     import torch
-    from decidealot.providers.laya.worker.engine import create
 
     from decidealot.contract import Question
     from decidealot.jobs import EngineSpec, Job
+    from decidealot.providers.laya.worker.engine import create
+    from decidealot.providers.worker.passes import run_together
 
     torch.set_num_threads(threads)
     engine = create(
@@ -274,7 +275,9 @@ def english_engine(folder: Path, device: str, threads: int) -> Callable[[list[st
     questions = msgspec.convert(QUESTIONS, dict[str, Question])
 
     def decide(states: list[str]) -> object:
-        return engine.run([engine.prepare(Job("english", state, questions)) for state in states])
+        return run_together(
+            engine, [engine.prepare(Job("english", state, questions)) for state in states]
+        )
 
     return decide
 

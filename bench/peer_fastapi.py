@@ -16,10 +16,10 @@ import uvicorn
 from fastapi import FastAPI
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
-from decidealot.service import local_selectors
+from decidealot import registry
 
 Text = str | dict[str, Any] | list[Any]
-MODELS = [info for name in ("laya", "von") for info in local_selectors(name)]
+MODELS = [info for name in ("laya", "von") for info in registry.descriptor(name).selectors]
 NAMES = {info.name for info in MODELS}
 Name = Annotated[str, StringConstraints(min_length=1, max_length=128)]
 Label = Annotated[str, StringConstraints(min_length=1, max_length=256)]

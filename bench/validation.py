@@ -50,7 +50,9 @@ def main() -> None:
     }
     results = []
     with (
-        loadgen.server([loadgen.python(), "-m", "tests.server"], port=ours, env=env) as ours_url,
+        loadgen.server(
+            [loadgen.python(), "-m", "tests.support.launcher"], port=ours, env=env
+        ) as ours_url,
         loadgen.server(
             [loadgen.python(), str(root / "bench" / "peer_fastapi.py"), "--port", str(peer)],
             port=peer,

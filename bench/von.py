@@ -63,7 +63,7 @@ JSON = {"content-type": "application/json"}
 
 def build_checkpoint(cache: Path, size: str, mode: str) -> Path:
     """The `size` checkpoint in attention `mode`, built once into `cache`."""
-    from decidealot.providers.tiny.von import build_von_checkpoint
+    from decidealot.providers.von.tiny import build_von_checkpoint
 
     folder = cache / f"{size}-{mode}"
     if not (folder / "marker_calibration.json").exists():
@@ -236,10 +236,11 @@ def in_process(
     batch, both in this process on `checkpoint`."""
     import msgspec
     import torch
-    from decidealot.providers.von.worker.engine import create
 
     from decidealot.contract import Question
     from decidealot.jobs import EngineSpec, Job
+    from decidealot.providers.von.worker.engine import create
+    from decidealot.providers.worker.passes import run_together
 
     torch.set_num_threads(threads)
     upstream = upstream_backend(checkpoint, device)
@@ -255,7 +256,9 @@ def in_process(
     questions = msgspec.convert(QUESTIONS, dict[str, Question])
 
     def ours(states: list[str]) -> object:
-        return engine.run([engine.prepare(Job(MODEL, state, questions)) for state in states])
+        return run_together(
+            engine, [engine.prepare(Job(MODEL, state, questions)) for state in states]
+        )
 
     return upstream, ours
 

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
-from decidealot.contract import ModelInfo
+from decidealot.contract import ModelInfo, SystemOneRequest
 from decidealot.errors import ProviderUnavailable
 from decidealot.protocols import Provider
 
@@ -25,6 +26,13 @@ class Route:
     @property
     def accepts_temperature(self) -> bool:
         return self.provider.accepts_temperature
+
+
+class Routed(NamedTuple):
+    """A validated request and the route its model resolved to."""
+
+    request: SystemOneRequest
+    route: Route
 
 
 class Catalog:

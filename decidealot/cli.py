@@ -7,7 +7,6 @@ and one line naming the variable. Subcommands import their heavy parts lazily.
 from __future__ import annotations
 
 import argparse
-import importlib
 import shlex
 import sys
 from collections.abc import Sequence
@@ -15,7 +14,7 @@ from pathlib import Path
 
 import msgspec
 
-from decidealot import config, logs
+from decidealot import config, logs, registry
 
 TINY_NOTE = (
     "random weights, so answers carry no meaning; for smoke tests, client CI and trying the API "
@@ -48,7 +47,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def _settings(host: str | None, port: int | None) -> config.Settings:
     """The environment's settings, with `serve`'s flags taking precedence."""
-    settings = config.from_env()
+    settings = registry.from_env()
     if port is not None:
         if not 1 <= port <= 65535:
             raise config.ConfigError(f"--port: expected an integer from 1 to 65535, got {port}")
@@ -86,44 +85,40 @@ def _prepare(settings: config.Settings) -> int:
     failed = _preflight(settings, rehash=True)
     if failed is not None:
         return failed
-    from decidealot.checkpoints.install import checkpoint_path, enabled_slots
+    from decidealot.checkpoints.paths import enabled_bundles
 
-    for name in enabled_slots(settings):
-        print(f"{name}: {checkpoint_path(settings, name)}")
+    for placed in enabled_bundles(settings):
+        print(f"{placed.name}: {placed.path(settings)}")
     return 0
 
 
 def _tiny_checkpoints(directory: str) -> int:
     """`decidealot checkpoints tiny DIR`: random checkpoints of every local model, and the
     variables that use them, as shell lines (`eval "$(decidealot checkpoints tiny DIR)"`)."""
-    from transformers.utils import logging as transformers_logging
-
-    from decidealot.checkpoints.install import slot
     from decidealot.providers.tiny import write_checkpoints
-
-    transformers_logging.disable_progress_bar()  # stderr stays for errors
 
     root = Path(directory).expanduser().resolve()
     try:
         root.mkdir(parents=True, exist_ok=True)
-        paths = write_checkpoints(root)
+        written = write_checkpoints(root)
     except OSError as exc:
         print(f"decidealot: cannot write checkpoints to {root}: {exc.strerror}", file=sys.stderr)
         return 1
-    clm_head = paths.pop("clm-0.1-8b")
     print(f"# Random checkpoints of every local model in {root}: {TINY_NOTE}")
-    for name, path in paths.items():
-        print(f"export {slot(name).variable}={shlex.quote(str(path))}")
-    print("# CLM's head, for use with DECIDEALOT_CLM_EMBEDDINGS_URL (4096-float vectors):")
-    print(f"# export {slot('clm-0.1-8b').variable}={shlex.quote(str(clm_head))}")
+    for descriptor, paths in written:
+        assert descriptor.tiny is not None
+        needs = descriptor.tiny.needs
+        if needs:
+            print(f"# {needs}:")
+        variables = {bundle.name: bundle.variable for bundle in descriptor.bundles}
+        for name, path in paths.items():
+            print(f"{'# ' if needs else ''}export {variables[name]}={shlex.quote(str(path))}")
     return 0
 
 
 def _models(settings: config.Settings) -> int:
-    from decidealot.service import local_selectors
-
-    for provider in settings.local_providers:
-        for info in local_selectors(provider):
+    for descriptor in registry.enabled_local(settings):
+        for info in descriptor.selectors:
             print(msgspec.json.encode(info).decode())
     return 0
 
@@ -133,10 +128,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args_list[:1] in (["mcp"], ["encoder"]):
         passthrough = args_list[1:]
         if args_list[0] == "encoder":
-            return int(
-                importlib.import_module("decidealot.providers.clm.encoder_server").main(passthrough)
-            )
-        return int(importlib.import_module("decidealot.mcp").main(passthrough))
+            from decidealot.providers.clm.encoder_server import main as encoder
+
+            return int(encoder(passthrough))
+        from decidealot.mcp import main as mcp
+
+        return int(mcp(passthrough))
     args = _parser().parse_args(args_list)
     if args.command == "checkpoints":
         return _tiny_checkpoints(args.directory)

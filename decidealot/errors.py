@@ -6,6 +6,8 @@ copied into them.
 
 from __future__ import annotations
 
+import msgspec
+
 from decidealot.contract import Json, Loc, ValidationIssue
 
 
@@ -72,7 +74,13 @@ class ProviderOverloaded(ProviderUnavailable):
 
 
 class RequestInvalid(DecidealotError):
-    """The 422 TypeSafe validation envelope: `{"detail": [issues]}`."""
+    """The 422 TypeSafe validation envelope: `{"detail": [issues]}`.
+
+    The validator raises it with issues located in the body. Provider code (gateway or worker)
+    raises it for input the model cannot take with issues located within the request
+    (`question`); the executor places them in the body (`within`), so one type carries every
+    input error across every boundary, the worker's frames included.
+    """
 
     status, code, message = 422, "VALIDATION_ERROR", "the request is invalid"
 
@@ -80,23 +88,25 @@ class RequestInvalid(DecidealotError):
         super().__init__()
         self.issues = issues
 
+    @classmethod
+    def question(
+        cls, name: str | None, msg: str, loc: Loc | None = None, input: Json = None
+    ) -> RequestInvalid:
+        """Input question `name` cannot take (None: the questions as a whole, e.g. their
+        summed cost); `loc` continues inside the question."""
+        where: Loc = ["questions"] if name is None else ["questions", name]
+        return cls([ValidationIssue([*where, *(loc or [])], msg, "value_error", input)])
 
-class DecisionInputError(Exception):
-    """Raised by provider code for input the model cannot take (e.g. option markers that do
-    not fit). `loc` is relative to the question: the executor prefixes the request's path.
-    `question` None blames the request's questions as a whole (e.g. their summed cost)."""
-
-    def __init__(self, question: str | None, msg: str, loc: Loc | None = None, input: Json = None):
-        super().__init__(msg)
-        self.question = question
-        self.msg = msg
-        self.loc: Loc = loc or []
-        self.input = input
+    def within(self, where: Loc) -> RequestInvalid:
+        """The same issues, located under `where` (the request's place in the body)."""
+        return RequestInvalid(
+            [msgspec.structs.replace(issue, loc=[*where, *issue.loc]) for issue in self.issues]
+        )
 
 
-def over_token_limit(cost: int, limit: int) -> DecisionInputError:
+def over_token_limit(cost: int, limit: int) -> RequestInvalid:
     """The 422 for a request whose model tokens exceed `DECIDEALOT_MAX_REQUEST_TOKENS`."""
-    return DecisionInputError(
+    return RequestInvalid.question(
         None,
         f"this request costs {cost} model tokens; DECIDEALOT_MAX_REQUEST_TOKENS "
         f"allows at most {limit} per request: split its questions over several requests",

@@ -20,16 +20,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import contextvars
 import logging
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import cast
 
 from decidealot import logs, metrics, tracing
-from decidealot.catalog import Catalog, Route
+from decidealot.catalog import Routed
 from decidealot.contract import (
-    BatchRequest,
     BatchResponse,
     ChoiceAnswer,
     ChoiceQuestion,
@@ -43,17 +41,15 @@ from decidealot.contract import (
     UnloadedProvider,
     UnloadResponse,
     Usage,
-    ValidationIssue,
 )
 from decidealot.errors import (
     DecidealotError,
-    DecisionInputError,
     ProviderOverloaded,
     ProviderUnavailable,
     RequestInvalid,
 )
 from decidealot.jobs import Decision
-from decidealot.protocols import HostedProvider, LocalProvider, PreparedRequest, forwarded
+from decidealot.protocols import HostedProvider, JobOrder, LocalProvider
 from decidealot.residency import Residency
 
 log = logging.getLogger("decidealot.executor")
@@ -68,13 +64,11 @@ _ANSWER_TYPES: dict[type, type] = {
 class Executor:
     def __init__(
         self,
-        catalog: Catalog,
         residency: Residency,
         local_providers: Sequence[str],
         max_batch_concurrency: int = 0,
         max_pending_requests: int = 0,
     ) -> None:
-        self._catalog = catalog
         self._residency = residency
         self._local_providers = tuple(local_providers)
         self._batch_calls: asyncio.Semaphore | None = (
@@ -101,92 +95,68 @@ class Executor:
             self._pending -= 1
             metrics.PENDING_REQUESTS.set(self._pending)
 
-    async def decide(self, request: SystemOneRequest) -> SystemOneResponse:
-        """Answer one request, admitted on its own."""
-        route = (await self._catalog.resolve([request.model]))[request.model]
-        with self._admitted(route is not None and route.provider.local):
-            return await self._decide(request, route, ["body"])
+    async def decide(self, routed: Routed) -> SystemOneResponse:
+        """Answer one validated request on its route, admitted on its own."""
+        with self._admitted(routed.route.provider.local):
+            return await self._decide(routed, ["body"])
 
     @tracing.traced("decision")
     async def _decide(
-        self, request: SystemOneRequest, route: Route | None, where: Loc
+        self, routed: Routed, where: Loc, sent: Callable[[], None] | None = None
     ) -> SystemOneResponse:
-        """Answer one admitted request on its route; `where` is its place in the body."""
-        if route is None:  # a hosted name that vanished since validation
-            raise RequestInvalid(
-                [
-                    ValidationIssue(
-                        [*where, "model"],
-                        f"Value error, unknown model {request.model!r}; "
-                        "use a name returned by GET /v1/models",
-                        "value_error",
-                        request.model,
-                    )
-                ]
-            )
-        tracing.annotate(provider=route.provider.name, model=request.model)
+        """Answer one admitted request; `where` is its place in the body, `sent` is called
+        once a local one's job is on its way to the worker."""
+        request, route = routed
+        provider = route.provider
+        tracing.annotate(provider=provider.name, model=request.model)
         outcome = "cancelled"
         started = time.perf_counter()
         try:
-            provider = route.provider
             if provider.local:
-                local = cast(LocalProvider, provider)
-                response = await self._run_local(local, route.selector, request)
+                local = cast(LocalProvider[object], provider)
+                response = await self._run_local(local, route.selector, request, sent)
             else:
                 response = await cast(HostedProvider, provider).decide(route.selector, request)
-        except DecisionInputError as exc:
+        except RequestInvalid as exc:
             outcome = "invalid"
-            raise RequestInvalid(
-                [
-                    ValidationIssue(
-                        [*where, "questions", *_question_loc(exc), *exc.loc],
-                        exc.msg,
-                        "value_error",
-                        exc.input,
-                    )
-                ]
-            ) from None
+            raise exc.within(where) from None
         except DecidealotError:
             outcome = "unavailable"
             raise
         except asyncio.CancelledError:
-            if route.provider.local:
-                metrics.REQUESTS_CANCELLED.inc(provider=route.provider.name)
+            if provider.local:
+                metrics.REQUESTS_CANCELLED.inc(provider=provider.name)
             raise
         except Exception as exc:
             outcome = "error"
-            logs.log_failure(log, exc, f"provider {route.provider.name} on {route.selector}")
+            logs.log_failure(log, exc, f"provider {provider.name} on {route.selector}")
             raise ProviderUnavailable() from None
         else:
             outcome = "error"
-            _check_response(request, response, route.provider.name)
+            _check_response(request, response, provider.name)
             outcome = "ok"
         finally:
             tokens = response.usage.input_tokens if outcome == "ok" else 0
-            _record(route.provider.name, request.model, outcome, started, tokens)
+            _record(provider.name, request.model, outcome, started, tokens)
         return response
 
-    async def decide_batch(self, batch: BatchRequest) -> BatchResponse:
-        routes = await self._catalog.resolve({r.model for r in batch.requests})
+    async def decide_batch(self, batch: Sequence[Routed]) -> BatchResponse:
         lanes: dict[str, list[int]] = {}
-        for index, request in enumerate(batch.requests):
-            route = routes[request.model]
-            lane = route.provider.name if route is not None else request.model
-            lanes.setdefault(lane, []).append(index)
-        local = any(route is not None and route.provider.local for route in routes.values())
-        results: list[SystemOneResponse | None] = [None] * len(batch.requests)
+        for index, routed in enumerate(batch):
+            lanes.setdefault(routed.route.provider.name, []).append(index)
+        local = any(routed.route.provider.local for routed in batch)
+        results: list[SystemOneResponse | None] = [None] * len(batch)
         failures: dict[int, BaseException] = {}
         stop = asyncio.Event()
         items: list[asyncio.Task[None]] = []
 
-        async def run_item(index: int) -> None:
+        async def run_item(index: int, sent: Callable[[], None]) -> None:
             try:
                 async with self._batch_slot():
                     if stop.is_set():
                         return
-                    request = batch.requests[index]
                     where: Loc = ["body", "requests", index]
-                    results[index] = await self._decide(request, routes[request.model], where)
+                    results[index] = await self._decide(batch[index], where, sent)
             except Exception as exc:
                 failures[index] = exc
                 stop.set()
@@ -197,9 +167,7 @@ class Executor:
                 if stop.is_set():
                     return
                 sent = asyncio.Event()
-                context = contextvars.copy_context()
-                context.run(forwarded.set, sent.set)
-                item = asyncio.create_task(run_item(index), context=context)
+                item = asyncio.create_task(run_item(index, sent.set))
                 items.append(item)
                 waiting = asyncio.create_task(sent.wait())
                 try:
@@ -220,21 +188,22 @@ class Executor:
         return BatchResponse([r for r in results if r is not None])
 
     async def _run_local(
-        self, provider: LocalProvider, selector: str, request: SystemOneRequest
+        self,
+        provider: LocalProvider[object],
+        selector: str,
+        request: SystemOneRequest,
+        sent: Callable[[], None] | None,
     ) -> SystemOneResponse:
-        """Prepare the job before any wait (so refusals are immediate), finish its preparation
-        inside the hold when it shares the lane, then run it on the provider's runtime inside
-        its residency slot and lane."""
+        """Prepare the request before any wait (so refusals are immediate), make its job
+        before the hold or, when the provider asks, inside it (on the lane), then run the job
+        on the provider's runtime inside its residency slot and lane."""
         prepared = await provider.prepare(selector, request)
-        if prepared.rest is not None and not provider.prepares_in_lane:
-            prepared = await prepared.rest()
+        order = None if provider.job_in_lane else await provider.job(prepared)
         async with self._residency.use(provider.runtime):
-            if prepared.rest is not None:
-                prepared = await prepared.rest()
-            if prepared.job is None:
-                raise RuntimeError(f"provider {provider.name} prepared no job")
-            decision = await provider.runtime.submit(prepared.job)
-        return respond(prepared, decision)
+            if order is None:
+                order = await provider.job(prepared)
+            decision = await provider.runtime.submit(order.job, sent)
+        return respond(order, decision)
 
     def _batch_slot(self) -> contextlib.AbstractAsyncContextManager[object]:
         return self._batch_calls if self._batch_calls is not None else contextlib.nullcontext()
@@ -250,15 +219,11 @@ class Executor:
         )
 
 
-def respond(prepared: PreparedRequest, decision: Decision) -> SystemOneResponse:
+def respond(order: JobOrder, decision: Decision) -> SystemOneResponse:
     """The response to a local decision: the worker's answers, and every model token the
     request cost (the worker's and the gateway's, e.g. CLM's encoder calls)."""
-    tokens = decision.input_tokens + prepared.gateway_tokens
+    tokens = decision.input_tokens + order.gateway_tokens
     return SystemOneResponse(decision.model, decision.answers, Usage(input_tokens=tokens))
-
-
-def _question_loc(exc: DecisionInputError) -> Loc:
-    return [] if exc.question is None else [exc.question]
 
 
 def _record(provider: str, model: str, outcome: str, started: float, tokens: int) -> None:

@@ -2,7 +2,7 @@
 
 Each frame is a 4-byte big-endian length followed by one msgspec msgpack message. The gateway
 writes `Start` once, then `Submit` per job and `Cancel` for a job whose caller has gone; the
-worker answers `Ready` or `Failed` once, then exactly one of `Result`, `InputError` or
+worker answers `Ready` or `Failed` once, then exactly one of `Result`, `Rejected` or
 `JobFailed` per submitted job id that was not cancelled, and `Begin` and `Pass` around every
 forward pass (the gateway's watchdog times each pass; metrics and traces read `Pass`).
 No frame carries an exception message: those may quote the state, and frames' errors end up
@@ -17,7 +17,7 @@ from typing import Annotated, BinaryIO, TypeAlias
 
 import msgspec
 
-from decidealot.contract import Json, Loc
+from decidealot.contract import ValidationIssue
 from decidealot.jobs import Decision, EngineSpec, Job
 
 _LENGTH = struct.Struct(">I")
@@ -66,14 +66,11 @@ class Result(msgspec.Struct, tag="result", frozen=True):
     decision: Decision
 
 
-class InputError(msgspec.Struct, tag="input_error", frozen=True):
-    """A `DecisionInputError` raised for this job, rebuilt as one in the gateway."""
+class Rejected(msgspec.Struct, tag="rejected", frozen=True):
+    """The `RequestInvalid` raised for this job: its issues, located within the request."""
 
     id: int
-    question: str | None
-    msg: str
-    loc: Loc = []
-    input: Json = None
+    issues: list[ValidationIssue]
 
 
 class JobFailed(msgspec.Struct, tag="job_failed", frozen=True):
@@ -103,7 +100,7 @@ class Pass(msgspec.Struct, tag="pass", frozen=True):
 
 
 ToWorker: TypeAlias = Start | Submit | Cancel
-FromWorker: TypeAlias = Ready | Failed | Result | InputError | JobFailed | Begin | Pass
+FromWorker: TypeAlias = Ready | Failed | Result | Rejected | JobFailed | Begin | Pass
 
 _encoder = msgspec.msgpack.Encoder()
 _to_worker = msgspec.msgpack.Decoder(ToWorker)

@@ -100,7 +100,8 @@ class Engine(Protocol):
     shape: PassShape
 
     def prepare(self, job: Job) -> Prepared:
-        """CPU-side work for one job. Raises `DecisionInputError` for input that cannot fit."""
+        """CPU-side work for one job. Raises `RequestInvalid` (its issues located within the
+        request) for input that cannot fit."""
 
     def forward(self, group: Hashable, rows: Sequence[Row]) -> Sequence[object]:
         """One forward pass over rows of one group, shortest first; one output per row."""

@@ -11,46 +11,32 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from decidealot.checkpoints import install as bundles
+from decidealot import registry
+from decidealot.checkpoints import install
+from decidealot.checkpoints.manifest import BundleError
+from decidealot.checkpoints.paths import Placed, enabled_bundles
 from decidealot.config import ConfigError, Settings
+from decidealot.device import check_cuda
 
 log = logging.getLogger("decidealot.preflight")
-
-REQUIRED_FILES: dict[str, tuple[str, ...]] = {
-    "laya": (
-        "rl_agent_config.json",
-        "model.safetensors",
-        "encoder/config.json",
-        "tokenizer/tokenizer.json",
-        "tokenizer/tokenizer_config.json",
-    ),
-    "von": (
-        "config.json",
-        "tokenizer.json",
-        "tokenizer_config.json",
-        "option_marker.pt",
-        "marker_calibration.json",
-    ),
-    "clm": (),  # the head is one file: the checkpoint path itself
-}
-"""Files each engine reads from a checkpoint directory (docs/models.md lists them too)."""
 
 
 class CheckpointError(Exception):
     """Checkpoints that cannot be served; the message names each setting or bundle and file."""
 
 
-def _problems(path: Path, kind: str) -> list[str]:
-    if kind == "clm":
+def _problems(path: Path, placed: Placed) -> list[str]:
+    bundle = placed.bundle
+    if bundle.entry:
         if not path.is_file():
-            return ["the head file is missing"]
+            return [f"the {bundle.entry_is} is missing"]
         if path.stat().st_size == 0:
-            return ["the head file is empty"]
+            return [f"the {bundle.entry_is} is empty"]
         return []
     if not path.is_dir():
         return ["the directory is missing"]
-    engine = kind.capitalize()
-    missing = [name for name in REQUIRED_FILES[kind] if not (path / name).is_file()]
+    engine = placed.provider.name.capitalize()
+    missing = [name for name in bundle.files if not (path / name).is_file()]
     return [f"{name} is missing (the {engine} engine reads it)" for name in missing]
 
 
@@ -61,13 +47,17 @@ def checkpoint_problems(settings: Settings, *, overrides_only: bool = False) -> 
     download); otherwise installed bundles too.
     """
     lines = []
-    for name, slot in bundles.enabled_slots(settings).items():
-        override = getattr(settings, slot.override) is not None
+    for placed in enabled_bundles(settings):
+        override = placed.override(settings) is not None
         if overrides_only and not override:
             continue
-        path = bundles.checkpoint_path(settings, name)
-        where = f"{slot.variable}={path}" if override else f"bundle {name} (installed at {path})"
-        for problem in _problems(path, slot.kind):
+        path = placed.path(settings)
+        where = (
+            f"{placed.bundle.variable}={path}"
+            if override
+            else f"bundle {placed.name} (installed at {path})"
+        )
+        for problem in _problems(path, placed):
             lines.append(f"{where}: {problem}")
     return lines
 
@@ -81,9 +71,7 @@ def _raise(problems: list[str]) -> None:
 
 def check_device(settings: Settings) -> None:
     """`DECIDEALOT_DEVICE=cuda` must name a GPU torch can use; raises ConfigError otherwise."""
-    if settings.local_providers:
-        from decidealot.device import check_cuda
-
+    if registry.enabled_local(settings):
         check_cuda(settings)
 
 
@@ -92,13 +80,13 @@ def prepare(settings: Settings, *, progress: bool, rehash: bool) -> None:
 
     Raises ConfigError, BundleError or CheckpointError with a message for the user.
     """
-    if not settings.local_providers:
+    if not registry.enabled_local(settings):
         return
     check_device(settings)
     _raise(checkpoint_problems(settings, overrides_only=True))
-    bundles.prepare(settings, progress=progress, rehash=rehash)
+    install.prepare(settings, progress=progress, rehash=rehash)
     _raise(checkpoint_problems(settings))
 
 
-ERRORS = (ConfigError, bundles.BundleError, CheckpointError)
+ERRORS = (ConfigError, BundleError, CheckpointError)
 """What `prepare` raises for the user to read; the CLI prints it and exits non-zero."""

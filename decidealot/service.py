@@ -1,73 +1,46 @@
 """The running service: configured providers, residency, catalog and executor, plus draining.
 
-This is where the layers are put together: the providers are built from the settings (with
-every checkpoint path filled from the installed bundles), each local runtime is registered
-with residency on the lane its device asks for, and the catalog collects the selectors. HTTP
+This is where the layers are put together: the registered providers the settings enable are
+built by their descriptors (with every checkpoint path filled from the installed bundles), each
+local runtime is registered with residency on the lane its descriptor gives it, and the catalog
+collects the selectors. HTTP
 and MCP both drive one `Service`; it knows nothing about either transport.
 """
 
 from __future__ import annotations
 
 import asyncio
-import importlib
 import logging
 from collections.abc import Sequence
 from typing import cast
 
-from decidealot import logs
+from decidealot import logs, registry
 from decidealot.catalog import Catalog
-from decidealot.checkpoints import install as bundles
+from decidealot.checkpoints.paths import with_checkpoints
 from decidealot.config import Settings
-from decidealot.contract import Health, ModelInfo, ModelList
+from decidealot.contract import Health, ModelList
 from decidealot.executor import Executor
-from decidealot.protocols import LocalProvider, Provider
+from decidealot.protocols import LocalProvider, LocalRuntime, Provider
 from decidealot.residency import Residency
 
 log = logging.getLogger("decidealot.service")
 
-PROVIDER_CLASSES = {
-    "laya": "decidealot.providers.laya.gateway.provider:LayaProvider",
-    "von": "decidealot.providers.von.gateway.provider:VonProvider",
-    "clm": "decidealot.providers.clm.gateway.provider:ClmProvider",
-    "jev": "decidealot.providers.jev.gateway.provider:JevProvider",
-}
-"""Imported lazily: a deployment imports only the providers it enables."""
-
-
-def _provider_class(name: str) -> type:
-    module_name, class_name = PROVIDER_CLASSES[name].split(":")
-    cls: type = getattr(importlib.import_module(module_name), class_name)
-    return cls
-
-
-def local_selectors(name: str) -> tuple[ModelInfo, ...]:
-    """The contract's selectors of local provider `name`, without building it."""
-    selectors: tuple[ModelInfo, ...] = _provider_class(name).selectors  # type: ignore[attr-defined]
-    return selectors
-
 
 def build_providers(settings: Settings) -> list[Provider]:
-    """The configured providers; checkpoint settings left unset name the installed bundles."""
-    resolved = bundles.with_checkpoints(settings)
-    providers: list[Provider] = []
-    for name in settings.providers:
-        providers.append(_provider_class(name).from_settings(resolved))  # type: ignore[attr-defined]
-    return providers
+    """The enabled providers, each built by its descriptor; checkpoint settings left unset
+    name the installed bundles."""
+    resolved = with_checkpoints(settings)
+    return [d.build(resolved, d.of(resolved)) for d in registry.enabled(resolved)]
 
 
-def lane_for(name: str, device: str, settings: Settings) -> tuple[str | None, str]:
-    """The residency lane and group of a local provider (see `decidealot.residency`).
-
-    On CUDA every provider is its own group on lane "cuda": one provider's passes at a time on
-    the device. On CPU, Laya and Von share group "models" on lane "local", so with two slots
-    they overlap, while CLM (encoder calls included) is group "clm" and overlaps neither, as
-    the contract asks, unless DECIDEALOT_CLM_PARALLEL_WITH_LOCAL_MODELS frees it of any lane.
-    """
-    if name == "clm" and settings.clm_parallel_with_local_models:
-        return None, name
-    if device == "cuda":
-        return "cuda", name
-    return "local", "clm" if name == "clm" else "models"
+def lane_of(name: str, runtime: LocalRuntime, settings: Settings) -> tuple[str | None, str]:
+    """The residency lane and group of local provider `name`: its descriptor's rule
+    (`ProviderDescriptor.lane_for`); one not registered takes turns with every other."""
+    try:
+        descriptor = registry.descriptor(name)
+    except KeyError:
+        return ("cuda" if runtime.device == "cuda" else "local"), name
+    return descriptor.lane_for(descriptor.of(settings), runtime.device)
 
 
 class Service:
@@ -87,10 +60,9 @@ class Service:
         for provider in self.providers:
             if provider.local:
                 runtime = cast(LocalProvider, provider).runtime
-                self.residency.register(runtime, *lane_for(provider.name, runtime.device, settings))
+                self.residency.register(runtime, *lane_of(provider.name, runtime, settings))
         self.catalog = Catalog(self.providers)
         self.executor = Executor(
-            self.catalog,
             self.residency,
             [p.name for p in self.providers if p.local],
             settings.max_batch_concurrency,

@@ -1,4 +1,11 @@
-"""Shared test setup: one torch thread, no hub access, anywhere in the suite."""
+"""Shared test setup: one torch thread, no hub access, markers by folder, the shared servers.
+
+The suite is grouped by what a test needs: `unit/` (in-process, no model, no socket),
+`worker/` (engines and worker hosts on tiny checkpoints), `parity/` (against the upstream
+packages), `e2e/` (real servers and commands), `deploy/` (packaging and manifests). Each test
+gets its folder's marker; `slow` marks e2e/, parity/ and deploy/ except the `smoke` tests, so
+`pytest -m "not slow"` is the quick loop.
+"""
 
 import os
 
@@ -7,151 +14,38 @@ os.environ.setdefault("MKL_NUM_THREADS", "1")
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-# Workers start with -P (the installed package only); the test engines (tests.engines) they
-# load, and the test launchers, import from the checkout.
+# Workers start with -P (the installed package only); the test engines they load
+# (tests.support.engines) and the test launchers import from the checkout.
 _CHECKOUT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 os.environ["PYTHONPATH"] = os.pathsep.join(
     [_CHECKOUT, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
 )
 
+from collections.abc import Callable, Iterator  # noqa: E402
+from pathlib import Path  # noqa: E402
 
-# -- the gateway over real HTTP (tests/server.py with fake providers) -------------------------
+import pytest  # noqa: E402
 
-import json
-import signal
-import socket
-import subprocess
-import sys
-import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from pathlib import Path
+from tests.support.checkpoints import TinyCheckpoints  # noqa: E402
+from tests.support.servers import ALL_FAKES, RunningServer, start_server  # noqa: E402
 
-import httpx
-import pytest
-
-_ROOT = Path(__file__).resolve().parent.parent
+FOLDERS = ("unit", "worker", "parity", "e2e", "deploy")
+SLOW_FOLDERS = ("parity", "e2e", "deploy")
 
 
-@dataclass
-class RunningServer:
-    """A `python -m tests.server` subprocess on a loopback port."""
-
-    url: str
-    process: subprocess.Popen[bytes]
-    events_file: Path
-    jev_catalog: Path
-    log_file: Path
-
-    def events(self) -> list[dict[str, object]]:
-        if not self.events_file.exists():
-            return []
-        return [json.loads(line) for line in self.events_file.read_text().splitlines()]
-
-    def log_lines(self) -> list[str]:
-        return self.log_file.read_text().splitlines()
-
-    def stop(self, timeout: float = 20) -> int:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-        return self.process.wait(timeout)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        folder = Path(str(item.path)).relative_to(_CHECKOUT).parts[1]
+        if folder in FOLDERS:
+            item.add_marker(folder)
+        if folder in SLOW_FOLDERS and item.get_closest_marker("smoke") is None:
+            item.add_marker("slow")
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def start_server(
-    folder: Path,
-    *,
-    launcher: str = "tests.server",
-    args: tuple[str, ...] = (),
-    hosted: tuple[str, ...] = ("jev-latest", "jev-1.13.0", "von"),
-    **env: str,
-) -> RunningServer:
-    """Start `python -m <launcher> <args>` (the production server over test providers; or
-    `decidealot`, `("serve",)` for the real one) with DECIDEALOT_* overrides in `env` and the
-    fake TypeSafe catalog `hosted`; waits for /health."""
-    folder.mkdir(parents=True, exist_ok=True)
-    port = _free_port()
-    events, catalog, log = folder / "events.jsonl", folder / "jev.json", folder / "server.log"
-    catalog.write_text(json.dumps(list(hosted)))
-    fakes = {"DECIDEALOT_TEST_EVENTS": str(events), "DECIDEALOT_TEST_JEV_CATALOG": str(catalog)}
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith("DECIDEALOT_")} | {
-        "DECIDEALOT_HOST": "127.0.0.1",
-        "DECIDEALOT_PORT": str(port),
-        **(fakes if launcher.startswith("tests.") else {}),  # `decidealot` refuses them
-        "DECIDEALOT_MODEL_DIR": str(folder / "models"),
-        "DECIDEALOT_LOG_FORMAT": "json",
-        "PYTHONPATH": str(
-            _ROOT
-        ),  # test engines (tests.engines) load in workers, which start with -P
-        **env,
-    }
-    with log.open("wb") as log_out:
-        process = subprocess.Popen(
-            [sys.executable, "-m", launcher, *args],
-            cwd=_ROOT,
-            env=full_env,
-            stdout=log_out,
-            stderr=subprocess.STDOUT,
-        )
-    server = RunningServer(f"http://127.0.0.1:{port}", process, events, catalog, log)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"{launcher} exited: {log.read_text()[-2000:]}")
-        try:
-            httpx.get(server.url + "/health", timeout=1)
-            return server
-        except httpx.TransportError:
-            time.sleep(0.05)
-    process.kill()
-    process.wait()
-    raise RuntimeError(f"{launcher} did not start")
-
-
-@dataclass
-class Timed:
-    """A request sent on another thread, with how `/health` answered while it ran."""
-
-    response: httpx.Response
-    seconds: float
-    slowest_health: float
-    health_polls: int
-
-
-def while_health_polls(url: str, path: str, body: bytes, timeout: float = 300) -> Timed:
-    """POST `body` to `path` on another thread and poll `/health` every 50 ms until it
-    answers: a slow /health shows work that held the gateway's event loop."""
-    import threading
-
-    answers: list[httpx.Response] = []
-
-    def send() -> None:
-        headers = {"Content-Type": "application/json"}
-        answers.append(httpx.post(url + path, content=body, headers=headers, timeout=timeout))
-
-    sender = threading.Thread(target=send)
-    started = time.monotonic()
-    sender.start()
-    slowest, polls = 0.0, 0
-    while sender.is_alive():
-        before = time.monotonic()
-        assert httpx.get(url + "/health", timeout=60).status_code == 200
-        slowest = max(slowest, time.monotonic() - before)
-        polls += 1
-        time.sleep(0.05)
-    sender.join()
-    return Timed(answers[0], time.monotonic() - started, slowest, polls)
-
-
-ALL_FAKES = {
-    "DECIDEALOT_CLM_EMBEDDINGS_URL": "http://127.0.0.1:9/v1",
-    "DECIDEALOT_TYPESAFE_API_KEY": "upstream-key",
-}
+@pytest.fixture(scope="session")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> TinyCheckpoints:
+    """The session's tiny random checkpoints, each written once (tests/support/checkpoints.py)."""
+    return TinyCheckpoints(tmp_path_factory.mktemp("tiny"))
 
 
 @pytest.fixture(scope="session")

@@ -1,27 +1,22 @@
-"""Local model bundles: pinned manifests, download, verification and atomic install.
+"""Download, verify and install bundles, before the service listens (`serve`) and on its own
+(`prepare`).
 
-Runs before the service listens (`serve`) and on its own (`prepare`). It prepares files only: it
-never loads a model and never imports torch. Each bundle is fetched with huggingface_hub into a
-staging folder inside the model directory, every file is checked against its pinned size and
-sha256 (or, where no digest is pinned, against the hub's own digest at the pinned revision), and
-only then is the bundle renamed into place with an install record written last. A later start
-trusts that record after a quick size check and makes no request at all.
+It prepares files only: it never loads a model and never imports torch. Each bundle is fetched
+with huggingface_hub into a staging folder inside the model directory, every file is checked
+against its pinned size and sha256 (or, where no digest is pinned, against the hub's own digest
+at the pinned revision), and only then is the bundle renamed into place with an install record
+written last. A later start trusts that record after a quick size check and makes no request.
 """
 
 from __future__ import annotations
 
 import errno
-import functools
-import hashlib
-import io
 import logging
 import os
-import re
 import shutil
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
 
 import httpx2
 import msgspec
@@ -37,309 +32,29 @@ from huggingface_hub.errors import (
     RepositoryNotFoundError,
     RevisionNotFoundError,
 )
-from tqdm import tqdm
 
-from decidealot import bundles as manifests_package
+from decidealot.checkpoints.manifest import (
+    GIT_SHA1,
+    RECORD_NAME,
+    SHA256,
+    BundleError,
+    DigestSource,
+    InstallRecord,
+    Manifest,
+    ManifestFile,
+    RecordFile,
+    digests,
+    installed_problem,
+    load_manifest,
+    read_record,
+)
+from decidealot.checkpoints.paths import TINY_HINT, Placed, find, to_download
+from decidealot.checkpoints.progress import mb, progress_class
 from decidealot.config import Settings
 
-log = logging.getLogger("decidealot.checkpoints.install")
+log = logging.getLogger("decidealot.bundles")
 
-RECORD_NAME = ".decidealot-bundle.json"
 STAGING_DIR = ".staging"
-DEFAULT_MANIFEST_DIR = Path(manifests_package.__file__).resolve().parent
-_HASH_CHUNK = 1 << 20
-_PROGRESS_LOG_SECONDS = 10.0
-_SHA256 = re.compile(r"[0-9a-f]{64}")
-_GIT_SHA1 = re.compile(r"[0-9a-f]{40}")
-
-DigestSource = Literal["manifest", "hub-lfs-sha256", "hub-git-sha1"]
-
-
-class BundleError(Exception):
-    """A bundle cannot be prepared; the message is one line naming the bundle, file and fix."""
-
-
-# -- manifests and install records ------------------------------------------------------------
-
-
-class ManifestFile(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """One file of a bundle; `size`/`sha256` are None where no pin is known."""
-
-    path: str
-    size: int | None
-    sha256: str | None
-    optional: bool = False  # may be absent at the revision (a 404 then is not an error)
-
-
-class Manifest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    name: str
-    repo: str
-    revision: str
-    files: tuple[ManifestFile, ...]
-    subfolder: str = ""
-    note: str = ""
-
-
-class RecordFile(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    path: str
-    size: int
-    sha256: str
-    digest_source: DigestSource
-
-
-class InstallRecord(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """Written last into an installed bundle: what was verified, against which pins."""
-
-    bundle: str
-    repo: str
-    revision: str
-    subfolder: str
-    files: tuple[RecordFile, ...]
-
-
-@dataclass(frozen=True)
-class Slot:
-    """Where a bundle plugs into the settings."""
-
-    override: str  # Settings attribute holding a local checkpoint that replaces the bundle
-    entry: str  # path inside the installed folder that providers load ("" = the folder)
-    enabled: Callable[[Settings], bool]
-    kind: Literal["laya", "von", "clm"]  # which engine reads it (and so which files it needs)
-    switch_off: str  # how a user turns the provider (and so the bundle) off
-
-    @property
-    def variable(self) -> str:
-        return "DECIDEALOT_" + self.override.upper()
-
-    @property
-    def replacement(self) -> str:
-        """What replaces the download: a local checkpoint, or the provider turned off."""
-        what = "file" if self.entry else "directory"
-        return f"set {self.variable} to a local checkpoint {what}, or {self.switch_off}"
-
-
-_LAYA_OFF = "DECIDEALOT_LAYA_ENABLED=false to turn Laya off"
-_SLOTS: dict[str, Slot] = {
-    "laya-english": Slot(
-        "laya_english_checkpoint", "", lambda s: s.laya_enabled, "laya", _LAYA_OFF
-    ),
-    "laya-multilingual": Slot(
-        "laya_multilingual_checkpoint", "", lambda s: s.laya_enabled, "laya", _LAYA_OFF
-    ),
-    "laya-typed-decisions": Slot(
-        "laya_typed_decisions_checkpoint", "", lambda s: s.laya_enabled, "laya", _LAYA_OFF
-    ),
-    "von-1.1": Slot(
-        "von_checkpoint",
-        "",
-        lambda s: s.von_enabled,
-        "von",
-        "DECIDEALOT_VON_ENABLED=false to turn Von off",
-    ),
-    "clm-0.1-8b": Slot(
-        "clm_head",
-        "CLM_v0.1-8B.pt",
-        lambda s: s.clm_enabled,
-        "clm",
-        "unset DECIDEALOT_CLM_EMBEDDINGS_URL to turn CLM off",
-    ),
-}
-BUNDLE_NAMES: tuple[str, ...] = tuple(_SLOTS)
-
-TINY_HINT = (
-    "`decidealot checkpoints tiny DIR` writes random checkpoints (answers carry no meaning) "
-    "and prints the variables that use them, for trying the API offline"
-)
-
-
-def enabled_slots(settings: Settings) -> dict[str, Slot]:
-    """The bundles this configuration serves, downloaded or replaced by a local checkpoint."""
-    return {name: place for name, place in _SLOTS.items() if place.enabled(settings)}
-
-
-def slot(name: str) -> Slot:
-    try:
-        return _SLOTS[name]
-    except KeyError:
-        raise ValueError(f"unknown bundle {name!r}; known: {', '.join(BUNDLE_NAMES)}") from None
-
-
-def manifest_dir(settings: Settings) -> Path:
-    return settings.bundle_manifest_dir or DEFAULT_MANIFEST_DIR
-
-
-def load_manifest(settings: Settings, name: str) -> Manifest:
-    slot(name)
-    path = manifest_dir(settings) / f"{name}.json"
-    fix = "restore the repository's bundles/ folder or point DECIDEALOT_BUNDLE_MANIFEST_DIR at it"
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise BundleError(f"bundle {name}: manifest {path} not found. Fix: {fix}") from None
-    except OSError as exc:
-        what = exc.strerror or type(exc).__name__
-        raise BundleError(
-            f"bundle {name}: cannot read manifest {path} ({what}). Fix: {fix}"
-        ) from exc
-    try:
-        manifest = msgspec.json.decode(raw, type=Manifest)
-    except msgspec.DecodeError as exc:
-        raise BundleError(f"bundle {name}: manifest {path} is invalid: {exc}. Fix: {fix}") from None
-    problem = _manifest_problem(manifest, name)
-    if problem:
-        raise BundleError(f"bundle {name}: manifest {path} is invalid: {problem}. Fix: {fix}")
-    return manifest
-
-
-def _manifest_problem(manifest: Manifest, name: str) -> str | None:
-    if manifest.name != name:
-        return f"its name is {manifest.name!r}, expected {name!r}"
-    if not _GIT_SHA1.fullmatch(manifest.revision):
-        return "revision must be a full 40-character commit sha, never a branch or tag"
-    if not manifest.files:
-        return "it lists no files"
-    seen: set[str] = set()
-    for file in manifest.files:
-        parts = file.path.split("/")
-        if file.path.startswith("/") or any(p in ("", ".", "..") for p in parts):
-            return f"file path {file.path!r} must be relative with no '.' or '..' parts"
-        if file.path == RECORD_NAME or file.path in seen:
-            return f"file path {file.path!r} is reserved or listed twice"
-        seen.add(file.path)
-        if file.size is not None and file.size < 0:
-            return f"file {file.path}: size must be 0 or more"
-        if file.sha256 is not None and not _SHA256.fullmatch(file.sha256):
-            return f"file {file.path}: sha256 must be 64 lowercase hex digits or null"
-    return None
-
-
-def checkpoint_path(settings: Settings, bundle_name: str) -> Path:
-    """The path a provider loads: the local override when set, else the installed bundle."""
-    place = slot(bundle_name)
-    override: Path | None = getattr(settings, place.override)
-    if override is not None:
-        return override
-    installed = settings.model_dir / bundle_name
-    return installed / place.entry if place.entry else installed
-
-
-def with_checkpoints(settings: Settings) -> Settings:
-    """`settings` with every checkpoint setting filled (its override, else the installed
-    bundle's path), so providers read paths from settings and never look at bundles."""
-    paths = {place.override: checkpoint_path(settings, name) for name, place in _SLOTS.items()}
-    return msgspec.structs.replace(settings, **paths)
-
-
-def enabled_bundles(settings: Settings) -> list[Manifest]:
-    """Manifests of the bundles this configuration needs downloaded (overrides excluded)."""
-    return [
-        load_manifest(settings, name)
-        for name, place in enabled_slots(settings).items()
-        if getattr(settings, place.override) is None
-    ]
-
-
-# -- checking an installed bundle ------------------------------------------------------------
-
-
-def _read_record(folder: Path) -> InstallRecord | None:
-    try:
-        return msgspec.json.decode((folder / RECORD_NAME).read_bytes(), type=InstallRecord)
-    except (OSError, msgspec.DecodeError):
-        return None
-
-
-def _installed_problem(manifest: Manifest, folder: Path, *, rehash: bool) -> str | None:
-    """Why `folder` is not a verified install of `manifest`, or None when it is."""
-    record = _read_record(folder)
-    if record is None:
-        return "no readable install record"
-    if (record.bundle, record.repo, record.revision, record.subfolder) != (
-        manifest.name,
-        manifest.repo,
-        manifest.revision,
-        manifest.subfolder,
-    ):
-        return f"installed from {record.repo}@{record.revision[:12]}, manifest pins another"
-    recorded = {f.path: f for f in record.files}
-    for file in manifest.files:
-        entry = recorded.get(file.path)
-        if entry is None:
-            if file.optional:
-                continue
-            return f"{file.path} is missing from the install record"
-        if file.size is not None and entry.size != file.size:
-            return f"{file.path} was installed with another size than the manifest pins"
-        if file.sha256 is not None and entry.sha256 != file.sha256:
-            return f"{file.path} was installed with another sha256 than the manifest pins"
-    for entry in record.files:
-        path = folder / entry.path
-        try:
-            size = path.stat().st_size
-        except OSError:
-            return f"{entry.path} is missing"
-        if size != entry.size:
-            return f"{entry.path} has {size} bytes, the install record says {entry.size}"
-        if rehash and _digests(path, git_blob=False)[0] != entry.sha256:
-            return f"{entry.path} no longer matches its recorded sha256"
-    return None
-
-
-def _digests(path: Path, *, git_blob: bool) -> tuple[str, str | None]:
-    """sha256 of a file, and its git blob sha1 (the hub's ETag of non-LFS files) if asked."""
-    sha256 = hashlib.sha256()
-    sha1 = None
-    if git_blob:
-        sha1 = hashlib.sha1(usedforsecurity=False)
-        sha1.update(b"blob %d\0" % path.stat().st_size)
-    with path.open("rb") as handle:
-        while chunk := handle.read(_HASH_CHUNK):
-            sha256.update(chunk)
-            if sha1 is not None:
-                sha1.update(chunk)
-    return sha256.hexdigest(), (sha1.hexdigest() if sha1 is not None else None)
-
-
-# -- progress --------------------------------------------------------------------------------
-
-
-class _LogProgress(tqdm):
-    """A tqdm that logs a line every few seconds (and at the end) instead of drawing a bar."""
-
-    monitor_interval = 0  # no tqdm monitor thread
-
-    def __init__(self, *args: Any, label: str, **kwargs: Any):
-        kwargs.update(desc=label, mininterval=_PROGRESS_LOG_SECONDS, file=io.StringIO())
-        super().__init__(*args, **kwargs)
-
-    def display(self, msg: str | None = None, pos: int | None = None) -> bool:
-        if self.total:
-            done, total = _mb(self.n), _mb(self.total)
-            percent = 100.0 * self.n / self.total
-            log.info("downloading %s: %s of %s (%.0f%%)", self.desc, done, total, percent)
-        else:
-            log.info("downloading %s: %s", self.desc, _mb(self.n))
-        return True
-
-
-def _terminal_bar(label: str) -> Callable[..., tqdm]:
-    def bar(**kwargs: Any) -> tqdm:
-        kwargs["desc"] = label
-        return tqdm(unit_divisor=1024, **kwargs)
-
-    return bar
-
-
-def _progress_class(label: str, bar: bool) -> Callable[..., tqdm]:
-    """A tqdm factory for huggingface_hub: a bar on a terminal, log lines otherwise."""
-    return _terminal_bar(label) if bar else functools.partial(_LogProgress, label=label)
-
-
-def _mb(n: int) -> str:
-    return f"{n / 1e6:.1f} MB"
-
-
-# -- preparing -------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -443,7 +158,7 @@ class _Installer:
                 f"cannot reach the hub at {self.endpoint} ({type(exc).__name__})",
                 "check network access, proxy settings (HTTPS_PROXY) and HF_ENDPOINT, install "
                 "the bundle with `decidealot prepare` on a connected machine and copy "
-                f"DECIDEALOT_MODEL_DIR, or {slot(self.manifest.name).replacement}",
+                f"DECIDEALOT_MODEL_DIR, or {find(self.manifest.name).replacement}",
                 file,
             )
         if isinstance(exc, OSError) and "Consistency check failed" in str(exc):
@@ -466,7 +181,7 @@ class _Installer:
         return self.fail(
             f"not installed in {self.model_dir} and HF_HUB_OFFLINE is set",
             "unset HF_HUB_OFFLINE for the first start, copy in a model directory prepared with "
-            f"`decidealot prepare`, or {slot(self.manifest.name).replacement}",
+            f"`decidealot prepare`, or {find(self.manifest.name).replacement}",
         )
 
     # steps
@@ -495,20 +210,20 @@ class _Installer:
     def problem(self, *, rehash: bool) -> str | None:
         if not self.target.exists():
             return "not installed"
-        if _read_record(self.target) is None:
+        if read_record(self.target) is None:
             raise self.fail(
                 f"{self.target} exists but holds no install record, so it was not installed by "
                 "Decidealot",
                 "move it away to let Decidealot install the bundle, or use it as is by setting "
-                f"{slot(self.manifest.name).variable}={self.target}",
+                f"{find(self.manifest.name).bundle.variable}={self.target}",
             )
-        return _installed_problem(self.manifest, self.target, rehash=rehash)
+        return installed_problem(self.manifest, self.target, rehash=rehash)
 
     def recover_ready(self) -> bool:
         """Finish an install that stopped between verifying and renaming into place."""
         if not self.ready.is_dir() or self.target.exists():
             return False
-        if _installed_problem(self.manifest, self.ready, rehash=True) is not None:
+        if installed_problem(self.manifest, self.ready, rehash=True) is not None:
             return False
         os.replace(self.ready, self.target)
         log.info("bundle %s installed at %s", self.manifest.name, self.target)
@@ -524,7 +239,7 @@ class _Installer:
             "bundle %s: fetching %d files (%s) from %s@%s",
             self.manifest.name,
             len(present),
-            _mb(total),
+            mb(total),
             self.manifest.repo,
             self.manifest.revision[:12],
         )
@@ -563,7 +278,7 @@ class _Installer:
                 file.path,
             )
         etag = (meta.etag or "").lower() or None
-        if file.sha256 is not None and etag and _SHA256.fullmatch(etag) and etag != file.sha256:
+        if file.sha256 is not None and etag and SHA256.fullmatch(etag) and etag != file.sha256:
             raise self.fail(
                 f"the hub announces sha256 {etag} but the manifest pins {file.sha256}",
                 "the endpoint serves another file than the pinned one; check HF_ENDPOINT or fix "
@@ -577,7 +292,7 @@ class _Installer:
         free = shutil.disk_usage(self.model_dir).free
         if needed > free:
             raise self.fail(
-                f"needs {_mb(needed)} free in {self.model_dir}, only {_mb(free)} available",
+                f"needs {mb(needed)} free in {self.model_dir}, only {mb(free)} available",
                 "free disk space or point DECIDEALOT_MODEL_DIR at a larger volume",
             )
 
@@ -597,7 +312,7 @@ class _Installer:
                     revision=m.revision,
                     local_dir=self.staging,
                     endpoint=self.endpoint,
-                    tqdm_class=_progress_class(label, self.bar),
+                    tqdm_class=progress_class(label, self.bar),
                 )
             )
         except Exception as exc:
@@ -619,12 +334,12 @@ class _Installer:
                 file.path,
             )
         etag = remote.etag
-        git_blob = file.sha256 is None and etag is not None and bool(_GIT_SHA1.fullmatch(etag))
-        sha256, sha1 = _digests(local, git_blob=git_blob)
+        git_blob = file.sha256 is None and etag is not None and bool(GIT_SHA1.fullmatch(etag))
+        sha256, sha1 = digests(local, git_blob=git_blob)
         source: DigestSource
         if file.sha256 is not None:
             expected, actual, source = file.sha256, sha256, "manifest"
-        elif etag is not None and _SHA256.fullmatch(etag):
+        elif etag is not None and SHA256.fullmatch(etag):
             expected, actual, source = etag, sha256, "hub-lfs-sha256"
         elif git_blob and etag is not None:
             expected, actual, source = etag, sha1 or "", "hub-git-sha1"
@@ -698,21 +413,23 @@ def prepare(settings: Settings, *, progress: bool, rehash: bool = False) -> None
     draws tqdm bars (pass `sys.stderr.isatty()`); without them, download progress goes to log
     lines. `rehash` re-hashes installed files instead of trusting their install record and sizes.
     """
-    failed: list[tuple[str, BundleError]] = []
-    for manifest in enabled_bundles(settings):
+    failed: list[tuple[Placed, BundleError]] = []
+    for placed in to_download(settings):
         try:
+            manifest = load_manifest(placed.manifests(settings), placed.name)
             _Installer(manifest, settings.model_dir, bar=progress).install(rehash=rehash)
         except BundleError as exc:
-            failed.append((manifest.name, exc))
+            failed.append((placed, exc))
     if len(failed) == 1:
         raise failed[0][1]
     if failed:
         lines = [f"{len(failed)} enabled bundles cannot be prepared:"]
-        for name, exc in failed:
-            place = slot(name)
+        for placed, exc in failed:
             text = str(exc)
             lines.append(
-                f"  {text}" if place.variable in text else f"  {text}; or {place.replacement}"
+                f"  {text}"
+                if placed.bundle.variable in text
+                else f"  {text}; or {placed.replacement}"
             )
         lines.append(f"  ({TINY_HINT})")
         raise BundleError("\n".join(lines))

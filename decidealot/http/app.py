@@ -18,7 +18,8 @@ from decidealot.errors import DecidealotError, ProviderUnavailable, RequestInval
 from decidealot.http import docs, openapi
 from decidealot.mcp.http import MCP_PATH, McpEndpoint
 from decidealot.service import Service
-from decidealot.validation.requests import parse_json, validate_batch, validate_request
+from decidealot.validation.requests import validate_batch, validate_request
+from decidealot.validation.strict_json import parse_json
 
 log = logging.getLogger("decidealot.http")
 

@@ -24,6 +24,8 @@ from mcp.server.streamable_http import jsonrpc_message_adapter
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
 
+from decidealot.asgi.body import read_body
+from decidealot.asgi.middleware import send_error
 from decidealot.config import Settings
 from decidealot.errors import DecidealotError, MalformedBody, UnsupportedMediaType
 from decidealot.mcp.server import ServiceBackend, build_server
@@ -139,11 +141,6 @@ class McpEndpoint:
     """
 
     def __init__(self, service: Service) -> None:
-        # `decidealot.http` imports this module to mount it, so the REST API's body reader
-        # and error renderer are imported when the app builds the mount, not at import time.
-        from decidealot.asgi.body import read_body
-        from decidealot.asgi.middleware import send_error
-
         self._manager = _session_manager(service)
         manager = self._manager
         body_settings = _body_settings(service.settings)

@@ -24,10 +24,11 @@ import httpx
 from mcp.server.stdio import stdio_server
 
 from decidealot import logs, tracing
-from decidealot.config import ConfigError, Settings, from_env
+from decidealot.config import ConfigError, Settings
 from decidealot.mcp.forward import ForwardingBackend
 from decidealot.mcp.server import Backend, ServiceBackend, build_server
 from decidealot.mcp.strict import screen
+from decidealot.registry import from_env
 from decidealot.service import Service
 
 log = logging.getLogger("decidealot.mcp")
@@ -115,7 +116,8 @@ async def _backend(settings: Settings, url: str | None) -> AsyncIterator[Backend
         return
     service = Service(settings)
     await service.start()
-    log.info("MCP over stdio, providers: %s", ", ".join(settings.providers) or "none")
+    names = [provider.name for provider in service.providers]
+    log.info("MCP over stdio, providers: %s", ", ".join(names) or "none")
     try:
         yield ServiceBackend(service)
     finally:

@@ -1,13 +1,13 @@
 """Tool-call arguments under the HTTP API's strict JSON rules, before the SDK parses them.
 
 The SDK parses each JSON-RPC message itself, leniently: a duplicate key keeps its last value,
-`10**30` and `NaN` are numbers, a lone surrogate is a string. Both transports (streamable HTTP
-and stdio) pass every incoming message through `screen` first. A `tools/call` whose raw
-`arguments` fail `decidealot.validation.requests.parse_json` gets them replaced by a marker holding
-the HTTP API's 422 envelope, and the tool handler answers the marker (`rejection`) with that
-envelope as a tool error: the same issues, at the same positions, as the same bytes sent as an
-HTTP body. Arguments that pass are left byte for byte as the client sent them; a message that
-is not JSON at all is left for the SDK to refuse.
+`10**30` and `NaN` are numbers, a lone surrogate is a string. Both transports (streamable HTTP and
+stdio) pass every incoming message through `screen` first. A `tools/call` whose raw `arguments` fail
+`decidealot.validation.strict_json.parse_json` gets them replaced by a marker holding the HTTP API's
+422 envelope, and the tool handler answers the marker (`rejection`) with that envelope as a tool
+error: the same issues, at the same positions, as the same bytes sent as an HTTP body. Arguments
+that pass are left byte for byte as the client sent them; a message that is not JSON at all is left
+for the SDK to refuse.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import msgspec
 
 from decidealot.contract import Json, ValidationErrorBody
 from decidealot.errors import RequestInvalid
-from decidealot.validation.requests import parse_json
+from decidealot.validation.strict_json import parse_json
 
 _MARKER = f"decidealot.rejected.{secrets.token_hex(16)}"
 """The one key of a marker: drawn per process, so no client can send a rejection itself."""

@@ -1,10 +1,11 @@
-"""The one System One validator: JSON bytes -> validated contract structs, or every issue.
+"""The System One request rules: decoded JSON -> validated, routed requests, or every issue.
 
-HTTP and MCP both call `parse_json` and `validate_request` / `validate_batch`; nothing reaches
-a provider before they return. Issues use TypeSafe's (FastAPI/pydantic) 422 shape, with the
-question type in `loc` the way pydantic reports a discriminated union:
-`["body", "questions", "urgency", "score", "criteria"]`. All issues of a body are reported at
-once, not just the first.
+HTTP and MCP both call `strict_json.parse_json`, then `validate_request` / `validate_batch`; nothing
+reaches a provider before they return, and each request comes back with the route its model resolved
+to, which the executor runs it on (nothing resolves a name twice). Issues use TypeSafe's
+(FastAPI/pydantic) 422 shape, with the question type in `loc` the way pydantic reports a
+discriminated union: `["body", "questions", "urgency", "score", "criteria"]`. All issues of a body
+are reported at once, not just the first.
 
 Bounds beyond TypeSafe's schema (documented in docs/api.md): question names 1-128 characters,
 choice labels 1-256 characters, at most 1024 questions, 1-255 choice options, 2-10 score
@@ -13,15 +14,12 @@ levels; the body as a whole is bounded by DECIDEALOT_MAX_REQUEST_BYTES.
 
 from __future__ import annotations
 
-import json
 import math
-import re
 from typing import Any
 
 from decidealot import tracing
-from decidealot.catalog import Catalog, Route
+from decidealot.catalog import Catalog, Route, Routed
 from decidealot.contract import (
-    BatchRequest,
     ChoiceQuestion,
     Json,
     Loc,
@@ -49,93 +47,6 @@ _QUESTION_FIELDS = {
 _TAGS = "'choice', 'score', 'noul'"
 _UNCHECKED: Any = object()
 """Stands for a route that could not be looked up (hosted catalog down, body invalid anyway)."""
-_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
-
-
-# -- JSON --------------------------------------------------------------------------------------
-
-
-class _DuplicateKey(ValueError):
-    pass
-
-
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    obj = dict(pairs)
-    if len(obj) != len(pairs):
-        seen: set[str] = set()
-        for key, _ in pairs:
-            if key in seen:
-                raise _DuplicateKey(f"duplicate object key {key!r}")
-            seen.add(key)
-    return obj
-
-
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not valid JSON")
-
-
-def _finite_float(text: str) -> float:
-    """Finite, and inside the 64-bit integer range like `_int64`: JSON (and the OpenAPI
-    document's JSON Schema) knows numbers by value, not by spelling, so 1e20 is refused as
-    100000000000000000000 is. Every double past 2**53 is whole, so no fraction is lost."""
-    value = float(text)
-    if not -(2**63) <= value < 2**64:  # NaN and the infinities fail too
-        raise ValueError(f"the number {text[:32]} is out of range")
-    return value
-
-
-def _int64(text: str) -> int:
-    """Integers must fit the 64 bits that every consumer (msgpack frames, TypeSafe) can carry."""
-    value = int(text)
-    if not -(2**63) <= value < 2**64:
-        raise ValueError(f"the integer {text[:32]}... does not fit in 64 bits")
-    return value
-
-
-def parse_json(body: bytes) -> Json:
-    """Strict JSON: valid UTF-8, no lone surrogates, no duplicate keys, no NaN/Infinity
-    literals, floats that stay finite and integers that fit in 64 bits."""
-    try:
-        text = body.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise _json_invalid(exc.start, "the body is not valid UTF-8") from None
-    try:
-        value = json.loads(
-            text,
-            object_pairs_hook=_no_duplicates,
-            parse_constant=_no_constant,
-            parse_float=_finite_float,
-            parse_int=_int64,
-        )
-    except json.JSONDecodeError as exc:
-        raise _json_invalid(exc.pos, exc.msg) from None
-    except (_DuplicateKey, ValueError) as exc:
-        raise _json_invalid(0, str(exc)) from None
-    except RecursionError:
-        raise _json_invalid(0, "the document is nested too deeply") from None
-    if _SURROGATE_ESCAPE.search(body) and not _encodable(value):
-        raise _json_invalid(0, "a string holds a lone UTF-16 surrogate")
-    return value
-
-
-def _encodable(value: Json) -> bool:
-    if isinstance(value, str):
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            return False
-        return True
-    if isinstance(value, dict):
-        return all(_encodable(k) and _encodable(v) for k, v in value.items())
-    if isinstance(value, list):
-        return all(_encodable(v) for v in value)
-    return True
-
-
-def _json_invalid(position: int, reason: str) -> RequestInvalid:
-    return RequestInvalid(
-        [ValidationIssue(["body", position], f"JSON decode error: {reason}", "json_invalid", {})]
-    )
 
 
 # -- requests ----------------------------------------------------------------------------------
@@ -154,7 +65,7 @@ class _Issues(list[ValidationIssue]):
 
 
 @tracing.traced("validation")
-async def validate_request(obj: Json, catalog: Catalog) -> SystemOneRequest:
+async def validate_request(obj: Json, catalog: Catalog) -> Routed:
     """One `POST /v1/systemone` body (decoded JSON) -> validated request, or RequestInvalid."""
     issues = _Issues()
     draft = _check_request(obj, ["body"], issues)
@@ -167,7 +78,7 @@ async def validate_request(obj: Json, catalog: Catalog) -> SystemOneRequest:
 
 
 @tracing.traced("validation")
-async def validate_batch(obj: Json, catalog: Catalog, max_requests: int = 0) -> BatchRequest:
+async def validate_batch(obj: Json, catalog: Catalog, max_requests: int = 0) -> list[Routed]:
     """A `POST /v1/systemone/batch` body; every item (config included) is checked first."""
     issues = _Issues()
     if not isinstance(obj, dict):
@@ -210,7 +121,7 @@ async def validate_batch(obj: Json, catalog: Catalog, max_requests: int = 0) -> 
         issues.extend(item_issues)
     if issues:
         raise RequestInvalid(issues)
-    return BatchRequest([r for r in requests if r is not None])
+    return [r for r in requests if r is not None]
 
 
 async def _resolve(catalog: Catalog, names: set[str], invalid: bool) -> dict[str, Route | None]:
@@ -457,9 +368,7 @@ def _check_noul_criteria(criteria: Json, loc: Loc, issues: _Issues) -> None:
             _check_text(description, [*loc, key], issues, allow_null=True)
 
 
-def _finish(
-    draft: _Draft, routes: dict[str, Route | None], issues: _Issues
-) -> SystemOneRequest | None:
+def _finish(draft: _Draft, routes: dict[str, Route | None], issues: _Issues) -> Routed | None:
     """Check the model name and its config schema; build the request if all of it is valid."""
     if draft.model is None:
         return None
@@ -478,9 +387,10 @@ def _finish(
     config_ok = config is not None and _check_config(config, route, [*draft.loc, "config"], issues)
     if not (draft.ok and config_ok) or config is None:
         return None
-    return SystemOneRequest(
+    request = SystemOneRequest(
         model=draft.model, state=draft.state, questions=draft.questions, config=config
     )
+    return Routed(request, route)
 
 
 def _check_config(config: dict[str, Json], route: Route, loc: Loc, issues: _Issues) -> bool:

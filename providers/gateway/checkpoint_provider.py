@@ -1,64 +1,77 @@
-"""`ResidentProvider`: the gateway side shared by providers whose decisions are worker jobs.
+"""`CheckpointProvider`: a local provider whose every decision is one job on one checkpoint.
 
 Laya and Von differ only in their engine, their selectors, their checkpoints and which
-checkpoint answers a request; the worker runtime and the job are the same, and live here.
+checkpoint answers a request (Laya routes, Von has one); the worker runtime and the job are the
+same, and live here, so their descriptors build this class with their own choice of checkpoint.
 Imports no torch, directly or indirectly.
 """
 
 from __future__ import annotations
 
-from typing import ClassVar, Self
-
-from decidealot.providers.gateway.process_runtime import WorkerRuntime
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Self
 
 from decidealot.config import Settings
 from decidealot.contract import ModelInfo, SystemOneRequest
 from decidealot.jobs import EngineSpec, Job
-from decidealot.protocols import PreparedRequest
+from decidealot.protocols import JobOrder, LocalRuntime
+from decidealot.providers.gateway.process_runtime import ProcessRuntime
+
+ChooseCheckpoint = Callable[[str, SystemOneRequest], Awaitable[str]]
+"""(selector, request) -> the checkpoint key that answers it."""
 
 
-class ResidentProvider:
-    """Each decision is one job on this provider's worker (`decidealot.protocols.LocalProvider`)."""
+def only(checkpoint: str) -> ChooseCheckpoint:
+    """Every selector answered by the one `checkpoint`."""
 
-    name: ClassVar[str]
+    async def choose(selector: str, request: SystemOneRequest) -> str:
+        return checkpoint
+
+    return choose
+
+
+class CheckpointProvider:
+    """Each decision is one job on this provider's worker (`decidealot.protocols.LocalProvider`),
+    on the checkpoint `choose` picks for it."""
+
     local = True
     accepts_temperature = False
-    prepares_in_lane = False
-    engine_factory: ClassVar[str]
-    """`module:function` building the engine inside the worker."""
-    selectors: ClassVar[tuple[ModelInfo, ...]]
-    """The contract's selectors for this provider, in listing order."""
+    job_in_lane = False
 
-    def __init__(self, runtime: WorkerRuntime) -> None:
+    def __init__(
+        self,
+        name: str,
+        runtime: LocalRuntime,
+        selectors: tuple[ModelInfo, ...],
+        choose: ChooseCheckpoint,
+    ):
+        self.name = name
         self.runtime = runtime
+        self._selectors = selectors
+        self._choose = choose
 
     @classmethod
-    def checkpoints(cls, settings: Settings) -> dict[str, str]:
-        """Checkpoint key -> local path, for every checkpoint the worker may serve; the
-        service has filled every checkpoint setting (override or installed bundle)."""
-        raise NotImplementedError
-
-    @classmethod
-    def preload(cls) -> list[str]:
-        """Checkpoint keys the worker loads before it reports healthy."""
-        return []
-
-    async def checkpoint_for(self, selector: str, request: SystemOneRequest) -> str:
-        """The checkpoint key that answers `request` sent to `selector`."""
-        raise NotImplementedError
-
-    @classmethod
-    def from_settings(cls, settings: Settings) -> Self:
-        """A worker runtime for the checkpoints; the runtime resolves `DECIDEALOT_DEVICE` and
-        applies the torch thread count."""
+    def in_worker(
+        cls,
+        name: str,
+        selectors: tuple[ModelInfo, ...],
+        factory: str,
+        checkpoints: dict[str, Path | None],
+        settings: Settings,
+        choose: ChooseCheckpoint,
+        preload: tuple[str, ...] = (),
+    ) -> Self:
+        """The provider over a worker process running `factory`'s engine on `checkpoints`
+        (key -> path; the service has filled every checkpoint setting, override or installed
+        bundle); the runtime applies `DECIDEALOT_DEVICE`, the torch threads and the precision."""
         spec = EngineSpec(
-            factory=cls.engine_factory,
-            checkpoints=cls.checkpoints(settings),
-            preload=cls.preload(),
-            torch_threads=settings.torch_threads,
+            factory=factory,
+            checkpoints={key: str(path) for key, path in checkpoints.items() if path is not None},
+            preload=list(preload),
             options={"precision": settings.precision},
         )
-        return cls(WorkerRuntime(cls.name, spec, settings))
+        return cls(name, ProcessRuntime(name, spec, settings), selectors, choose)
 
     async def start(self) -> None:
         """Nothing to open: the worker starts when residency first loads it."""
@@ -68,13 +81,15 @@ class ResidentProvider:
         await self.runtime.unload()
 
     async def models(self) -> list[ModelInfo]:
-        return list(self.selectors)
+        return list(self._selectors)
 
-    async def prepare(self, selector: str, request: SystemOneRequest) -> PreparedRequest:
-        job = Job(
-            checkpoint=await self.checkpoint_for(selector, request),
+    async def prepare(self, selector: str, request: SystemOneRequest) -> Job:
+        return Job(
+            checkpoint=await self._choose(selector, request),
             state=request.state,
             questions=request.questions,
             config=request.config,
         )
-        return PreparedRequest(job)
+
+    async def job(self, prepared: Job) -> JobOrder:
+        return JobOrder(prepared)

@@ -1,9 +1,10 @@
 """The gateway side of a local provider: its worker subprocess, started on demand.
 
-`WorkerRuntime` is what residency loads and unloads: loading starts `python -m
+`ProcessRuntime` is what residency loads and unloads: loading starts `python -m
 decidealot.providers.worker` and waits for its `Ready` frame; unloading ends the process, so the
-memory of torch and the checkpoint returns to the system. Jobs go to the worker as frames and
-come back by id, so any number of requests can be in flight at once and the worker batches them.
+memory of torch and the checkpoint returns to the system. Jobs go to the worker as frames and come
+back by id (`JobChannel`, which the in-process runtime shares), so any number of requests can be
+in flight at once and the worker batches them.
 
 The watchdog times forward passes, not jobs: the worker announces each pass (`Begin`) and
 reports it (`Pass`), so a request of many passes never trips it. A worker that exits, sends
@@ -28,46 +29,39 @@ import contextvars
 import itertools
 import logging
 import sys
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 
 import msgspec
 
 from decidealot import logs, metrics, tracing
 from decidealot.config import Settings
-from decidealot.device import (
-    concurrent_passes,
-    request_token_limit,
-    resolve_device,
-    token_budget,
-    worker_environment,
-)
-from decidealot.errors import DecisionInputError, ProviderUnavailable
+from decidealot.device import resolve_device, start_frame, worker_environment
+from decidealot.errors import ProviderUnavailable, RequestInvalid
 from decidealot.frames import (
     Begin,
     Cancel,
     Failed,
     FrameError,
-    InputError,
+    FromWorker,
     JobFailed,
     Pass,
     Ready,
+    Rejected,
     Result,
-    Start,
     Submit,
     decode_from_worker,
     encode,
     read_payload_async,
 )
 from decidealot.jobs import Decision, EngineSpec, Job
-from decidealot.protocols import forwarded
 
 log = logging.getLogger("decidealot.worker")
 
 START_FAILED = "the local provider could not start"
+FAILED_JOB = "the local provider failed to answer"
 STOPPED = "the local provider stopped before answering"
 TIMED_OUT = "the local provider timed out"
 NOT_LOADED = "the local provider is not loaded"
-FAILED_JOB = "the local provider failed to answer"
 
 EXIT_GRACE_SECONDS = 5.0
 """How long an unloaded worker may take to exit after its stdin closes before it is killed."""
@@ -81,21 +75,98 @@ def _background(work: Coroutine[object, object, None]) -> asyncio.Task[None]:
     return asyncio.create_task(work, context=contextvars.Context())
 
 
-class _Worker:
-    """One worker process and the jobs in flight on it; discarded once it stops."""
+class JobChannel:
+    """One worker's jobs in flight: a future per job id, answered by `deliver`."""
 
-    def __init__(self, process: asyncio.subprocess.Process) -> None:
-        self.process = process
+    def __init__(self, provider: str, log: logging.Logger) -> None:
+        self._provider = provider
+        self._log = log
         self.inflight: dict[int, asyncio.Future[Decision]] = {}
-        self.request_ids: dict[int, str] = {}
-        """The request id each job in flight came with, for its failure's log line."""
-        self.spans: dict[int, tracing.SpanContext | None] = {}
-        """The span each job in flight was submitted under, to parent its forward pass."""
-        self.alive = True
+        self._request_ids: dict[int, str] = {}
+        """The request id each job came with, for its failure's log line."""
+        self._spans: dict[int, tracing.SpanContext | None] = {}
+        """The span each job was submitted under, to parent its forward passes."""
         self.heard_at = asyncio.get_running_loop().time()
         """When the worker last sent a frame, or when jobs started waiting on an idle one."""
         self.passes: dict[int, float] = {}
         """Compute lane -> when its running pass began."""
+
+    def open(self, job_id: int) -> asyncio.Future[Decision]:
+        """The future `deliver` answers job `job_id` on; the caller `close`s it."""
+        loop = asyncio.get_running_loop()
+        if not self.inflight:
+            self.heard_at = loop.time()  # silence counts from here when it was idle
+        future: asyncio.Future[Decision] = loop.create_future()
+        self.inflight[job_id] = future
+        self._request_ids[job_id] = logs.request_id.get()
+        self._spans[job_id] = tracing.current()
+        return future
+
+    def close(self, job_id: int) -> bool:
+        """Forget job `job_id`; True if it was still waiting for its answer."""
+        self._request_ids.pop(job_id, None)
+        self._spans.pop(job_id, None)
+        return self.inflight.pop(job_id, None) is not None
+
+    def fail_all(self, message: str) -> None:
+        for future in self.inflight.values():
+            if not future.done():
+                future.set_exception(ProviderUnavailable(message))
+        self.inflight.clear()
+
+    def deliver(self, frame: FromWorker) -> None:
+        """Apply one frame after the handshake; FrameError for one that has no place here."""
+        self.heard_at = asyncio.get_running_loop().time()
+        if isinstance(frame, Begin):
+            self.passes[frame.lane] = self.heard_at
+        elif isinstance(frame, Pass):
+            self._record(frame)
+        elif isinstance(frame, Result | Rejected | JobFailed):
+            self._answer(frame)
+        else:
+            raise FrameError(f"unexpected {type(frame).__name__} frame")
+
+    def _record(self, frame: Pass) -> None:
+        self.passes.pop(frame.lane, None)
+        provider = self._provider
+        if frame.jobs:
+            metrics.FORWARD_PASS.observe(frame.seconds, provider=provider)
+            metrics.BATCH_SIZE.observe(len(frame.jobs), provider=provider)
+            metrics.BATCH_TOKENS.observe(frame.tokens, provider=provider)
+        for job_id in frame.jobs:
+            tracing.record(
+                "forward_pass",
+                self._spans.get(job_id),
+                frame.started,
+                frame.started + frame.seconds,
+                provider=provider,
+                jobs=len(frame.jobs),
+                rows=frame.rows,
+                tokens=frame.tokens,
+            )
+
+    def _answer(self, frame: Result | Rejected | JobFailed) -> None:
+        future = self.inflight.pop(frame.id, None)
+        if future is None or future.done():
+            return  # its caller gave up waiting
+        if isinstance(frame, Result):
+            future.set_result(frame.decision)
+        elif isinstance(frame, Rejected):
+            future.set_exception(RequestInvalid(frame.issues))
+        else:
+            token = logs.request_id.set(self._request_ids.get(frame.id, "-"))
+            self._log.error("worker failed job %d (%s)", frame.id, frame.error)
+            logs.request_id.reset(token)
+            future.set_exception(ProviderUnavailable(FAILED_JOB))
+
+
+class _Worker:
+    """One worker process and the jobs in flight on it; discarded once it stops."""
+
+    def __init__(self, process: asyncio.subprocess.Process, channel: JobChannel) -> None:
+        self.process = process
+        self.channel = channel
+        self.alive = True
         self.write_lock = asyncio.Lock()
         self.tasks: list[asyncio.Task[None]] = []
         """Its stderr forwarder and frame reader, which end with the process."""
@@ -106,9 +177,10 @@ class _Worker:
         """Why the worker counts as hung: a pass ran past `pass_timeout`, or jobs wait while
         no pass runs and it has said nothing for `silence_timeout` (preparing a job, which may
         load a checkpoint on first use, gets as long as a start)."""
-        if any(now - began > pass_timeout for began in self.passes.values()):
+        channel = self.channel
+        if any(now - began > pass_timeout for began in channel.passes.values()):
             return f"ran one pass for over {pass_timeout:g} s"
-        if self.inflight and not self.passes and now - self.heard_at > silence_timeout:
+        if channel.inflight and not channel.passes and now - channel.heard_at > silence_timeout:
             return f"answered nothing for over {silence_timeout:g} s"
         return None
 
@@ -123,17 +195,14 @@ class _Worker:
     def abandon(self, message: str) -> None:
         """Fail every job in flight and kill the process; its reader task reaps it."""
         self.alive = False
-        for future in self.inflight.values():
-            if not future.done():
-                future.set_exception(ProviderUnavailable(message))
-        self.inflight.clear()
+        self.channel.fail_all(message)
         if self.process.returncode is None:
             with contextlib.suppress(ProcessLookupError):
                 self.process.kill()
 
 
-class WorkerRuntime:
-    """A local provider's worker process (`decidealot.protocols.LocalRuntime`) and its job channel.
+class ProcessRuntime:
+    """A local provider's worker process (`decidealot.protocols.LocalRuntime`).
 
     The runtime applies `DECIDEALOT_DEVICE` and `DECIDEALOT_TORCH_THREADS` to the spec it is
     given, so every local provider honours them the same way.
@@ -175,11 +244,12 @@ class WorkerRuntime:
             if worker is not None:
                 await self._stop(worker)
 
-    async def submit(self, job: Job) -> Decision:
-        """Run one job on the loaded worker, batched with whatever else is in flight.
+    async def submit(self, job: Job, sent: Callable[[], None] | None = None) -> Decision:
+        """Run one job on the loaded worker, batched with whatever else is in flight; `sent`
+        is called once its frame is written.
 
-        Raises `DecisionInputError` for input the engine rejects and `ProviderUnavailable`
-        when the worker is not loaded, dies, hangs or fails on this job.
+        Raises `RequestInvalid` for input the engine rejects and `ProviderUnavailable` when the
+        worker is not loaded, dies, hangs or fails on this job.
         """
         worker = self._worker
         if worker is None or not worker.alive:
@@ -190,27 +260,19 @@ class WorkerRuntime:
         except OverflowError:  # msgpack holds 64-bit integers; JSON input may hold larger
             self._log.error("a job holds an integer beyond 64 bits; not sent")
             raise ProviderUnavailable(FAILED_JOB) from None
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[Decision] = loop.create_future()
-        if not worker.inflight:
-            worker.heard_at = loop.time()  # silence counts from here when it was idle
-        worker.inflight[job_id] = future
-        worker.request_ids[job_id] = logs.request_id.get()
-        worker.spans[job_id] = tracing.current()
+        future = worker.channel.open(job_id)
         try:
             await worker.send(frame)
-            if (notify := forwarded.get()) is not None:
-                notify()
+            if sent is not None:
+                sent()
             return await future
         except asyncio.CancelledError:
-            if worker.inflight.pop(job_id, None) is not None and worker.alive:
+            if worker.channel.close(job_id) and worker.alive:
                 metrics.JOBS_WITHDRAWN.inc(provider=self.name)
                 _background(worker.send(encode(Cancel(job_id))))
             raise
         finally:
-            worker.inflight.pop(job_id, None)
-            worker.request_ids.pop(job_id, None)
-            worker.spans.pop(job_id, None)
+            worker.channel.close(job_id)
 
     async def _watch(self, worker: _Worker) -> None:
         """Kill the worker once a pass overruns the timeout or it falls silent with jobs
@@ -246,7 +308,7 @@ class WorkerRuntime:
             self._log.error("cannot start a worker with %s (%s)", self._python, exc.strerror)
             metrics.WORKER_FAILURES.inc(provider=self.name, reason="start_failed")
             raise ProviderUnavailable(START_FAILED) from None
-        worker = _Worker(process)
+        worker = _Worker(process, JobChannel(self.name, self._log))
         worker.tasks.append(_background(self._forward_stderr(process)))
         self._log.info("starting worker (pid %d) on %s", process.pid, self.device)
         try:
@@ -279,12 +341,7 @@ class WorkerRuntime:
 
     async def _handshake(self, process: asyncio.subprocess.Process) -> Ready | Failed | None:
         """Send the start frame and read the worker's first answer; None if it went away."""
-        start = Start(
-            self._spec,
-            token_budget(self._settings, self.device),
-            concurrent_passes=concurrent_passes(self._settings, self.device),
-            job_token_limit=request_token_limit(self._settings, self.device),
-        )
+        start = start_frame(self._spec, self._settings)
         try:
             process.stdin.write(encode(start))  # type: ignore[union-attr]
             await process.stdin.drain()  # type: ignore[union-attr]
@@ -308,10 +365,7 @@ class WorkerRuntime:
         worker.alive = False
         if worker.watchdog is not None:
             worker.watchdog.cancel()
-        for future in worker.inflight.values():
-            if not future.done():
-                future.set_exception(ProviderUnavailable(STOPPED))
-        worker.inflight.clear()
+        worker.channel.fail_all(STOPPED)
         process = worker.process
         if process.stdin is not None and not process.stdin.is_closing():
             process.stdin.close()
@@ -338,52 +392,13 @@ class WorkerRuntime:
         metrics.WORKER_FAILURES.inc(provider=self.name, reason=reason)
 
     async def _read_answers(self, worker: _Worker) -> None:
-        """Deliver each answer frame to its job's future until the worker's stdout ends."""
+        """Deliver each frame to the worker's channel until its stdout ends."""
         stdout = worker.process.stdout
         assert stdout is not None
-        loop = asyncio.get_running_loop()
         malformed = False
         try:
             while (payload := await read_payload_async(stdout)) is not None:
-                frame = decode_from_worker(payload)
-                worker.heard_at = loop.time()
-                if isinstance(frame, Begin):
-                    worker.passes[frame.lane] = worker.heard_at
-                    continue
-                if isinstance(frame, Pass):
-                    worker.passes.pop(frame.lane, None)
-                    if frame.jobs:
-                        metrics.FORWARD_PASS.observe(frame.seconds, provider=self.name)
-                        metrics.BATCH_SIZE.observe(len(frame.jobs), provider=self.name)
-                        metrics.BATCH_TOKENS.observe(frame.tokens, provider=self.name)
-                    for job_id in frame.jobs:
-                        tracing.record(
-                            "forward_pass",
-                            worker.spans.get(job_id),
-                            frame.started,
-                            frame.started + frame.seconds,
-                            provider=self.name,
-                            jobs=len(frame.jobs),
-                            rows=frame.rows,
-                            tokens=frame.tokens,
-                        )
-                    continue
-                if not isinstance(frame, Result | InputError | JobFailed):
-                    raise FrameError(f"unexpected {type(frame).__name__} frame")
-                future = worker.inflight.pop(frame.id, None)
-                if future is None or future.done():
-                    continue  # its caller gave up waiting
-                if isinstance(frame, Result):
-                    future.set_result(frame.decision)
-                elif isinstance(frame, InputError):
-                    future.set_exception(
-                        DecisionInputError(frame.question, frame.msg, frame.loc, frame.input)
-                    )
-                else:
-                    token = logs.request_id.set(worker.request_ids.get(frame.id, "-"))
-                    self._log.error("worker failed job %d (%s)", frame.id, frame.error)
-                    logs.request_id.reset(token)
-                    future.set_exception(ProviderUnavailable(FAILED_JOB))
+                worker.channel.deliver(decode_from_worker(payload))
         except FrameError as exc:
             self._log.error("worker sent a malformed frame (%s); killing it", exc)
             malformed = True

@@ -1,5 +1,5 @@
 """Laya: three ModernBERT-family decision checkpoints with per-request checkpoint routing.
 
-Gateway-side modules (`provider`, `router`, `lang`, `render`, `readout`) never import torch;
-`model` and `engine` run only in the worker subprocess.
+`gateway/` routes a request to a checkpoint (`router`, `lang`), without torch; `worker/` renders
+its rows, runs the model and reads the answers out (`engine`, `model`, `render`, `readout`).
 """

@@ -1,5 +1,5 @@
 """Von: the option-marker decision model (ModernBERT), served locally in a worker process.
 
-`provider` is the gateway side and imports no torch; `engine` (with `model`, `render` and
-`readout`) runs in the worker.
+Its gateway side is the shared `CheckpointProvider` on its one checkpoint; `worker/` (`engine`
+with `model`, `render` and `readout`) runs in the worker.
 """

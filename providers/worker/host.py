@@ -5,11 +5,11 @@ ending it. The gateway sends a `Start` frame, then `Submit` frames on stdin; ans
 as frames on stdout, which nothing else may write to (stray prints land on stderr, which the
 gateway forwards to its log). Threads:
 
-- reader: receives jobs and cancellations; at end of stdin (the gateway closed it or died)
-  ends the process;
+- reader (main): receives jobs and cancellations; at end of stdin (the gateway closed it or
+  died) ends the process;
 - prepare: runs `engine.prepare` (tokenisation) while the current passes run, and refuses a
   job over `Start.job_token_limit` before any of its rows reaches a pass;
-- compute (main, plus `Start.concurrent_passes - 1` more): each takes the planner's next turn
+- compute (`Start.concurrent_passes` of them): each takes the planner's next turn
   (`passes`: rows of concurrent jobs, shortest remaining job first, within the token
   budget) and runs its passes, announcing each with `Begin` and reporting it with `Pass`, so
   the gateway times passes, not jobs. There is no wait for a batch to fill: a turn is whatever
@@ -35,22 +35,22 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
 import msgspec
-from decidealot.providers.worker.passes import Pass, Planner, Task
 
-from decidealot.errors import DecisionInputError, over_token_limit
+from decidealot.errors import RequestInvalid, over_token_limit
 from decidealot.frames import (
     Begin,
     Cancel,
     Failed,
     FrameError,
     FromWorker,
-    InputError,
     JobFailed,
     Ready,
+    Rejected,
     Result,
     Start,
     Submit,
@@ -60,6 +60,7 @@ from decidealot.frames import (
 )
 from decidealot.frames import Pass as PassFrame
 from decidealot.jobs import Engine, EngineSpec
+from decidealot.providers.worker.passes import Pass, Planner, Task
 
 _PR_SET_PDEATHSIG = 1
 
@@ -93,27 +94,34 @@ class FrameWriter:
 
 class Host:
     """Runs one engine's jobs: prepares them on one thread, plans their rows into passes
-    (`decidealot.providers.worker.passes`) and runs those on `passes` compute threads."""
+    (`passes`) and runs those on `passes` compute threads; every frame it answers with goes
+    to `emit` (the frame pipe in a worker process; the in-process runtime's channel in tests
+    and benches)."""
 
     def __init__(
         self,
         engine: Engine,
-        writer: FrameWriter,
+        emit: Callable[[FromWorker], None],
         token_budget: int,
         passes: int = 1,
         job_token_limit: int = 0,
     ) -> None:
         self._engine = engine
-        self._writer = writer
+        self._emit = emit
         self._passes = passes
         self._job_token_limit = job_token_limit
-        self._incoming: queue.SimpleQueue[Submit] = queue.SimpleQueue()
+        self._incoming: queue.SimpleQueue[Submit | None] = queue.SimpleQueue()
         self._planner = Planner(token_budget, engine.shape)
         self._changed = threading.Condition()
         self._submitted: set[int] = set()
         """Ids received and not yet answered or withdrawn (guarded by `_changed`)."""
         self._cancelled: set[int] = set()
         """Ids cancelled before the planner had them: prepare drops them."""
+        self._stopped = False
+
+    @property
+    def engine(self) -> Engine:
+        return self._engine
 
     def read_jobs(self, stream: BinaryIO) -> None:
         while True:
@@ -125,14 +133,19 @@ class Host:
                 os._exit(2)
             if frame is None:
                 os._exit(0)  # stdin closed: unloaded, or the gateway died
-            if isinstance(frame, Submit):
-                with self._changed:
-                    self._submitted.add(frame.id)
-                self._incoming.put(frame)
-            elif isinstance(frame, Cancel):
-                self._cancel(frame.id)
+            if isinstance(frame, Submit | Cancel):
+                self.receive(frame)
             else:
                 log.error("unexpected %s frame; ignored", type(frame).__name__)
+
+    def receive(self, frame: Submit | Cancel) -> None:
+        """A job to run, or one whose caller has gone."""
+        if isinstance(frame, Submit):
+            with self._changed:
+                self._submitted.add(frame.id)
+            self._incoming.put(frame)
+        else:
+            self._cancel(frame.id)
 
     def _cancel(self, job_id: int) -> None:
         with self._changed:
@@ -142,9 +155,23 @@ class Host:
                 self._cancelled.add(job_id)  # still to be prepared
             self._submitted.discard(job_id)
 
+    def start(self) -> None:
+        """Run the prepare thread and every compute thread in the background."""
+        threading.Thread(target=self.prepare_jobs, name="prepare", daemon=True).start()
+        for lane in range(self._passes):
+            threading.Thread(
+                target=self.compute, args=(lane,), name=f"compute-{lane}", daemon=True
+            ).start()
+
+    def stop(self) -> None:
+        """End the threads `start` began once their current pass is done."""
+        with self._changed:
+            self._stopped = True
+            self._changed.notify_all()
+        self._incoming.put(None)
+
     def prepare_jobs(self) -> None:
-        while True:
-            submit = self._incoming.get()
+        while (submit := self._incoming.get()) is not None:
             with self._changed:
                 if submit.id in self._cancelled:
                     self._cancelled.discard(submit.id)
@@ -173,19 +200,13 @@ class Host:
         while True:
             with self._changed:
                 while not (turn := self._planner.take()):
+                    if self._stopped:
+                        return
                     self._changed.wait()
                 if self._planner.has_rows:
                     self._changed.notify()  # what this turn left, for an idle thread
             for each in turn:
                 self._run(lane, each)
-
-    def serve(self) -> None:
-        """Run the compute loops: `passes - 1` threads, and this one."""
-        for lane in range(1, self._passes):
-            threading.Thread(
-                target=self.compute, args=(lane,), name=f"compute-{lane}", daemon=True
-            ).start()
-        self.compute(0)
 
     def _run(self, lane: int, each: Pass) -> None:
         """One forward pass; a failing pass of several jobs is rerun job by job, so an error
@@ -195,7 +216,7 @@ class Host:
         if not rows:
             return
         each = Pass(each.group, rows)
-        self._writer.write(Begin(lane))
+        self._emit(Begin(lane))
         started, clock = time.time(), time.perf_counter()
         try:
             outputs = self._engine.forward(
@@ -204,7 +225,7 @@ class Host:
             if len(outputs) != len(rows):
                 raise RuntimeError("engine returned a different number of outputs")
         except Exception as exc:
-            self._writer.write(PassFrame(lane, [], 0, 0, started, time.perf_counter() - clock))
+            self._emit(PassFrame(lane, [], 0, 0, started, time.perf_counter() - clock))
             tasks = each.tasks
             if len(tasks) == 1:
                 self._withdraw(tasks[0], exc)
@@ -214,7 +235,7 @@ class Host:
             return
         seconds = time.perf_counter() - clock
         tasks = each.tasks
-        self._writer.write(
+        self._emit(
             PassFrame(lane, [t.id for t in tasks], len(rows), each.padded_tokens, started, seconds)
         )
         finished: list[Task] = []
@@ -244,8 +265,8 @@ class Host:
         self._send(task.id, Result(task.id, decision))
 
     def _fail(self, job_id: int, exc: Exception) -> None:
-        if isinstance(exc, DecisionInputError):
-            frame: FromWorker = InputError(job_id, exc.question, exc.msg, exc.loc, exc.input)
+        if isinstance(exc, RequestInvalid):
+            frame: FromWorker = Rejected(job_id, exc.issues)
         else:
             log.error("job %d failed: %s", job_id, describe(exc))
             frame = JobFailed(job_id, type(exc).__name__)
@@ -259,10 +280,10 @@ class Host:
                 return
             self._submitted.discard(job_id)
         try:
-            self._writer.write(frame)
+            self._emit(frame)
         except (msgspec.EncodeError, TypeError, ValueError, OverflowError) as exc:
             log.error("job %d answer cannot be sent: %s", job_id, describe(exc))
-            self._writer.write(JobFailed(job_id, type(exc).__name__))
+            self._emit(JobFailed(job_id, type(exc).__name__))
 
 
 def build_engine(spec: EngineSpec) -> Engine:
@@ -326,13 +347,12 @@ def main() -> int:
         return 1
     host = Host(
         engine,
-        writer,
+        writer.write,
         start.batch_token_budget,
         start.concurrent_passes,
         start.job_token_limit,
     )
     writer.write(Ready(start.spec.device))
-    threading.Thread(target=host.read_jobs, args=(frames_in,), name="reader", daemon=True).start()
-    threading.Thread(target=host.prepare_jobs, name="prepare", daemon=True).start()
-    host.serve()
+    host.start()
+    host.read_jobs(frames_in)  # ends the process at the end of stdin
     return 0

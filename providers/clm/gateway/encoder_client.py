@@ -17,7 +17,7 @@ import math
 import sys
 from array import array
 from collections.abc import Sequence
-from typing import Annotated, Self
+from typing import Annotated
 
 import cachetools
 import httpx
@@ -25,7 +25,6 @@ import msgspec
 from tenacity import AsyncRetrying, retry_if_exception, stop_before_delay, wait_exponential
 
 from decidealot import metrics, tracing
-from decidealot.config import Settings
 from decidealot.errors import ProviderUnavailable
 
 logger = logging.getLogger(__name__)
@@ -105,21 +104,6 @@ class EncoderClient:
             cachetools.TTLCache(maxsize=cache_size, ttl=cache_ttl_seconds) if cache_size else None
         )
         self._client: httpx.AsyncClient | None = None
-
-    @classmethod
-    def from_settings(cls, settings: Settings, *, width: int) -> Self:
-        if settings.clm_embeddings_url is None:
-            raise ValueError("CLM needs DECIDEALOT_CLM_EMBEDDINGS_URL")
-        return cls(
-            settings.clm_embeddings_url,
-            settings.clm_embeddings_model,
-            width=width,
-            api_key=settings.clm_embeddings_api_key,
-            timeout_seconds=settings.clm_encoder_timeout_seconds,
-            retry_seconds=settings.clm_encoder_retry_seconds,
-            cache_size=settings.clm_cache_size,
-            cache_ttl_seconds=settings.clm_cache_ttl_seconds,
-        )
 
     def __repr__(self) -> str:  # never shows the key
         return f"EncoderClient(model={self._model!r}, width={self._width})"

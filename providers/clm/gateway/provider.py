@@ -9,32 +9,26 @@ an index saying which rows each question uses (layout documented in
 `decidealot.providers.clm.worker.engine`). `usage.input_tokens` is the encoder's `prompt_tokens`
 for the calls actually made.
 
-Serial lane: by default the whole decision (encoder calls in `prepare`, and the head pass)
-runs inside one residency hold of the CLM runtime (`prepares_in_lane`), on the lane the service
-gives it, which it shares with Laya and Von, so the encoder (which may share the GPU or the
-cores) and the head never overlap another local model's forward pass. With
-`clm_parallel_with_local_models` the runtime takes no lane, the encoder calls run before the
-residency hold, and only the head pass holds a slot.
+Serial lane: by default the whole decision (encoder calls in `job`, and the head pass) runs inside
+one residency hold of the CLM runtime (`job_in_lane`), on the lane the service gives it, which it
+shares with Laya and Von, so the encoder (which may share the GPU or the cores) and the head never
+overlap another local model's forward pass. With `clm_parallel_with_local_models` the runtime takes
+no lane, the encoder calls run before the residency hold, and only the head pass holds a slot.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 from dataclasses import dataclass
-from typing import Self
+from typing import NamedTuple
 
+from decidealot.contract import ModelInfo, SystemOneRequest
+from decidealot.errors import RequestInvalid, over_token_limit
+from decidealot.frames import MAX_FRAME_BYTES
+from decidealot.jobs import Job
+from decidealot.protocols import JobOrder, LocalRuntime
 from decidealot.providers.clm.gateway.encoder_client import EncoderClient
 from decidealot.providers.clm.render import RenderedQuestion, render_questions
-from decidealot.providers.gateway.process_runtime import WorkerRuntime
-
-from decidealot.config import Settings
-from decidealot.contract import ModelInfo, SystemOneRequest
-from decidealot.device import request_token_limit
-from decidealot.errors import DecisionInputError, over_token_limit
-from decidealot.frames import MAX_FRAME_BYTES
-from decidealot.jobs import EngineSpec, Job
-from decidealot.protocols import LocalRuntime, PreparedRequest
 
 CHECKPOINT = "clm-0.1-8b"
 QWEN3_8B_WIDTH = 4096
@@ -42,24 +36,6 @@ QWEN3_8B_WIDTH = 4096
 MAX_VECTORS = MAX_FRAME_BYTES // (2 * QWEN3_8B_WIDTH * 4)
 """Distinct vectors one request may carry (32768, 512 MiB of float32): half a worker frame,
 so no request reaches the frame limit, whatever DECIDEALOT_MAX_REQUEST_TOKENS allows."""
-RELEASE = "2026-09-19"  # contrastive-lm 0.1.0 dates its models so (clm.engine.RELEASE)
-
-SELECTORS = (
-    ModelInfo(
-        "clm",
-        "CLM System One decisions from the local Contrastive-LM/CLM-v0.1-8B head.",
-        RELEASE,
-    ),
-    ModelInfo("clm-latest", "Alias for the current CLM release.", RELEASE),
-    ModelInfo("clm-0.1", "Alias for the CLM v0.1 release.", RELEASE),
-    ModelInfo(
-        "clm-0.1-8b",
-        "Contrastive-LM/CLM-v0.1-8B projection head over Qwen3-8B vectors.",
-        RELEASE,
-    ),
-)
-
-
 _DIGITS = b"0123456789"
 
 
@@ -98,7 +74,7 @@ class EncoderTexts:
 
 def encoder_texts(request: SystemOneRequest, max_text_bytes: int) -> EncoderTexts:
     """Render, bound and de-duplicate a request's texts; CPU work, so callers run it off the
-    event loop. Raises DecisionInputError for a text over `max_text_bytes`."""
+    event loop. Raises RequestInvalid for a text over `max_text_bytes`."""
     states: dict[str, int] = {}
     options: dict[str, int] = {}
     rows: list[tuple[int, list[int]]] = []
@@ -119,7 +95,7 @@ def _bounded(name: str, question: RenderedQuestion, limit: int) -> None:
     """Reject, never truncate: the encoder only ever sees whole texts."""
     size = len(question.state_text.encode())
     if size > limit:
-        raise DecisionInputError(
+        raise RequestInvalid.question(
             name,
             f"state plus instructions render to {size} UTF-8 bytes; CLM accepts at most "
             f"{limit} (DECIDEALOT_CLM_MAX_TEXT_BYTES)",
@@ -127,7 +103,7 @@ def _bounded(name: str, question: RenderedQuestion, limit: int) -> None:
     for candidate in question.candidates:
         size = len(candidate.text.encode())
         if size > limit:
-            raise DecisionInputError(
+            raise RequestInvalid.question(
                 name,
                 f"option text renders to {size} UTF-8 bytes; CLM accepts at most {limit} "
                 "(DECIDEALOT_CLM_MAX_TEXT_BYTES)",
@@ -135,48 +111,39 @@ def _bounded(name: str, question: RenderedQuestion, limit: int) -> None:
             )
 
 
+class ClmPrepared(NamedTuple):
+    """A request whose texts are rendered, bounded and de-duplicated: what its encoder calls
+    will send."""
+
+    request: SystemOneRequest
+    texts: EncoderTexts
+
+
 class ClmProvider:
+    """Local CLM: the encoder calls in the gateway, the head in the worker."""
+
     name = "clm"
     local = True
     accepts_temperature = True
-    selectors = SELECTORS
 
     def __init__(
         self,
         encoder: EncoderClient,
         runtime: LocalRuntime,
         *,
+        selectors: tuple[ModelInfo, ...],
         max_text_bytes: int,
         max_request_tokens: int = 0,
-        prepares_in_lane: bool = True,
+        job_in_lane: bool = True,
     ):
-        """`prepares_in_lane`: the encoder calls run inside the residency hold, on the lane.
+        """`job_in_lane`: the encoder calls run inside the residency hold, on the lane.
         `max_request_tokens` bounds a request's `EncoderTexts.cost` (0: no bound)."""
         self._encoder = encoder
         self.runtime = runtime
+        self._selectors = selectors
         self._max_text_bytes = max_text_bytes
         self._max_request_tokens = max_request_tokens
-        self.prepares_in_lane = prepares_in_lane
-
-    @classmethod
-    def from_settings(cls, settings: Settings) -> Self:
-        """The head's worker runtime and the encoder client for the configured URL."""
-        head = settings.clm_head
-        spec = EngineSpec(
-            factory="decidealot.providers.clm.worker.engine:create",
-            checkpoints={} if head is None else {CHECKPOINT: str(head)},
-            preload=[CHECKPOINT],
-            torch_threads=settings.torch_threads,
-            options={"width": QWEN3_8B_WIDTH},
-        )
-        runtime = WorkerRuntime(cls.name, spec, settings)  # resolves the device
-        return cls(
-            EncoderClient.from_settings(settings, width=QWEN3_8B_WIDTH),
-            runtime,
-            max_text_bytes=settings.clm_max_text_bytes,
-            max_request_tokens=request_token_limit(settings, runtime.device),
-            prepares_in_lane=not settings.clm_parallel_with_local_models,
-        )
+        self.job_in_lane = job_in_lane
 
     async def start(self) -> None:
         await self._encoder.start()
@@ -186,15 +153,14 @@ class ClmProvider:
         await self.runtime.unload()
 
     async def models(self) -> list[ModelInfo]:
-        return list(self.selectors)
+        return list(self._selectors)
 
-    async def prepare(self, selector: str, request: SystemOneRequest) -> PreparedRequest:
+    async def prepare(self, selector: str, request: SystemOneRequest) -> ClmPrepared:
         """Render, bound and de-duplicate every text (off the loop) and check the request's
-        cost, before any wait; the encoder calls and the head's job are the `rest` (the
-        encoder's prompt tokens are the gateway's share of `usage.input_tokens`)."""
+        cost, before any wait."""
         texts = await asyncio.to_thread(encoder_texts, request, self._max_text_bytes)
         if texts.vectors > MAX_VECTORS:
-            raise DecisionInputError(
+            raise RequestInvalid.question(
                 None,
                 f"this request needs {texts.vectors} distinct encoder vectors; CLM carries at "
                 f"most {MAX_VECTORS} per request: split its questions over several requests",
@@ -202,13 +168,13 @@ class ClmProvider:
         limit = self._max_request_tokens
         if limit and (cost := texts.cost) > limit:
             raise over_token_limit(cost, limit)
-        return PreparedRequest(None, rest=functools.partial(self._embedded_job, request, texts))
+        return ClmPrepared(request, texts)
 
-    async def _embedded_job(
-        self, request: SystemOneRequest, texts: EncoderTexts
-    ) -> PreparedRequest:
+    async def job(self, prepared: ClmPrepared) -> JobOrder:
         """The encoder calls and the job they feed: each distinct vector once, in the order
-        `texts.index` counts them, with the encoder's prompt tokens spent."""
+        `texts.index` counts them; the encoder's prompt tokens are the gateway's share of
+        `usage.input_tokens`."""
+        request, texts = prepared
         states = await self._encoder.embed(texts.states, cache=False)
         options = await self._encoder.embed(texts.options, cache=True)
         job = Job(
@@ -219,4 +185,4 @@ class ClmProvider:
             vectors=b"".join((*states.rows, *options.rows)),
             vector_index=texts.index,
         )
-        return PreparedRequest(job, states.prompt_tokens + options.prompt_tokens)
+        return JobOrder(job, states.prompt_tokens + options.prompt_tokens)

@@ -22,14 +22,14 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
+from decidealot.contract import Answer, Question, ScoreQuestion
+from decidealot.jobs import Decision, EngineSpec, Job, PassShape
 from decidealot.providers.clm.render import option_keys, score_legend
 from decidealot.providers.clm.worker.head import HeadFileError, HeadPair, load_heads
 from decidealot.providers.worker.answers import answer as build_answer
 from decidealot.providers.worker.answers import first_max
 from decidealot.providers.worker.passes import RunsTogether
-
-from decidealot.contract import Answer, Question, ScoreQuestion
-from decidealot.jobs import Decision, EngineSpec, Job, PassShape
 
 FLOAT32_BYTES = 4
 _NORM_EPS = 1e-12  # upstream's l2: v / (|v| + 1e-12)

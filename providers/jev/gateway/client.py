@@ -21,7 +21,6 @@ from typing import NoReturn, TypeVar
 
 import httpx
 import zstandard
-from decidealot.providers.jev.gateway.wire import InvalidReply
 from tenacity import (
     AsyncRetrying,
     RetryCallState,
@@ -31,6 +30,7 @@ from tenacity import (
 
 from decidealot import __version__, metrics, tracing
 from decidealot.errors import ProviderUnavailable
+from decidealot.providers.jev.gateway.wire import InvalidReply
 
 T = TypeVar("T")
 

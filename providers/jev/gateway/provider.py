@@ -10,8 +10,9 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import Self
 
+from decidealot.contract import ModelInfo, SystemOneRequest, SystemOneResponse
+from decidealot.errors import ProviderUnavailable
 from decidealot.providers.jev.gateway.catalog import HostedCatalog
 from decidealot.providers.jev.gateway.client import TypeSafeClient
 from decidealot.providers.jev.gateway.wire import (
@@ -21,10 +22,6 @@ from decidealot.providers.jev.gateway.wire import (
     decode_models,
     encode_request,
 )
-
-from decidealot.config import ConfigError, Settings
-from decidealot.contract import ModelInfo, SystemOneRequest, SystemOneResponse
-from decidealot.errors import ProviderUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -46,24 +43,6 @@ class JevProvider:
         return f"JevProvider(client={self._client!r})"
 
     __str__ = __repr__
-
-    @classmethod
-    def from_settings(
-        cls,
-        settings: Settings,
-        *,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> Self:
-        """Build from the operator's settings."""
-        if not settings.jev_active or settings.typesafe_api_key is None:
-            raise ConfigError("DECIDEALOT_TYPESAFE_API_KEY: Jev needs a TypeSafe key")
-        client = TypeSafeClient(
-            base_url=settings.typesafe_base_url,
-            api_key=settings.typesafe_api_key,
-            timeout_seconds=settings.typesafe_timeout_seconds,
-            retry_seconds=settings.typesafe_retry_seconds,
-        )
-        return cls(client, clock=clock)
 
     async def start(self) -> None:
         await self._client.start()

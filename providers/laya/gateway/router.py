@@ -9,11 +9,11 @@ multilingual. Pure Python: runs in the gateway.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable
 
+from decidealot.contract import State, SystemOneRequest
 from decidealot.providers.laya.gateway.lang import analyse
-
-from decidealot.contract import State
 
 FALLBACK = "multilingual"
 AUTO_SELECTORS = ("laya", "laya-auto", "laya-latest")
@@ -65,3 +65,9 @@ def route(selector: str, state: State, question_names: Iterable[str]) -> str:
     if workflow_of(question_names) is not None:
         return "typed-decisions"
     return detect_checkpoint(state)
+
+
+async def checkpoint_for(selector: str, request: SystemOneRequest) -> str:
+    """`route` for a request, off the event loop: routing reads every line of every string
+    value (as upstream), and a state may be megabytes."""
+    return await asyncio.to_thread(route, selector, request.state, request.questions)

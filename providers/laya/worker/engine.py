@@ -14,14 +14,14 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 import torch
+
+from decidealot.contract import Question
+from decidealot.jobs import Decision, EngineSpec, Job, PassShape
 from decidealot.providers.laya.worker import readout
 from decidealot.providers.laya.worker.model import PASS_INPUTS, Checkpoint, load_checkpoint
 from decidealot.providers.laya.worker.render import Row, render_rows
 from decidealot.providers.worker.passes import RunsTogether
 from decidealot.providers.worker.precision import engine_precision
-
-from decidealot.contract import Question
-from decidealot.jobs import Decision, EngineSpec, Job, PassShape
 
 CHECKPOINT_KEYS = ("english", "multilingual", "typed-decisions")
 PASS_TOKEN_LIMIT = 262_144

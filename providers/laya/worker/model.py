@@ -16,6 +16,11 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from safetensors.torch import load_file
+from torch import nn
+from transformers import AutoConfig, AutoModel, PreTrainedTokenizerFast
+from transformers.initialization import no_init_weights
+
 from decidealot.providers.laya.worker.readout import Temperatures
 from decidealot.providers.laya.worker.render import Budget, Specials
 from decidealot.providers.worker.numerics import (
@@ -24,10 +29,6 @@ from decidealot.providers.worker.numerics import (
     PROBE_ROWS,
     quantize_guarded,
 )
-from safetensors.torch import load_file
-from torch import nn
-from transformers import AutoConfig, AutoModel, PreTrainedTokenizerFast
-from transformers.initialization import no_init_weights
 
 LAYER_NORM_EPS = 1e-5
 MASKED_LOGIT = -1e4

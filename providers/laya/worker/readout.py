@@ -9,10 +9,9 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
+from decidealot.contract import Answer, Question
 from decidealot.providers.laya.worker.render import QTYPES, question_type
 from decidealot.providers.worker import answers
-
-from decidealot.contract import Answer, Question
 
 TEMPERATURE_MIN = 0.5
 TEMPERATURE_MAX = 5.0

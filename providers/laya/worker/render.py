@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from decidealot.contract import ChoiceQuestion, Json, NoulQuestion, Question, ScoreQuestion, State
-from decidealot.errors import DecisionInputError
+from decidealot.errors import RequestInvalid
 
 QTYPES = {"choice": 0, "score": 1, "noul": 2}
 OPTION_TOKEN_CAP = 48
@@ -121,7 +121,7 @@ def render_rows(
 ) -> list[Row]:
     """One row per question, in `questions` order; the state is tokenised once.
 
-    Raises `DecisionInputError` naming the question when its option markers cannot all fit in
+    Raises `RequestInvalid` naming the question when its option markers cannot all fit in
     `max_len`: options are never dropped silently.
     """
     if not questions:
@@ -193,7 +193,7 @@ def _assemble(
     ids = [*ids, *kept, specials.sep_id][: budget.max_len]
     fitting = sum(1 for marker in markers if marker < budget.max_len)
     if fitting != len(markers):
-        raise DecisionInputError(
+        raise RequestInvalid.question(
             name,
             f"only {fitting} of its {len(markers)} option markers fit in the model's "
             f"{budget.max_len}-token input; use fewer or shorter options",

@@ -14,6 +14,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+from decidealot.contract import (
+    Answer,
+    ChoiceQuestion,
+    NoulQuestion,
+    Question,
+)
+from decidealot.errors import RequestInvalid
+from decidealot.jobs import Decision, EngineSpec, Job, PassShape
 from decidealot.providers.von.worker import readout
 from decidealot.providers.von.worker.model import CPU_PASS_TOKENS, WINDOW, Row, VonModel
 from decidealot.providers.von.worker.render import (
@@ -28,15 +37,6 @@ from decidealot.providers.von.worker.render import (
 )
 from decidealot.providers.worker.passes import RunsTogether
 from decidealot.providers.worker.precision import engine_precision
-
-from decidealot.contract import (
-    Answer,
-    ChoiceQuestion,
-    NoulQuestion,
-    Question,
-)
-from decidealot.errors import DecisionInputError
-from decidealot.jobs import Decision, EngineSpec, Job, PassShape
 
 DEFAULT_MAX_STATE_TOKENS = WINDOW
 """Upstream's `VON_MAX_STATE_TOKENS` default; `EngineSpec.options["max_state_tokens"]` lowers it."""
@@ -119,7 +119,7 @@ class VonEngine(RunsTogether):
                 tokenizer, instructions, options, digit_split=calibration.digit_split
             )
             if fixed > WINDOW:
-                raise DecisionInputError(
+                raise RequestInvalid.question(
                     name,
                     f"instructions and criteria take {fixed} tokens by themselves, before any "
                     f"state; Von's context window holds {WINDOW}",
@@ -165,7 +165,7 @@ class VonEngine(RunsTogether):
         ids: list[int] = model.tokenizer(text)["input_ids"]
         markers = [t for t, token in enumerate(ids) if token == model.mask_id]
         if len(markers) != len(options):
-            raise DecisionInputError(name, "criteria could not be packed as separate options")
+            raise RequestInvalid.question(name, "criteria could not be packed as separate options")
         return Row(ids, markers, shared)
 
     def forward(self, group: Hashable, rows: Sequence[Row]) -> list[torch.Tensor]:

@@ -18,15 +18,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from torch import nn
+from transformers import AutoConfig, AutoTokenizer, ModernBertModel, PreTrainedTokenizerBase
+from transformers.initialization import no_init_weights
+
 from decidealot.providers.worker.numerics import (
     AUTOCAST,
     PROBE_LENGTH,
     PROBE_ROWS,
     quantize_guarded,
 )
-from torch import nn
-from transformers import AutoConfig, AutoTokenizer, ModernBertModel, PreTrainedTokenizerBase
-from transformers.initialization import no_init_weights
 
 WINDOW = 8192
 """Upstream forces `max_position_embeddings` to this; the state cut fits rows to it (a cut

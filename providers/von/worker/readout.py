@@ -17,10 +17,10 @@ import math
 from collections.abc import Sequence
 
 import torch
-from decidealot.providers.von.worker.model import Calibration
-from decidealot.providers.worker import answers
 
 from decidealot.contract import Answer, ChoiceAnswer, Question, ScoreAnswer
+from decidealot.providers.von.worker.model import Calibration
+from decidealot.providers.worker import answers
 
 _DEFAULT_DEBIAS = 0.7
 

@@ -1,0 +1,216 @@
+"""The registered providers: what each declares in its descriptor, and the settings read with them.
+
+A provider is one folder with one `ProviderDescriptor`, registered as an entry point of the
+`decidealot.providers` group (the project's own four in pyproject.toml; another distribution
+adds a fifth the same way). The descriptor declares everything the rest of the service needs to
+know about it: its settings and their consistency rules, its bundles and the files each must
+hold, its selectors, its lane, and how it is built. Config, the bundle installer, the startup
+checks, the catalog and the service iterate the descriptors and name no provider.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.metadata
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from importlib.resources.abc import Traversable
+from typing import Any, Generic, TypeVar
+
+import msgspec
+
+from decidealot import config
+from decidealot.config import ConfigError, Settings
+from decidealot.contract import ModelInfo
+from decidealot.protocols import Provider
+
+ENTRY_POINTS = "decidealot.providers"
+
+S = TypeVar("S", bound=msgspec.Struct)
+
+
+@dataclass(frozen=True)
+class Bundle:
+    """One downloadable checkpoint of a local provider."""
+
+    name: str
+    """Its manifest is `<name>.json` in `manifests`; it installs to DECIDEALOT_MODEL_DIR/<name>."""
+    setting: str
+    """The provider's setting that replaces the download with a local checkpoint."""
+    entry: str = ""
+    """What the provider loads inside the installed folder: "" the folder, else one file."""
+    entry_is: str = "checkpoint file"
+    """What messages call that one file."""
+    files: tuple[str, ...] = ()
+    """Files a checkpoint directory must hold: the ones the engine reads."""
+    manifests: Traversable | None = None
+    """Where its manifest lies; None: the manifests shipped in `decidealot.bundles`."""
+
+    @property
+    def variable(self) -> str:
+        return config.variable(self.setting)
+
+
+@dataclass(frozen=True)
+class Tiny:
+    """How to write random checkpoints of a provider's bundles (`decidealot checkpoints tiny`)."""
+
+    writer: str
+    """`module:function` writing them under a folder (bundle name -> path); like an engine
+    factory it runs in another process than the gateway (the CLI's, a test's), so it is named,
+    not imported: `decidealot.providers.tiny` calls it."""
+    needs: str | None = None
+    """What else the provider needs to run (the lines are printed commented out then)."""
+
+
+@dataclass(frozen=True)
+class ProviderDescriptor(Generic[S]):
+    """Everything the service knows about one provider."""
+
+    name: str
+    """`/health` and unload reports name it so; its settings' variables usually start with it."""
+    order: int
+    """Where it stands in listings (`/health`, `/v1/models`); a local name wins a collision
+    with a hosted one whatever the order."""
+    settings: type[S]
+    """Its settings: a frozen struct whose fields are annotated with `config.setting`."""
+    enabled: Callable[[S], bool]
+    switch_off: str
+    """How a user turns it off, for messages that offer it as a fix."""
+    build: Callable[[Settings, S], Provider]
+    """The provider, from the settings with every checkpoint setting filled."""
+    local: bool = True
+    """Decisions run on this host, in a worker, and take a residency slot."""
+    selectors: tuple[ModelInfo, ...] = ()
+    """The model names a local provider serves (a hosted one lists its own at run time)."""
+    bundles: tuple[Bundle, ...] = ()
+    lane_group: str | None = None
+    """On CPU, local providers of one group may hold the shared lane together (see
+    `lane_for`); None: a group of its own."""
+    free_of_lane: Callable[[S], bool] = lambda section: False
+    """True where its settings take it off every lane (it then overlaps other models)."""
+    check: Callable[[S], None] = lambda section: None
+    """Raises `ConfigError` for settings that each parse but contradict each other."""
+    tiny: Tiny | None = None
+
+    def of(self, settings: Settings) -> S:
+        """This provider's section of `settings`."""
+        section = settings.sections.get(self.name)
+        if section is None:
+            return self.settings()
+        if not isinstance(section, self.settings):
+            raise TypeError(f"settings section {self.name!r} is not a {self.settings.__name__}")
+        return section
+
+    def lane_for(self, section: S, device: str) -> tuple[str | None, str]:
+        """The residency lane and group of this local provider on `device`.
+
+        On CUDA every provider is its own group on lane "cuda": one provider's passes at a
+        time on the device. On CPU, providers of one `lane_group` share lane "local" together
+        (Laya and Von, so with two slots they overlap) and take turns with the others.
+        """
+        if self.free_of_lane(section):
+            return None, self.name
+        if device == "cuda":
+            return "cuda", self.name
+        return "local", self.lane_group or self.name
+
+
+Descriptor = ProviderDescriptor[Any]
+"""A descriptor of any provider: each one's settings type is its own."""
+
+
+@functools.cache
+def registered() -> tuple[Descriptor, ...]:
+    """Every registered provider, in listing order."""
+    found: dict[str, Descriptor] = {}
+    for point in _entry_points():
+        if point.name in found:
+            continue  # the first distribution on the path wins, as imports do
+        try:
+            descriptor = point.load()
+        except Exception as exc:
+            raise ConfigError(
+                f"provider {point.name!r} ({point.value}) cannot be loaded: {type(exc).__name__}"
+            ) from exc
+        if not isinstance(descriptor, ProviderDescriptor) or descriptor.name != point.name:
+            raise ConfigError(f"provider {point.name!r} ({point.value}) is not its descriptor")
+        found[point.name] = descriptor
+    return tuple(sorted(found.values(), key=lambda d: (d.order, d.name)))
+
+
+def _entry_points() -> list[importlib.metadata.EntryPoint]:
+    """The group's entry points of every distribution on the path, in path order. Unlike
+    `importlib.metadata.entry_points`, a second copy of a distribution's metadata (a stale
+    `decidealot.egg-info` left in a checkout by an in-tree build) does not hide the one that
+    declares the group."""
+    return [
+        point
+        for distribution in importlib.metadata.distributions()
+        for point in distribution.entry_points
+        if point.group == ENTRY_POINTS
+    ]
+
+
+def descriptor(name: str) -> Descriptor:
+    for each in registered():
+        if each.name == name:
+            return each
+    raise KeyError(name)
+
+
+def enabled(settings: Settings) -> tuple[Descriptor, ...]:
+    """The providers `settings` turn on, in listing order."""
+    return tuple(d for d in registered() if d.enabled(d.of(settings)))
+
+
+def enabled_local(settings: Settings) -> tuple[Descriptor, ...]:
+    return tuple(d for d in enabled(settings) if d.local)
+
+
+# -- settings --------------------------------------------------------------------------------
+
+
+def from_env(environ: Mapping[str, str] | None = None) -> Settings:
+    """Read every DECIDEALOT_* variable once; empty values count as unset. Unknown names and
+    contradictions are refused so that a typo never silently leaves a default in place."""
+    env = os.environ if environ is None else environ
+    known: set[str] = set()
+    core = config.read_core(env, known)
+    sections = {d.name: d.settings(**config.read(d.settings, env, known)) for d in registered()}
+    config.refuse_unknown(env, known)
+    for each in registered():
+        each.check(sections[each.name])
+    return Settings(**core, sections=sections)  # type: ignore[arg-type]
+
+
+def known_variables() -> frozenset[str]:
+    """Every DECIDEALOT_* name `from_env` reads: the ones the settings structs declare."""
+    known: set[str] = set()
+    config.read(Settings, {}, known)
+    for each in registered():
+        config.read(each.settings, {}, known)
+    return frozenset(known)
+
+
+def settings(**values: object) -> Settings:
+    """Settings from field values, core and providers' alike (defaults for the rest):
+    `settings(max_resident_providers=2, laya_enabled=False)`."""
+    return replace(Settings(), **values)
+
+
+def replace(current: Settings, **values: object) -> Settings:
+    """`current` with the given fields, core and providers' alike, replaced."""
+    core_fields = set(Settings.__struct_fields__) - {"sections"}
+    core = {k: v for k, v in values.items() if k in core_fields}
+    rest = {k: v for k, v in values.items() if k not in core_fields}
+    sections = dict(current.sections)
+    for each in registered():
+        own = {k: v for k, v in rest.items() if k in each.settings.__struct_fields__}
+        sections[each.name] = msgspec.structs.replace(each.of(current), **own)
+        for name in own:
+            del rest[name]
+    if rest:
+        raise TypeError(f"not settings: {', '.join(sorted(rest))}")
+    return msgspec.structs.replace(current, **core, sections=sections)

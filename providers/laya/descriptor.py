@@ -1,0 +1,97 @@
+"""Laya as the service knows it: settings, bundles, selectors, lane and how it is built."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+from decidealot.config import ConfigError, Section, Settings, boolean, directory, setting, variable
+from decidealot.contract import ModelInfo
+from decidealot.protocols import Provider
+from decidealot.providers.gateway.checkpoint_provider import CheckpointProvider
+from decidealot.providers.laya.gateway.router import checkpoint_for
+from decidealot.registry import Bundle, ProviderDescriptor, Tiny
+
+RELEASE = "2026-09-23"
+
+SELECTORS = (
+    ModelInfo("laya", "Laya System One decisions with automatic checkpoint routing.", RELEASE),
+    ModelInfo("laya-auto", "Alias for laya with automatic checkpoint routing.", RELEASE),
+    ModelInfo("laya-latest", "Alias for the current Laya release.", RELEASE),
+    ModelInfo("laya-english", "Laya English checkpoint for English Latin-script content.", RELEASE),
+    ModelInfo(
+        "laya-multilingual",
+        "Laya multilingual checkpoint for other languages and scripts.",
+        RELEASE,
+    ),
+    ModelInfo(
+        "laya-typed-decisions",
+        "Laya checkpoint tuned for structured workflow decisions.",
+        RELEASE,
+    ),
+)
+
+CHECKPOINTS = ("english", "multilingual", "typed-decisions")
+"""The worker's checkpoint keys; each is bundle `laya-<key>`, replaced by its setting."""
+
+FILES = (
+    "rl_agent_config.json",
+    "model.safetensors",
+    "encoder/config.json",
+    "tokenizer/tokenizer.json",
+    "tokenizer/tokenizer_config.json",
+)
+"""What the Laya engine reads from a checkpoint directory (docs/models.md lists them too)."""
+
+
+class LayaSettings(Section, frozen=True, kw_only=True):
+    laya_enabled: Annotated[bool, setting(boolean)] = True
+    laya_english_checkpoint: Annotated[Path | None, setting(directory)] = None
+    laya_multilingual_checkpoint: Annotated[Path | None, setting(directory)] = None
+    laya_typed_decisions_checkpoint: Annotated[Path | None, setting(directory)] = None
+
+    def checkpoint(self, key: str) -> Path | None:
+        path: Path | None = getattr(self, _setting(key))
+        return path
+
+
+def _setting(key: str) -> str:
+    return f"laya_{key.replace('-', '_')}_checkpoint"
+
+
+def _check(section: LayaSettings) -> None:
+    if section.laya_enabled:
+        return
+    for key in CHECKPOINTS:
+        if section.checkpoint(key) is not None:
+            raise ConfigError(
+                f"{variable(_setting(key))} is set but {variable('laya_enabled')}=false"
+            )
+
+
+def _build(settings: Settings, section: LayaSettings) -> Provider:
+    """Nothing is preloaded: the worker loads a checkpoint on its first job, so a deployment
+    that only ever routes to one never holds the other two in memory."""
+    return CheckpointProvider.in_worker(
+        "laya",
+        SELECTORS,
+        "decidealot.providers.laya.worker.engine:create",
+        {key: section.checkpoint(key) for key in CHECKPOINTS},
+        settings,
+        checkpoint_for,
+    )
+
+
+DESCRIPTOR = ProviderDescriptor(
+    name="laya",
+    order=10,
+    settings=LayaSettings,
+    enabled=lambda section: section.laya_enabled,
+    switch_off="DECIDEALOT_LAYA_ENABLED=false to turn Laya off",
+    build=_build,
+    selectors=SELECTORS,
+    bundles=tuple(Bundle(f"laya-{key}", _setting(key), files=FILES) for key in CHECKPOINTS),
+    lane_group="models",
+    check=_check,
+    tiny=Tiny("decidealot.providers.laya.tiny:write_bundles"),
+)

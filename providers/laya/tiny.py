@@ -1,0 +1,237 @@
+"""Tiny random Laya checkpoints in upstream's on-disk format (laya.md §8), for all variants.
+
+The result loads with both `laya.load(path, device="cpu")` and our engine, offline. Weights are
+random but drawn with a wide initialiser so option probabilities differ measurably; the byte-level
+BPE tokenizer covers any UTF-8 text, so multilingual states tokenise without unknown tokens.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import ModernBertConfig, ModernBertModel, PreTrainedTokenizerFast
+
+from decidealot.providers.tiny import modernbert_config
+
+VARIANTS = ("english", "multilingual", "typed-decisions")
+
+_CORPUS = [
+    "The customer requests a refund for a duplicate payment.",
+    "choice question: Which department should handle this? billing technical sales",
+    "score question: level 0: routine level 1: important level 2: urgent",
+    "noul question: false: no, the statement does not hold true: yes, the statement holds",
+    '{"operation": "delete", "resource": "protected-record", "reversible": false}',
+    "Mein Konto wurde zweimal belastet, bitte helfen Sie mir.",
+    "Je voudrais annuler ma commande, merci beaucoup.",
+    "Мой заказ не пришёл вовремя. 我的订单没有到。 注文が届きません。 주문이 도착하지 않았습니다.",
+    "طلبي لم يصل. मेरा ऑर्डर नहीं आया। ההזמנה שלי לא הגיעה. Η παραγγελία μου δεν έφτασε.",
+]
+
+# Per variant: special tokens in id order, their roles, RoPE thetas (full, sliding), budgets and
+# the shipped temperatures (laya.md §1.3), including the out-of-range `choice:11+` entry.
+_SHIPPED_BY_OPTIONS = {
+    "choice:2": 1.9063563346862793,
+    "choice:3-5": 1.7601518630981445,
+    "choice:6-10": 1.0000158548355103,
+    "choice:11+": 0.10058280825614929,
+    "score:3-5": 1.2514300346374512,
+    "noul:2": 1.983399510383606,
+}
+_BERT_SPECIALS = ["[UNK]", "[CLS]", "[SEP]", "[PAD]", "[MASK]"]
+_BERT_ROLES = {
+    "unk_token": "[UNK]",
+    "cls_token": "[CLS]",
+    "sep_token": "[SEP]",
+    "pad_token": "[PAD]",
+    "mask_token": "[MASK]",
+}
+_GEMMA_SPECIALS = ["<pad>", "<eos>", "<bos>", "<unk>", "<mask>"]
+_GEMMA_ROLES = {
+    "pad_token": "<pad>",
+    "eos_token": "<eos>",
+    "bos_token": "<bos>",
+    "unk_token": "<unk>",
+    "mask_token": "<mask>",
+    "cls_token": "<bos>",
+    "sep_token": "<eos>",
+}
+_VARIANT = {
+    "english": {
+        "specials": _BERT_SPECIALS,
+        "roles": _BERT_ROLES,
+        "rope": (160000.0, 10000.0),
+        "encoder": "answerdotai/ModernBERT-large",
+        "model_name": "rl-agent",
+        "max_len": 128,
+        "head_max_len": 48,
+        "temperature": [1.6369030475616455, 1.2514300346374512, 1.983399510383606],
+        "temperature_by_options": _SHIPPED_BY_OPTIONS,
+    },
+    "multilingual": {
+        "specials": _GEMMA_SPECIALS,
+        "roles": _GEMMA_ROLES,
+        "rope": (160000.0, 160000.0),
+        "encoder": "jhu-clsp/mmBERT-base",
+        "model_name": "rl-agent",
+        "max_len": 160,
+        "head_max_len": 64,
+        "temperature": [1.0, 1.0, 1.0],
+        "temperature_by_options": {},
+    },
+    "typed-decisions": {
+        "specials": _BERT_SPECIALS,
+        "roles": _BERT_ROLES,
+        "rope": (160000.0, 10000.0),
+        "encoder": "answerdotai/ModernBERT-large",
+        "model_name": "laya-typed-decisions",
+        "max_len": 160,
+        "head_max_len": 64,
+        "temperature": [1.0148024559020996, 1.0374259948730469, 1.0575125217437744],
+        "temperature_by_options": _SHIPPED_BY_OPTIONS,
+    },
+}
+
+HIDDEN = 64
+HEAD_LAYERS = 2
+N_ACT = 2
+
+SIZES = ("tiny", "base")
+_BASE = {
+    "hidden_size": 768,
+    "intermediate_size": 1152,
+    "num_hidden_layers": 22,
+    "num_attention_heads": 12,
+    "global_attn_every_n_layers": 3,
+    "local_attention": 128,
+    "initializer_range": 0.02,
+}
+"""ModernBERT-base's encoder shape, for benchmarks. Its embedding table has ModernBERT's real
+vocabulary size (50,368 rows) while the tokenizer stays the tiny BPE, so only ids below ~400 occur:
+the compute per token is the real model's, the text-to-token ratio is not."""
+BASE_VOCAB_SIZE = 50368
+BASE_BUDGET = {"max_len": 512, "head_max_len": 192}
+
+
+def _build_tokenizer(variant: dict, out: Path) -> PreTrainedTokenizerFast:
+    roles = variant["roles"]
+    backend = Tokenizer(models.BPE(unk_token=roles["unk_token"]))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=400,
+        special_tokens=variant["specials"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    backend.train_from_iterator(_CORPUS, trainer=trainer)
+    tok = PreTrainedTokenizerFast(tokenizer_object=backend, **roles)
+    tok.save_pretrained(str(out))
+    config_path = out / "tokenizer_config.json"
+    config = json.loads(config_path.read_text())
+    config["tokenizer_class"] = "PreTrainedTokenizerFast"
+    config.pop("backend", None)
+    config.pop("is_local", None)
+    config_path.write_text(json.dumps(config, indent=2))
+    return tok
+
+
+def _encoder_config(
+    tok: PreTrainedTokenizerFast, rope: tuple[float, float], size: str
+) -> ModernBertConfig:
+    full, sliding = rope
+    shape = {
+        "hidden_size": HIDDEN,
+        "intermediate_size": 2 * HIDDEN,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "global_attn_every_n_layers": 2,
+        "local_attention": 32,
+        "initializer_range": 0.5,
+    }
+    if size == "base":
+        shape = _BASE
+    return modernbert_config(
+        tok,
+        shape,
+        vocab_size=BASE_VOCAB_SIZE if size == "base" else len(tok),
+        rope_parameters={
+            "full_attention": {"rope_type": "default", "rope_theta": full},
+            "sliding_attention": {"rope_type": "default", "rope_theta": sliding},
+        },
+    )
+
+
+def _random_weights(config: ModernBertConfig) -> dict[str, torch.Tensor]:
+    d = config.hidden_size
+    weights = {"encoder." + k: v for k, v in ModernBertModel(config).state_dict().items()}
+    for j in range(HEAD_LAYERS):
+        layer = torch.nn.TransformerEncoderLayer(
+            d, max(1, d // 64), 4 * d, 0.1, batch_first=True, norm_first=True
+        )
+        for k, v in layer.state_dict().items():
+            weights[f"head.layers.{j}.{k}"] = v
+    weights["type_emb.weight"] = torch.randn(3, d)
+    scorer = torch.nn.Sequential(
+        torch.nn.LayerNorm(d), torch.nn.Linear(d, d), torch.nn.GELU(), torch.nn.Linear(d, 1)
+    )
+    for k, v in scorer.state_dict().items():
+        weights["scorer." + k] = v
+    act_head = torch.nn.Sequential(
+        torch.nn.Linear(d + 4, 256), torch.nn.GELU(), torch.nn.Linear(256, N_ACT)
+    )
+    for k, v in act_head.state_dict().items():
+        weights["act_head." + k] = v
+    weights["temperature"] = torch.ones(3)
+    # Spread the head's LayerNorm gains and the scorer's output so option probabilities differ
+    # clearly (near-uniform answers would make parity tests weak).
+    for name, value in weights.items():
+        if name.startswith(("head.", "scorer.")) and name.endswith("weight") and value.dim() == 1:
+            weights[name] = 1.0 + 0.5 * torch.randn_like(value)
+    weights["scorer.3.weight"] = weights["scorer.3.weight"] * 8.0
+    return weights
+
+
+def build_laya_checkpoint(path: Path, variant: str, *, seed: int = 0, size: str = "tiny") -> Path:
+    """Write a random `variant` checkpoint into `path` (created) and return `path`.
+
+    `size` "tiny" is the test checkpoint; "base" has ModernBERT-base's encoder shape and the
+    shipped english budgets (512 / 192), for benchmarks only (about 330 MB on disk)."""
+    if variant not in _VARIANT:
+        raise ValueError(f"unknown Laya variant {variant!r}; expected one of {VARIANTS}")
+    if size not in SIZES:
+        raise ValueError(f"unknown Laya checkpoint size {size!r}; expected one of {SIZES}")
+    spec = _VARIANT[variant] if size == "tiny" else {**_VARIANT[variant], **BASE_BUDGET}
+    path.mkdir(parents=True, exist_ok=True)
+    tok = _build_tokenizer(spec, path / "tokenizer")
+    config = _encoder_config(tok, spec["rope"], size)
+    config.save_pretrained(str(path / "encoder"))
+    torch.manual_seed(seed)
+    weights = _random_weights(config)
+    save_file(
+        {k: v.detach().half().contiguous() for k, v in weights.items()},
+        str(path / "model.safetensors"),
+    )
+    rl_config = {
+        "encoder": spec["encoder"],
+        "model_name": spec["model_name"],
+        "head_layers": HEAD_LAYERS,
+        "act_costs": {"escalate": 0.5},
+        "max_len": spec["max_len"],
+        "head_max_len": spec["head_max_len"],
+        "temperature": spec["temperature"],
+        "temperature_by_options": spec["temperature_by_options"],
+        "amp_dtype": "bf16",
+        "max_prefixes": 6,
+        "cost_wrong_act": 3.0,
+    }
+    (path / "rl_agent_config.json").write_text(json.dumps(rl_config, indent=2))
+    return path
+
+
+def write_bundles(root: Path) -> dict[str, Path]:
+    """One random checkpoint per Laya bundle under `root`; bundle name -> path."""
+    return {f"laya-{key}": build_laya_checkpoint(root / f"laya-{key}", key) for key in VARIANTS}

@@ -1,0 +1,51 @@
+"""Small random checkpoints of every local model, in the upstream on-disk formats.
+
+One code path for the test suite, the benchmarks and `decidealot checkpoints tiny DIR`: each
+provider's `tiny` module writes exactly the files the upstream package and our engine load, with
+random weights, so the answers they give carry no meaning. They are for smoke tests, client CI
+and trying the API offline; torch is imported there, so only the CLI, tests and benches do.
+This module holds what they share, and writes them all.
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import Any
+
+from transformers import ModernBertConfig, PreTrainedTokenizerFast
+from transformers.utils import logging as transformers_logging
+
+from decidealot import registry
+from decidealot.registry import Descriptor
+
+
+def modernbert_config(
+    tok: PreTrainedTokenizerFast, shape: dict[str, Any], **extra: Any
+) -> ModernBertConfig:
+    """The encoder config for `shape`, with the tokenizer's special ids and the 8192 window
+    upstream loads; `extra` (a vocabulary size, RoPE parameters) overrides the rest."""
+    values: dict[str, Any] = {
+        "vocab_size": len(tok),
+        **shape,
+        "max_position_embeddings": 8192,
+        "pad_token_id": tok.pad_token_id,
+        "cls_token_id": tok.cls_token_id,
+        "sep_token_id": tok.sep_token_id,
+        "bos_token_id": tok.cls_token_id,
+        "eos_token_id": tok.sep_token_id,
+    }
+    return ModernBertConfig(**(values | extra))
+
+
+def write_checkpoints(directory: Path) -> list[tuple[Descriptor, dict[str, Path]]]:
+    """Write one random checkpoint per bundle of every registered provider under `directory`:
+    each provider with its bundle name -> path."""
+    transformers_logging.disable_progress_bar()  # stderr stays for errors
+    written = []
+    for descriptor in registry.registered():
+        if descriptor.tiny is not None:
+            module, _, function = descriptor.tiny.writer.partition(":")
+            write = getattr(importlib.import_module(module), function)
+            written.append((descriptor, write(directory)))
+    return written

@@ -1,0 +1,70 @@
+"""Von as the service knows it: settings, bundle, selectors, lane and how it is built."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+from decidealot.config import ConfigError, Section, Settings, boolean, directory, setting
+from decidealot.contract import ModelInfo
+from decidealot.protocols import Provider
+from decidealot.providers.gateway.checkpoint_provider import CheckpointProvider, only
+from decidealot.registry import Bundle, ProviderDescriptor, Tiny
+
+CHECKPOINT = "von-1.1"
+"""The one checkpoint key; also the bundle name and the `model` every answer reports."""
+RELEASE = "2026-09-22"
+
+SELECTORS = (
+    ModelInfo("von", "Von System One decisions served by the local Von 1.1 model.", RELEASE),
+    ModelInfo("von-latest", "Alias for the current Von release.", RELEASE),
+    ModelInfo("von-1.1", "Von 1.1 System One decision model.", RELEASE),
+    ModelInfo("von-1.1.0", "Alias for the Von 1.1 point release.", RELEASE),
+)
+
+FILES = (
+    "config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "option_marker.pt",
+    "marker_calibration.json",
+)
+"""What the Von engine reads from a checkpoint directory (docs/models.md lists them too)."""
+
+
+class VonSettings(Section, frozen=True, kw_only=True):
+    von_enabled: Annotated[bool, setting(boolean)] = True
+    von_checkpoint: Annotated[Path | None, setting(directory)] = None
+
+
+def _check(section: VonSettings) -> None:
+    if not section.von_enabled and section.von_checkpoint is not None:
+        raise ConfigError("DECIDEALOT_VON_CHECKPOINT is set but DECIDEALOT_VON_ENABLED=false")
+
+
+def _build(settings: Settings, section: VonSettings) -> Provider:
+    """Every selector is an alias of the one checkpoint, loaded at worker start."""
+    return CheckpointProvider.in_worker(
+        "von",
+        SELECTORS,
+        "decidealot.providers.von.worker.engine:create",
+        {CHECKPOINT: section.von_checkpoint},
+        settings,
+        only(CHECKPOINT),
+        preload=(CHECKPOINT,),
+    )
+
+
+DESCRIPTOR = ProviderDescriptor(
+    name="von",
+    order=20,
+    settings=VonSettings,
+    enabled=lambda section: section.von_enabled,
+    switch_off="DECIDEALOT_VON_ENABLED=false to turn Von off",
+    build=_build,
+    selectors=SELECTORS,
+    bundles=(Bundle(CHECKPOINT, "von_checkpoint", files=FILES),),
+    lane_group="models",
+    check=_check,
+    tiny=Tiny("decidealot.providers.von.tiny:write_bundles"),
+)

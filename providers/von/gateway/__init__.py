@@ -1,1 +1,0 @@
-"""Von, gateway side: runs in the gateway process and never imports torch."""

@@ -1,0 +1,189 @@
+"""Tiny random Von checkpoints in upstream's on-disk format (von.md §6), both attention modes.
+
+The result loads with the unmodified von-sdk 1.3.7 backend (`VON_CHECKPOINT_DIR=<dir>`) and with
+our engine, offline. The encoder is small enough that a forward pass takes milliseconds, but it
+keeps one full-attention and two sliding-window layers so both mask kinds are exercised.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers.processors import TemplateProcessing
+from transformers import ModernBertConfig, ModernBertModel, PreTrainedTokenizerFast
+
+from decidealot.providers.tiny import modernbert_config
+
+_CORPUS = [
+    "The customer requests a refund for a duplicate payment of 1250 dollars.",
+    "Which department should handle this? billing technical sales support",
+    "Routine, answer in the normal queue. Important, answer soon. Urgent, interrupt.",
+    "Yes, condition holds true. No, condition is false.",
+    '{"operation": "delete", "resource": "protected-record", "reversible": false}',
+    "summary: A request changes access for an account that holds protected records.",
+    "The invoice dated 2026-09-22 lists 3 items at 19.99 each; order 84213 shipped.",
+]
+_SPECIALS = ["[UNK]", "[CLS]", "[SEP]", "[PAD]", "[MASK]"]
+
+HIDDEN = 32
+LOCAL_ATTENTION = 16
+
+SIZES = ("tiny", "long", "small")
+_SHAPES: dict[str, dict[str, float]] = {
+    "tiny": {
+        "hidden_size": HIDDEN,
+        "intermediate_size": 48,
+        "num_hidden_layers": 3,
+        "num_attention_heads": 2,
+        "global_attn_every_n_layers": 3,
+        "local_attention": LOCAL_ATTENTION,
+        "initializer_range": 0.1,  # with the scorer's gain: probabilities spread, rarely saturate
+    },
+    "long": {
+        "hidden_size": HIDDEN,
+        "intermediate_size": 48,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 1,
+        "global_attn_every_n_layers": 1,
+        "local_attention": LOCAL_ATTENTION,
+        "initializer_range": 0.1,
+    },
+    "small": {
+        "hidden_size": 384,
+        "intermediate_size": 576,
+        "num_hidden_layers": 6,
+        "num_attention_heads": 6,
+        "global_attn_every_n_layers": 3,
+        "local_attention": 128,
+        "initializer_range": 0.02,
+    },
+}
+"""`tiny` is the test checkpoint; `long` is `tiny` cut to one global layer and one head, for
+states past the 8192-token window, where a pass costs what its masks cost (transformers builds
+them over the whole window), so fewer layers halve what both sides spend without changing what
+is compared; `small` (7.7M parameters, ModernBERT's layer pattern and window) is for
+benchmarks, where the forward pass should dominate a request."""
+
+DEFAULT_CALIBRATION_MAP: dict[str, float] = {
+    "bias": 1.2,
+    "entropy": 0.5,
+    "log_tokens": 0.3,
+    "n_options": 0.1,
+    "lo": 0.5,
+    "hi": 12.0,
+}
+DEFAULT_NOUL_PRIOR: dict[str, float] = {"a": 0.6, "b": 0.05}
+
+
+def _build_tokenizer(out: Path) -> PreTrainedTokenizerFast:
+    backend = Tokenizer(models.BPE(unk_token="[UNK]"))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=300,
+        special_tokens=_SPECIALS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    backend.train_from_iterator(_CORPUS, trainer=trainer)
+    backend.add_special_tokens([AddedToken("[MASK]", lstrip=True, special=True)])
+    cls_id, sep_id = backend.token_to_id("[CLS]"), backend.token_to_id("[SEP]")
+    backend.post_processor = TemplateProcessing(
+        single="[CLS] $A [SEP]",
+        pair="[CLS] $A [SEP] $B [SEP]",
+        special_tokens=[("[CLS]", cls_id), ("[SEP]", sep_id)],
+    )
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        unk_token="[UNK]",
+        cls_token="[CLS]",
+        sep_token="[SEP]",
+        pad_token="[PAD]",
+        mask_token="[MASK]",
+        model_max_length=8192,
+    )
+    tok.save_pretrained(str(out))
+    config_path = out / "tokenizer_config.json"
+    config = json.loads(config_path.read_text())
+    config["tokenizer_class"] = "PreTrainedTokenizerFast"
+    config_path.write_text(json.dumps(config, indent=2))
+    return tok
+
+
+def _encoder_config(tok: PreTrainedTokenizerFast, size: str) -> ModernBertConfig:
+    return modernbert_config(tok, _SHAPES[size])
+
+
+def _scorer_weights(hidden: int) -> dict[str, torch.Tensor]:
+    scorer = {
+        "input_norm": torch.nn.LayerNorm(hidden),
+        "dense": torch.nn.Linear(hidden, hidden // 2),
+        "norm": torch.nn.LayerNorm(hidden // 2),
+        "out_proj": torch.nn.Linear(hidden // 2, 1),
+    }
+    weights = {
+        f"scorer.{name}.{k}": v.detach().clone()
+        for name, module in scorer.items()
+        for k, v in module.state_dict().items()
+    }
+    # An untouched random head gives p ≈ 1/K; a large output gain makes probabilities differ.
+    weights["scorer.out_proj.weight"] *= 100.0
+    return weights
+
+
+def build_von_checkpoint(
+    path: Path,
+    *,
+    independent_options: bool,
+    seed: int = 0,
+    digit_split: bool = True,
+    calibration_map: dict[str, float] | None = DEFAULT_CALIBRATION_MAP,
+    noul_prior: dict[str, float] | None = DEFAULT_NOUL_PRIOR,
+    temperature: float = 1.0,
+    size: str = "tiny",
+) -> Path:
+    """Write a random Von checkpoint of `size` (see `SIZES`) into `path` (created) and return
+    `path`.
+
+    `calibration_map=None` / `noul_prior=None` leave those keys out of
+    `marker_calibration.json`, so the scalar `temperature` and the 0.7 debias coefficient apply.
+    """
+    if size not in SIZES:
+        raise ValueError(f"unknown Von checkpoint size {size!r}; expected one of {SIZES}")
+    path.mkdir(parents=True, exist_ok=True)
+    tok = _build_tokenizer(path)
+    config = _encoder_config(tok, size)
+    torch.manual_seed(seed)
+    encoder = ModernBertModel(config)
+    encoder.save_pretrained(str(path))
+    weights = {"encoder." + k: v.detach().clone() for k, v in encoder.state_dict().items()}
+    weights.update(_scorer_weights(config.hidden_size))
+    torch.save(weights, path / "option_marker.pt")
+    calibration: dict[str, object] = {
+        "temperature": temperature,
+        "independent_options": independent_options,
+        "digit_split": digit_split,
+    }
+    if calibration_map is not None:
+        calibration["calibration_map"] = dict(calibration_map)
+    if noul_prior is not None:
+        calibration["noul_zero_shot_prior"] = dict(noul_prior)
+    (path / "marker_calibration.json").write_text(json.dumps(calibration, indent=2))
+    return path
+
+
+def write_bundles(root: Path) -> dict[str, Path]:
+    """The `von-1.1` bundle at random: plain (joint-attention) mode with the scalar
+    temperature of the 1.1 candidate, as the bundle serves it."""
+    path = build_von_checkpoint(
+        root / "von-1.1",
+        independent_options=False,
+        digit_split=False,
+        calibration_map=None,
+        noul_prior=None,
+        temperature=2.2,
+    )
+    return {"von-1.1": path}

@@ -1,0 +1,109 @@
+"""A caller that goes away stops costing anything: HTTP disconnects and MCP cancellations.
+
+The production server over the test providers (`tests/server.py`) with one resident slot: a
+request steered to sleep holds the slot; those queued behind it wait for it. A cancelled one
+must leave that queue (and the decision counter must say so) without anyone answering it.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+import httpx
+import httpx2
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.support.servers import ALL_FAKES, RunningServer
+
+
+def steered(model: str, sleep: float, tag: str) -> dict[str, Any]:
+    return {
+        "model": model,
+        "state": {"fake": {"sleep": sleep, "tag": tag}},
+        "questions": {"q": {"type": "noul", "instructions": "Is it?"}},
+    }
+
+
+def sample(server: RunningServer, name: str, **labels: str) -> float:
+    text = httpx.get(server.url + "/metrics", timeout=10).text
+    return sum(
+        s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())
+    )
+
+
+def cancelled(server: RunningServer) -> float:
+    return sample(server, "decidealot_requests_cancelled_total", provider="laya")
+
+
+def hang_up_after(server: RunningServer, body: object, seconds: float) -> None:
+    """Send a request on a raw socket and close it before the answer."""
+    host, port = server.url.removeprefix("http://").split(":")
+    payload = json.dumps(body).encode()
+    with socket.create_connection((host, int(port))) as sock:
+        sock.sendall(
+            b"POST /v1/systemone HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            + f"Content-Length: {len(payload)}\r\n\r\n".encode()
+            + payload
+        )
+        time.sleep(seconds)
+
+
+def wait_for(condition: Callable[[], bool], seconds: float = 10) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+
+
+def test_a_disconnected_client_leaves_its_queue_and_is_never_answered(
+    launch: Callable[..., RunningServer],
+) -> None:
+    server = launch(**ALL_FAKES, DECIDEALOT_MAX_RESIDENT_PROVIDERS="1")
+    with httpx.Client(timeout=30) as client:
+        holder = threading.Thread(
+            target=lambda: client.post(
+                server.url + "/v1/systemone", json=steered("von", 2.0, "holder")
+            )
+        )
+        holder.start()
+        time.sleep(0.3)
+        # laya needs von's slot: it waits in residency's queue, then its client hangs up
+        hang_up_after(server, steered("laya", 0.0, "gone"), 0.5)
+        wait_for(lambda: cancelled(server) == 1)
+        holder.join()
+        after = client.post(server.url + "/v1/systemone", json=steered("laya", 0.0, "after"))
+    assert after.status_code == 200
+    tags = [event["tag"] for event in server.events()]
+    assert "gone" not in tags  # it never ran
+    assert sample(server, "decidealot_decisions_total", provider="laya", outcome="cancelled") == 1
+    assert any('" 499 ' in line or " 499 " in line for line in server.log_lines())
+
+
+async def test_a_cancelled_mcp_tool_call_is_withdrawn(
+    launch: Callable[..., RunningServer],
+) -> None:
+    server = launch(**ALL_FAKES, DECIDEALOT_MAX_RESIDENT_PROVIDERS="1")
+    async with (
+        httpx2.AsyncClient(timeout=30) as http,
+        Client(streamable_http_client(f"{server.url}/mcp", http_client=http)) as client,
+    ):
+        async with anyio.create_task_group() as group:
+            group.start_soon(client.call_tool, "system_one", steered("von", 2.0, "holder"))
+            await anyio.sleep(0.3)
+            with anyio.move_on_after(0.5):  # the caller gives up: the SDK cancels the request
+                await client.call_tool("system_one", steered("laya", 0.0, "gone"))
+        await anyio.to_thread.run_sync(lambda: wait_for(lambda: cancelled(server) == 1))
+        result = await client.call_tool("system_one", steered("laya", 0.0, "after"))
+        assert not result.is_error
+    assert "gone" not in [event["tag"] for event in server.events()]

@@ -1,0 +1,376 @@
+"""What a new user meets before the service listens, over the real `decidealot` commands.
+
+`decidealot checkpoints tiny DIR` writes random checkpoints of every local model and prints the
+variables; `serve` on them answers decisions over HTTP. A checkpoint directory that lacks a file
+its engine reads, an offline machine with no bundles, and `DECIDEALOT_DEVICE=cuda` without a GPU
+each stop `serve` and `prepare` before listening, with one message and no traceback.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import msgspec
+import pytest
+
+from decidealot.checkpoints.install import RECORD_NAME, InstallRecord, RecordFile
+from tests.support.cli import run_cli
+from tests.support.fake_embeddings import FakeEmbeddings
+from tests.support.servers import free_port as _free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+VON_COMMIT = "a" * 40
+
+
+def _env(**env: str) -> dict[str, str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("DECIDEALOT_", "HF_"))}
+    return clean | {"HF_HUB_OFFLINE": "1", "DECIDEALOT_DEVICE": "cpu"} | env
+
+
+def cli(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    offline = {"HF_HUB_OFFLINE": "1", "DECIDEALOT_DEVICE": "cpu"}
+    return run_cli(*args, clear=("DECIDEALOT_", "HF_"), **(offline | env))
+
+
+@pytest.fixture(scope="module")
+def printed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """The variables `decidealot checkpoints tiny DIR` prints, parsed from its output."""
+    directory = tmp_path_factory.mktemp("tiny")
+    result = cli("checkpoints", "tiny", str(directory))
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert "random weights, so answers carry no meaning" in lines[0]
+    variables = {}
+    for line in lines:  # CLM's head is commented out: it is refused without an encoder URL
+        if line.startswith(("export ", "# export ")):
+            name, _, value = line.removeprefix("# ").removeprefix("export ").partition("=")
+            variables[name] = value
+    return variables
+
+
+def test_tiny_checkpoints_name_every_local_checkpoint_variable(printed: dict[str, str]) -> None:
+    assert sorted(printed) == [
+        "DECIDEALOT_CLM_HEAD",
+        "DECIDEALOT_LAYA_ENGLISH_CHECKPOINT",
+        "DECIDEALOT_LAYA_MULTILINGUAL_CHECKPOINT",
+        "DECIDEALOT_LAYA_TYPED_DECISIONS_CHECKPOINT",
+        "DECIDEALOT_VON_CHECKPOINT",
+    ]
+    assert all(Path(path).exists() for path in printed.values())
+
+
+def test_upstream_packages_load_the_tiny_checkpoints(printed: dict[str, str]) -> None:
+    """The command writes the upstream on-disk formats, not only ours."""
+    probe = (
+        "import os, sys, laya\n"
+        "from von.backends.option_marker_backend import OptionMarkerBackend\n"
+        "laya.load(sys.argv[1], device='cpu')\n"
+        "OptionMarkerBackend(checkpoint_dir=sys.argv[2], device='cpu')._get_model()\n"
+        "print('loaded')\n"
+    )
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            probe,
+            printed["DECIDEALOT_LAYA_ENGLISH_CHECKPOINT"],
+            printed["DECIDEALOT_VON_CHECKPOINT"],
+        ],
+        env=_env(
+            VON_CHAINS_DIR="off", XDG_CACHE_HOME=str(Path(printed["DECIDEALOT_CLM_HEAD"]).parent)
+        ),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.stdout.strip().endswith("loaded"), result.stderr[-2000:]
+
+
+@pytest.fixture
+def serve(tmp_path: Path) -> Iterator[Callable[..., str]]:
+    """Start `decidealot serve` with `env`; returns its URL once it listens."""
+    started: list[subprocess.Popen[str]] = []
+
+    def start(**env: str) -> str:
+        port = _free_port()
+        log = (tmp_path / f"serve{len(started)}.log").open("w")
+        process = subprocess.Popen(
+            [sys.executable, "-m", "decidealot", "serve", "--port", str(port)],
+            cwd=ROOT,
+            env=_env(DECIDEALOT_MODEL_DIR=str(tmp_path / "models"), **env),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        started.append(process)
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            assert process.poll() is None, Path(log.name).read_text()[-2000:]
+            try:
+                httpx.get(url + "/health", timeout=1)
+                return url
+            except httpx.TransportError:
+                time.sleep(0.1)
+        raise AssertionError("serve did not start")
+
+    yield start
+    for process in started:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            process.wait(30)
+
+
+def test_the_tiny_checkpoints_serve_decisions_over_http(
+    printed: dict[str, str], serve: Callable[..., str]
+) -> None:
+    embeddings = FakeEmbeddings(4096).start()
+    try:
+        url = serve(
+            **printed,
+            DECIDEALOT_CLM_EMBEDDINGS_URL=embeddings.url,
+            DECIDEALOT_MAX_RESIDENT_PROVIDERS="3",
+        )
+        questions = {
+            "route": {"type": "choice", "criteria": {"billing": "Payment", "tech": None}},
+            "urgent": {"type": "noul", "instructions": "Is it urgent?"},
+            "level": {"type": "score", "criteria": ["low", "mid", "high"]},
+        }
+        for model in ("laya", "von", "clm"):
+            body = {"model": model, "state": "The refund failed twice.", "questions": questions}
+            answer = httpx.post(url + "/v1/systemone", json=body, timeout=120)
+            assert answer.status_code == 200, (model, answer.text)
+            probabilities = answer.json()["answers"]["route"]["probabilities"]
+            assert sum(probabilities.values()) == pytest.approx(1.0, abs=1e-3)
+
+        # Von: a state past the 8192-token window is cut, not refused ...
+        long_state = "The refund for order 84213 failed twice. " * 2500
+        body = {"model": "von", "state": long_state, "questions": questions}
+        answer = httpx.post(url + "/v1/systemone", json=body, timeout=120)
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["usage"]["input_tokens"] > 8192
+        # ... and only instructions that cannot fit by themselves get the 422, naming them.
+        huge = {"type": "noul", "instructions": " ".join(f"rule{i}" for i in range(9000))}
+        body = {"model": "von", "state": "short", "questions": {**questions, "rules": huge}}
+        refused = httpx.post(url + "/v1/systemone", json=body, timeout=120)
+        assert refused.status_code == 422
+        assert "questions" in json.dumps(refused.json()) and "rules" in json.dumps(refused.json())
+        assert "by themselves" in refused.text and "rule17" not in refused.text
+    finally:
+        embeddings.stop()
+
+
+# -- checkpoints checked before listening --------------------------------------------------
+
+
+def _copy(printed: dict[str, str], variable: str, tmp_path: Path) -> Path:
+    source = Path(printed[variable])
+    target = tmp_path / "ckpt" / source.name
+    if source.is_dir():
+        shutil.copytree(source, target)
+    else:
+        target.parent.mkdir(parents=True)
+        shutil.copy(source, target)
+    return target
+
+
+def _empty_dir(path: Path) -> None:
+    for child in path.iterdir():
+        shutil.rmtree(child) if child.is_dir() else child.unlink()
+
+
+def _remove(name: str) -> Callable[[Path], None]:
+    def remove(path: Path) -> None:
+        target = path / name
+        shutil.rmtree(target) if target.is_dir() else target.unlink()
+
+    return remove
+
+
+MISSING = {
+    "von-empty": ("DECIDEALOT_VON_CHECKPOINT", _empty_dir, "option_marker.pt"),
+    "von-no-calibration": (
+        "DECIDEALOT_VON_CHECKPOINT",
+        _remove("marker_calibration.json"),
+        "marker_calibration.json",
+    ),
+    "laya-no-tokenizer": (
+        "DECIDEALOT_LAYA_ENGLISH_CHECKPOINT",
+        _remove("tokenizer"),
+        "tokenizer/tokenizer.json",
+    ),
+    "laya-no-weights": (
+        "DECIDEALOT_LAYA_MULTILINGUAL_CHECKPOINT",
+        _remove("model.safetensors"),
+        "model.safetensors",
+    ),
+    "laya-empty": ("DECIDEALOT_LAYA_TYPED_DECISIONS_CHECKPOINT", _empty_dir, "encoder/config.json"),
+    "clm-empty-head": (
+        "DECIDEALOT_CLM_HEAD",
+        lambda path: path.write_bytes(b""),
+        "the head file is empty",
+    ),
+}
+
+
+def _assert_refused(result: subprocess.CompletedProcess[str], *needles: str) -> None:
+    assert result.returncode == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    assert any(line.startswith("decidealot: ") for line in result.stderr.splitlines())
+    for needle in needles:
+        assert needle in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("command", ["serve", "prepare"])
+@pytest.mark.parametrize("case", list(MISSING))
+def test_a_checkpoint_missing_a_file_stops_startup(
+    printed: dict[str, str], tmp_path: Path, command: str, case: str
+) -> None:
+    variable, damage, needle = MISSING[case]
+    broken = _copy(printed, variable, tmp_path)
+    damage(broken)
+    port = _free_port()
+    env = {
+        **printed,
+        variable: str(broken),
+        "DECIDEALOT_CLM_EMBEDDINGS_URL": "http://127.0.0.1:9/v1",
+        "DECIDEALOT_MODEL_DIR": str(tmp_path / "models"),
+        "DECIDEALOT_PORT": str(port),
+    }
+    result = cli(command, **env)
+    _assert_refused(result, f"{variable}={broken}", needle)
+    if command == "serve":
+        with pytest.raises(httpx.TransportError):
+            httpx.get(f"http://127.0.0.1:{port}/health", timeout=1)
+
+
+def _install_without(printed: dict[str, str], tmp_path: Path, left_out: str) -> dict[str, str]:
+    """An installed von-1.1 bundle whose manifest and record lack `left_out`."""
+    source = Path(printed["DECIDEALOT_VON_CHECKPOINT"])
+    models, manifests = tmp_path / "models", tmp_path / "manifests"
+    target = models / "von-1.1"
+    shutil.copytree(source, target)
+    (target / left_out).unlink()
+    files = [
+        RecordFile(p.name, p.stat().st_size, hashlib.sha256(p.read_bytes()).hexdigest(), "manifest")
+        for p in sorted(target.iterdir())
+    ]
+    record = InstallRecord("von-1.1", "tiny/von", VON_COMMIT, "", tuple(files))
+    (target / RECORD_NAME).write_bytes(msgspec.json.encode(record))
+    manifests.mkdir()
+    manifest = {
+        "name": "von-1.1",
+        "repo": "tiny/von",
+        "revision": VON_COMMIT,
+        "files": [{"path": f.path, "size": f.size, "sha256": f.sha256} for f in files],
+    }
+    (manifests / "von-1.1.json").write_text(json.dumps(manifest))
+    return {
+        "DECIDEALOT_MODEL_DIR": str(models),
+        "DECIDEALOT_BUNDLE_MANIFEST_DIR": str(manifests),
+        "DECIDEALOT_LAYA_ENABLED": "false",
+    }
+
+
+@pytest.mark.parametrize("command", ["serve", "prepare"])
+def test_an_installed_bundle_missing_a_file_stops_startup(
+    printed: dict[str, str], tmp_path: Path, command: str
+) -> None:
+    env = _install_without(printed, tmp_path, "marker_calibration.json")
+    result = cli(command, **env)
+    _assert_refused(result, "bundle von-1.1", "marker_calibration.json is missing")
+
+
+def test_prepare_prints_where_each_checkpoint_is(printed: dict[str, str], tmp_path: Path) -> None:
+    result = cli(
+        "prepare",
+        **printed,
+        DECIDEALOT_CLM_EMBEDDINGS_URL="http://127.0.0.1:9/v1",
+        DECIDEALOT_MODEL_DIR=str(tmp_path / "models"),
+    )
+    assert result.returncode == 0, result.stderr
+    assert f"von-1.1: {printed['DECIDEALOT_VON_CHECKPOINT']}" in result.stdout.splitlines()
+
+
+# -- the offline path ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", ["serve", "prepare"])
+def test_offline_names_every_missing_bundle_and_its_replacement(
+    tmp_path: Path, command: str
+) -> None:
+    result = cli(
+        command,
+        DECIDEALOT_MODEL_DIR=str(tmp_path / "models"),
+        DECIDEALOT_CLM_EMBEDDINGS_URL="http://127.0.0.1:9/v1",
+        DECIDEALOT_PORT=str(_free_port()),
+    )
+    _assert_refused(result, "5 enabled bundles cannot be prepared", "decidealot checkpoints tiny")
+    expected = {
+        "laya-english": ("DECIDEALOT_LAYA_ENGLISH_CHECKPOINT", "DECIDEALOT_LAYA_ENABLED=false"),
+        "laya-multilingual": (
+            "DECIDEALOT_LAYA_MULTILINGUAL_CHECKPOINT",
+            "DECIDEALOT_LAYA_ENABLED=false",
+        ),
+        "laya-typed-decisions": (
+            "DECIDEALOT_LAYA_TYPED_DECISIONS_CHECKPOINT",
+            "DECIDEALOT_LAYA_ENABLED=false",
+        ),
+        "von-1.1": ("DECIDEALOT_VON_CHECKPOINT", "DECIDEALOT_VON_ENABLED=false"),
+        "clm-0.1-8b": ("DECIDEALOT_CLM_HEAD", "unset DECIDEALOT_CLM_EMBEDDINGS_URL"),
+    }
+    lines = result.stderr.splitlines()
+    for bundle, needles in expected.items():
+        (line,) = [line for line in lines if f"bundle {bundle}:" in line]
+        assert all(needle in line for needle in needles), line
+
+
+def test_offline_the_printed_lines_are_enough_to_start(
+    tmp_path: Path, serve: Callable[..., str]
+) -> None:
+    """`eval "$(decidealot checkpoints tiny DIR)"` then `serve`, as the README shows: no
+    bundle is fetched, and the commented CLM line leaves CLM off."""
+    shell = f'eval "$({sys.executable} -m decidealot checkpoints tiny {tmp_path / "t"})"; env'
+    printed = subprocess.run(
+        ["bash", "-c", shell], cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=120
+    )
+    assert printed.returncode == 0, printed.stderr
+    exported = dict(
+        line.split("=", 1) for line in printed.stdout.splitlines() if line.startswith("DECIDEALOT_")
+    )
+    assert "DECIDEALOT_CLM_HEAD" not in exported
+    url = serve(**{k: v for k, v in exported.items() if k != "DECIDEALOT_DEVICE"})
+    assert httpx.get(url + "/health").json() == {"status": "ok", "providers": ["laya", "von"]}
+
+
+# -- the device ------------------------------------------------------------------------------
+
+
+def _torch_sees_cuda() -> bool:
+    probe = "import torch; print(torch.cuda.is_available())"
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    return result.stdout.strip() == "True"
+
+
+@pytest.mark.parametrize("command", ["serve", "prepare"])
+def test_cuda_without_a_gpu_is_told_at_startup(
+    printed: dict[str, str], tmp_path: Path, command: str
+) -> None:
+    if _torch_sees_cuda():
+        pytest.skip("torch sees a GPU here")
+    env = {k: v for k, v in printed.items() if k != "DECIDEALOT_CLM_HEAD"}
+    result = cli(command, **env, DECIDEALOT_DEVICE="cuda", DECIDEALOT_PORT=str(_free_port()))
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    assert result.stderr.startswith("decidealot: DECIDEALOT_DEVICE=cuda: ")
+    assert "sees no CUDA device" in result.stderr

@@ -1,0 +1,118 @@
+"""A torch-free engine for runtime tests: answers from the job alone, misbehaves on request.
+
+Every question gets a noul computed from the state and the question's name, so an answer is
+the same however jobs are batched. A job's `config` steers it: `{"sleep": s}` slows the pass
+holding it, `{"crash": "prepare"|"run"}` ends the process, `{"hang": true}` blocks its pass,
+`{"input_error": "prepare"|"run"}` raises RequestInvalid for its first question,
+`{"fail": "prepare"|"run"}` raises another exception, `{"cost": n}` sets each row's tokens,
+`{"rows": n}` cuts the job into n rows (default 1), `{"unsendable": true}` answers with an
+integer msgpack cannot carry.
+`spec.options`: `{"log": path}` appends a JSON line at start and per pass (its jobs' count,
+rows and states, a state once per row), `{"fail_start": true}`, `{"start_delay": s}`,
+`{"print": true}` prints to stdout.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, field
+
+from decidealot.contract import NoulAnswer
+from decidealot.errors import RequestInvalid
+from decidealot.jobs import Decision, EngineSpec, Job, PassShape
+
+
+@dataclass(frozen=True)
+class ArithRow:
+    job: Job
+    tokens: int
+
+
+@dataclass
+class ArithPrepared:
+    job: Job
+    group: str
+    rows: list[ArithRow] = field(default_factory=list)
+
+    @property
+    def input_tokens(self) -> int:
+        return sum(row.tokens for row in self.rows)
+
+
+def state_text(job: Job) -> str:
+    return json.dumps(job.state, sort_keys=True)
+
+
+def answer(job: Job) -> Decision:
+    """The decision this engine gives `job`, whatever it is batched with."""
+    text = state_text(job)
+    answers = {
+        name: NoulAnswer(noul=sum(map(ord, text + name)) % 997 / 997) for name in job.questions
+    }
+    return Decision(model=job.checkpoint, answers=answers, input_tokens=len(text))
+
+
+def _misbehave(job: Job, stage: str) -> None:
+    config = job.config
+    if config.get("crash") == stage:
+        os._exit(3)
+    if config.get("input_error") == stage:
+        question = next(iter(job.questions))
+        raise RequestInvalid.question(question, f"cannot take this at {stage}", ["criteria"])
+    if config.get("fail") == stage:
+        raise RuntimeError(f"secret state {job.state!r}")
+
+
+class ArithEngine:
+    shape = PassShape()
+
+    def __init__(self, spec: EngineSpec) -> None:
+        self._log_path = spec.options.get("log")
+        self._log(
+            {
+                "start": os.getpid(),
+                "device": spec.device,
+                "omp_threads": os.environ.get("OMP_NUM_THREADS"),
+                "inherited_keys": sorted(k for k in os.environ if k.startswith("DECIDEALOT_")),
+            }
+        )
+
+    def _log(self, record: dict[str, object]) -> None:
+        if self._log_path:
+            with open(self._log_path, "a") as log:
+                log.write(json.dumps(record) + "\n")
+
+    def prepare(self, job: Job) -> ArithPrepared:
+        _misbehave(job, "prepare")
+        cost = job.config.get("cost", len(state_text(job)))
+        count = job.config.get("rows", 1)
+        return ArithPrepared(job, job.checkpoint, [ArithRow(job, cost) for _ in range(count)])
+
+    def forward(self, group: Hashable, rows: Sequence[ArithRow]) -> list[None]:
+        jobs = list({id(row.job): row.job for row in rows}.values())
+        states = [row.job.state for row in rows]
+        self._log({"size": len(jobs), "rows": len(rows), "states": states})
+        time.sleep(max(job.config.get("sleep", 0) for job in jobs))
+        for job in jobs:
+            if job.config.get("hang"):
+                time.sleep(3600)
+            _misbehave(job, "run")
+        return [None] * len(rows)
+
+    def finish(self, prepared: ArithPrepared, outputs: Sequence[object]) -> Decision:
+        decision = answer(prepared.job)
+        if prepared.job.config.get("unsendable"):
+            decision.input_tokens = 2**70
+        return decision
+
+
+def create(spec: EngineSpec) -> ArithEngine:
+    if spec.options.get("print"):
+        print("stray output from an engine")
+    time.sleep(spec.options.get("start_delay", 0))
+    if spec.options.get("fail_start"):
+        raise FileNotFoundError("secret checkpoint path /nowhere")
+    return ArithEngine(spec)

@@ -1,0 +1,115 @@
+"""MCP clients for tests: the official SDK's client over streamable HTTP and over stdio, and a
+raw stdio speaker for what the SDK will not send (signals, odd lines)."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import IO, Any
+
+import httpx2
+from mcp import Client, StdioServerParameters
+from mcp.client.streamable_http import streamable_http_client
+
+from tests.support.servers import ROOT
+
+
+@asynccontextmanager
+async def over_http(
+    url: str, headers: dict[str, str] | None = None, mode: str = "auto"
+) -> AsyncIterator[Client]:
+    async with (
+        httpx2.AsyncClient(headers=headers or {}, timeout=30) as http,
+        Client(streamable_http_client(f"{url}/mcp", http_client=http), mode=mode) as client,
+    ):
+        yield client
+
+
+def over_stdio(args: list[str], env: dict[str, str], mode: str = "legacy") -> Client:
+    """`decidealot mcp ...` as a subprocess, the way an IDE starts it."""
+    child_env = {
+        "PYTHONPATH": os.environ["PYTHONPATH"],
+        "HF_HUB_OFFLINE": "1",
+        "OMP_NUM_THREADS": "1",
+        "DECIDEALOT_LOG_LEVEL": "warning",
+        **env,
+    }
+    params = StdioServerParameters(
+        command=sys.executable, args=["-m", "decidealot", "mcp", *args], env=child_env, cwd=ROOT
+    )
+    return Client(params, mode=mode)
+
+
+class StdioServer:
+    """`python -m decidealot mcp ...` with pipes, spoken to one JSON-RPC line at a time."""
+
+    def __init__(self, args: list[str], env: dict[str, str], stderr: Path) -> None:
+        clean = {k: v for k, v in os.environ.items() if not k.startswith("DECIDEALOT_")}
+        with stderr.open("wb") as err:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "decidealot", "mcp", *args],
+                cwd=ROOT,
+                env=clean | {"DECIDEALOT_LOG_LEVEL": "info", **env},
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=err,
+            )
+        self.stderr = stderr
+        self._lines: queue.Queue[bytes] = queue.Queue()
+        assert self.process.stdout is not None
+        threading.Thread(target=self._read, args=(self.process.stdout,), daemon=True).start()
+        self._next_id = 0
+
+    def _read(self, stdout: IO[bytes]) -> None:
+        for line in stdout:
+            self._lines.put(line)
+
+    def send(self, message: dict[str, Any]) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.write(json.dumps(message).encode() + b"\n")
+        self.process.stdin.flush()
+
+    def call(self, method: str, params: dict[str, Any], timeout: float = 60) -> dict[str, Any]:
+        self._next_id += 1
+        self.send({"jsonrpc": "2.0", "id": self._next_id, "method": method, "params": params})
+        return self._answer(self._next_id, timeout)
+
+    def call_raw(self, message: bytes, timeout: float = 60) -> dict[str, Any]:
+        """Send `message` (one JSON-RPC request, as raw bytes) and return its result."""
+        request_id = json.loads(message.decode(errors="replace"))["id"]
+        assert self.process.stdin is not None
+        self.process.stdin.write(message + b"\n")
+        self.process.stdin.flush()
+        answer = self._answer(request_id, timeout)
+        assert "result" in answer, answer
+        return answer["result"]
+
+    def _answer(self, request_id: int, timeout: float) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while True:
+            answer = json.loads(self._lines.get(timeout=max(deadline - time.monotonic(), 0.01)))
+            if answer.get("id") == request_id:
+                return answer
+
+    def initialize(self) -> None:
+        answer = self.call(
+            "initialize",
+            {
+                "protocolVersion": "2025-06-18",
+                "capabilities": {},
+                "clientInfo": {"name": "signals-test", "version": "0"},
+            },
+        )
+        assert "result" in answer, answer
+        self.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+
+    def log(self) -> str:
+        return self.stderr.read_text()

@@ -1,0 +1,139 @@
+"""Real servers for end-to-end tests: one launcher, one free-port helper, one health wait.
+
+`start_server` runs `python -m <launcher>` (by default `tests.support.launcher`: the production
+server over the fake providers; `decidealot` with `("serve",)` for the real one) on a free
+loopback port and waits for `/health`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class RunningServer:
+    """A `python -m <launcher>` subprocess on a loopback port."""
+
+    url: str
+    process: subprocess.Popen[bytes]
+    events_file: Path
+    jev_catalog: Path
+    log_file: Path
+
+    def events(self) -> list[dict[str, object]]:
+        if not self.events_file.exists():
+            return []
+        return [json.loads(line) for line in self.events_file.read_text().splitlines()]
+
+    def log_lines(self) -> list[str]:
+        return self.log_file.read_text().splitlines()
+
+    def stop(self, timeout: float = 20) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        return self.process.wait(timeout)
+
+
+def start_server(
+    folder: Path,
+    *,
+    launcher: str = "tests.support.launcher",
+    args: tuple[str, ...] = (),
+    hosted: tuple[str, ...] = ("jev-latest", "jev-1.13.0", "von"),
+    **env: str,
+) -> RunningServer:
+    """Start `python -m <launcher> <args>` (the production server over test providers; or
+    `decidealot`, `("serve",)` for the real one) with DECIDEALOT_* overrides in `env` and the
+    fake TypeSafe catalog `hosted`; waits for /health."""
+    folder.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    events, catalog, log = folder / "events.jsonl", folder / "jev.json", folder / "server.log"
+    catalog.write_text(json.dumps(list(hosted)))
+    fakes = {"DECIDEALOT_TEST_EVENTS": str(events), "DECIDEALOT_TEST_JEV_CATALOG": str(catalog)}
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("DECIDEALOT_")} | {
+        "DECIDEALOT_HOST": "127.0.0.1",
+        "DECIDEALOT_PORT": str(port),
+        **(fakes if launcher.startswith("tests.") else {}),  # `decidealot` refuses them
+        "DECIDEALOT_MODEL_DIR": str(folder / "models"),
+        "DECIDEALOT_LOG_FORMAT": "json",
+        **env,
+    }
+    with log.open("wb") as log_out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", launcher, *args],
+            cwd=ROOT,
+            env=full_env,
+            stdout=log_out,
+            stderr=subprocess.STDOUT,
+        )
+    server = RunningServer(f"http://127.0.0.1:{port}", process, events, catalog, log)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"{launcher} exited: {log.read_text()[-2000:]}")
+        try:
+            httpx.get(server.url + "/health", timeout=1)
+            return server
+        except httpx.TransportError:
+            time.sleep(0.05)
+    process.kill()
+    process.wait()
+    raise RuntimeError(f"{launcher} did not start")
+
+
+@dataclass
+class Timed:
+    """A request sent on another thread, with how `/health` answered while it ran."""
+
+    response: httpx.Response
+    seconds: float
+    slowest_health: float
+    health_polls: int
+
+
+def while_health_polls(url: str, path: str, body: bytes, timeout: float = 300) -> Timed:
+    """POST `body` to `path` on another thread and poll `/health` every 50 ms until it
+    answers: a slow /health shows work that held the gateway's event loop."""
+    answers: list[httpx.Response] = []
+
+    def send() -> None:
+        headers = {"Content-Type": "application/json"}
+        answers.append(httpx.post(url + path, content=body, headers=headers, timeout=timeout))
+
+    sender = threading.Thread(target=send)
+    started = time.monotonic()
+    sender.start()
+    slowest, polls = 0.0, 0
+    while sender.is_alive():
+        before = time.monotonic()
+        assert httpx.get(url + "/health", timeout=60).status_code == 200
+        slowest = max(slowest, time.monotonic() - before)
+        polls += 1
+        time.sleep(0.05)
+    sender.join()
+    return Timed(answers[0], time.monotonic() - started, slowest, polls)
+
+
+ALL_FAKES = {
+    "DECIDEALOT_CLM_EMBEDDINGS_URL": "http://127.0.0.1:9/v1",
+    "DECIDEALOT_TYPESAFE_API_KEY": "upstream-key",
+}

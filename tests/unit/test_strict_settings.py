@@ -1,0 +1,112 @@
+"""Strict settings: a `DECIDEALOT_*` name nobody reads (a typo) and settings that contradict each
+other are refused with one line naming the variable and what it should be.
+
+The messages are `registry.from_env`'s, checked here in-process; that `serve`, `prepare` and
+`mcp` each stop on them before doing anything, with that one line and exit status 2, is checked
+once per command over the real command."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from decidealot import config, registry
+from tests.support.cli import NO_LOCAL, run_cli
+from tests.support.servers import ROOT
+
+COMMANDS = ("serve", "prepare", "mcp")
+
+
+def refusal(env: dict[str, str]) -> str:
+    """The one-line `ConfigError` the settings in `env` are refused with."""
+    with pytest.raises(config.ConfigError) as refused:
+        registry.from_env(env)
+    message = str(refused.value)
+    assert "\n" not in message
+    return message
+
+
+def test_a_typo_names_the_closest_setting() -> None:
+    line = refusal(NO_LOCAL | {"DECIDEALOT_MAX_RESIDENT": "2"})
+    assert "DECIDEALOT_MAX_RESIDENT:" in line
+    assert line.endswith("the closest one is DECIDEALOT_MAX_RESIDENT_PROVIDERS")
+
+
+def test_a_typo_of_a_key_never_echoes_its_value() -> None:
+    line = refusal(NO_LOCAL | {"DECIDEALOT_TYPESAFE_APIKEY": "sk-do-not-print"})
+    assert "sk-do-not-print" not in line
+    assert "DECIDEALOT_TYPESAFE_APIKEY:" in line
+    assert line.endswith("DECIDEALOT_TYPESAFE_API_KEY")
+
+
+def test_every_unknown_name_is_in_the_one_line() -> None:
+    line = refusal(NO_LOCAL | {"DECIDEALOT_PROT": "8081", "DECIDEALOT_LOGLEVEL": "debug"})
+    closest = "not a Decidealot setting; the closest one is"
+    assert f"DECIDEALOT_LOGLEVEL: {closest} DECIDEALOT_LOG_LEVEL; " in line
+    assert line.endswith(f"DECIDEALOT_PROT: {closest} DECIDEALOT_PORT")
+
+
+def test_jev_enabled_without_a_typesafe_key() -> None:
+    line = refusal(NO_LOCAL | {"DECIDEALOT_JEV_ENABLED": "true"})
+    assert "DECIDEALOT_JEV_ENABLED=true needs DECIDEALOT_TYPESAFE_API_KEY" in line
+
+
+def test_a_checkpoint_for_a_disabled_provider(tmp_path: Path) -> None:
+    line = refusal(NO_LOCAL | {"DECIDEALOT_VON_CHECKPOINT": str(tmp_path)})
+    assert line.endswith("DECIDEALOT_VON_CHECKPOINT is set but DECIDEALOT_VON_ENABLED=false")
+    line = refusal({"DECIDEALOT_LAYA_ENABLED": "false", "DECIDEALOT_LAYA_ENGLISH_CHECKPOINT": "."})
+    assert line.endswith(
+        "DECIDEALOT_LAYA_ENGLISH_CHECKPOINT is set but DECIDEALOT_LAYA_ENABLED=false"
+    )
+
+
+def test_a_clm_head_without_an_encoder(tmp_path: Path) -> None:
+    head = tmp_path / "head.pt"
+    head.write_bytes(b"")
+    line = refusal(NO_LOCAL | {"DECIDEALOT_CLM_HEAD": str(head)})
+    assert "DECIDEALOT_CLM_HEAD is set but CLM is off" in line
+    assert "DECIDEALOT_CLM_EMBEDDINGS_URL" in line
+
+
+def test_an_empty_unknown_name_counts_as_unset() -> None:
+    registry.from_env(NO_LOCAL | {"DECIDEALOT_MAX_RESIDENT": ""})
+
+
+def test_a_jev_key_may_be_switched_off() -> None:
+    env = {"DECIDEALOT_TYPESAFE_API_KEY": "k", "DECIDEALOT_JEV_ENABLED": "0"}
+    assert "jev" not in [d.name for d in registry.enabled(registry.from_env(env))]
+    env = {"DECIDEALOT_TYPESAFE_API_KEY": "k"}
+    assert "jev" in [d.name for d in registry.enabled(registry.from_env(env))]
+
+
+def test_every_settings_field_has_its_variable() -> None:
+    """Every field of the core's settings and of every provider's section is a setting, read
+    from the variable its name spells (tracing's, from OTEL_*, excepted)."""
+    structs = [config.Settings, *(d.settings for d in registry.registered())]
+    fields = {
+        config.variable(name)
+        for struct in structs
+        for name in struct.__struct_fields__
+        if name not in ("sections", "trace_exporters")
+    }
+    assert registry.known_variables() == fields
+
+
+def test_every_setting_is_spelled_in_full_in_the_docs() -> None:
+    docs = (ROOT / "docs" / "configuration.md").read_text()
+    documented = set(re.findall(r"DECIDEALOT_[A-Z0-9_]*[A-Z0-9]", docs))
+    assert sorted(registry.known_variables() - documented) == []
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_each_command_stops_on_a_refused_setting_with_its_one_line(command: str) -> None:
+    """Over the real command: exit 2, the one line `from_env` refuses with, no traceback, no
+    key echoed, before anything starts."""
+    env = NO_LOCAL | {"DECIDEALOT_TYPESAFE_APIKEY": "sk-do-not-print"}
+    result = run_cli(command, **env)
+    assert result.returncode == 2, (result.returncode, result.stderr[-2000:])
+    lines = result.stderr.strip().splitlines()
+    prefix = "decidealot mcp" if command == "mcp" else "decidealot"
+    assert lines == [f"{prefix}: {refusal(env)}"], result.stderr[-2000:]

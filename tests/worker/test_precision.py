@@ -1,0 +1,262 @@
+"""DECIDEALOT_PRECISION: the setting's checks, and int8 answers against fp32.
+
+int8 (providers/numerics.py) must stay within 0.05 of fp32 in every probability, for every
+question type, on the test checkpoints of both engines (Laya's three variants, Von in both
+attention modes), while really running int8 (answers move); a row's int8 answers must not
+depend on what it is batched with; and `decidealot serve` must run it end to end.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import msgspec
+import pytest
+
+from decidealot import registry
+from decidealot.config import ConfigError
+from decidealot.contract import Answer, ChoiceAnswer, NoulAnswer, Question, ScoreAnswer
+from decidealot.jobs import EngineSpec, Job
+from decidealot.providers.laya.tiny import VARIANTS
+from decidealot.providers.laya.worker.engine import LayaEngine
+from decidealot.providers.von.tiny import build_von_checkpoint
+from decidealot.providers.von.worker.engine import VonEngine
+from decidealot.providers.worker.passes import run_together
+from tests.support.checkpoints import TinyCheckpoints
+from tests.support.cli import run_cli as cli
+from tests.support.servers import RunningServer, start_server
+
+INT8_TOLERANCE = 0.05
+"""Most any int8 probability may differ from fp32's (laya's own bar for reduced precision)."""
+
+
+QUESTIONS: dict[str, Any] = {
+    "team": {
+        "type": "choice",
+        "instructions": "Which team should handle this ticket?",
+        "criteria": {
+            "billing": "Payments, refunds and duplicate charges.",
+            "technical": "Software failures and outages.",
+            "sales": "New purchases and upgrades.",
+            "other": None,
+        },
+    },
+    "priority": {
+        "type": "score",
+        "instructions": "How urgent is this ticket?",
+        "criteria": ["Routine.", "Important, answer soon.", "Urgent, interrupt on-call."],
+    },
+    "refund": {"type": "noul", "instructions": "The customer asks for a refund."},
+    "angry": {
+        "type": "noul",
+        "instructions": "The customer is angry.",
+        "criteria": {"true": "They complain loudly.", "false": "They are calm."},
+    },
+}
+
+STATES = [
+    "Ticket 1: the invoice was charged twice this month and they want the money back.",
+    "Ticket 2: the dashboard shows an error after the update; reports fail to load.",
+    {"customer": "ACME", "message": "Quote for forty more seats, please.", "tier": 3},
+    "Ticket 4: Mein Konto wurde zweimal belastet, bitte helfen Sie mir sofort.",
+    "Ticket 5: the order arrived late and one item was damaged; they sound frustrated.",
+    ["logs show timeouts from the payment gateway", "checkout fails", "since Friday"],
+]
+
+
+def _jobs(checkpoint: str) -> list[Job]:
+    questions = msgspec.convert(QUESTIONS, dict[str, Question])
+    return [Job(checkpoint=checkpoint, state=state, questions=questions) for state in STATES]
+
+
+def _probabilities(answer: Answer) -> list[float]:
+    if isinstance(answer, NoulAnswer):
+        return [answer.noul]
+    assert isinstance(answer, ChoiceAnswer | ScoreAnswer)
+    return list(answer.probabilities.values())
+
+
+def _differences(fp32: list[Any], int8: list[Any]) -> dict[str, float]:
+    """Largest |dp| per question name over all jobs."""
+    worst: dict[str, float] = {}
+    for ours, theirs in zip(fp32, int8, strict=True):
+        for name, answer in ours.answers.items():
+            pairs = zip(_probabilities(answer), _probabilities(theirs.answers[name]), strict=True)
+            moved = max(abs(a - b) for a, b in pairs)
+            worst[name] = max(worst.get(name, 0.0), moved)
+    return worst
+
+
+def _spec(factory: str, checkpoints: dict[str, Path], precision: str) -> EngineSpec:
+    return EngineSpec(
+        factory=factory,
+        checkpoints={key: str(path) for key, path in checkpoints.items()},
+        options={"precision": precision},
+    )
+
+
+@pytest.fixture(scope="module")
+def laya_checkpoints(tiny: TinyCheckpoints) -> dict[str, Path]:
+    return tiny.laya_all(seeds={v: 20 + i for i, v in enumerate(VARIANTS)})
+
+
+@pytest.fixture(scope="module", params=[False, True], ids=["plain", "independent"])
+def von_checkpoint(request: pytest.FixtureRequest, tiny: TinyCheckpoints) -> Path:
+    return tiny.von(independent_options=request.param)
+
+
+def _assert_within_int8_tolerance(worst: dict[str, float]) -> None:
+    assert set(worst) == set(QUESTIONS)  # every question type answered
+    assert max(worst.values()) <= INT8_TOLERANCE, worst
+
+
+def test_laya_int8_answers_stay_within_tolerance_of_fp32(
+    laya_checkpoints: dict[str, Path],
+) -> None:
+    """Every variant within tolerance. The probe keeps in fp32 what int8 would move too far;
+    on these wide random checkpoints that is every layer for some variants (their answers
+    then equal fp32's), so int8 must at least have run on one of them."""
+    factory = "decidealot.providers.laya.worker.engine:create"
+    fp32 = LayaEngine(_spec(factory, laya_checkpoints, "fp32"))
+    int8 = LayaEngine(_spec(factory, laya_checkpoints, "int8"))
+    moved = {}
+    for variant in VARIANTS:
+        jobs = _jobs(variant)
+        expected = run_together(fp32, [fp32.prepare(job) for job in jobs])
+        got = run_together(int8, [int8.prepare(job) for job in jobs])
+        worst = _differences(expected, got)
+        _assert_within_int8_tolerance(worst)
+        moved[variant] = max(worst.values())
+    assert max(moved.values()) > 1e-6, f"int8 did not run on any layer: {moved}"
+
+
+def test_von_int8_answers_stay_within_tolerance_of_fp32(von_checkpoint: Path) -> None:
+    factory = "decidealot.providers.von.worker.engine:create"
+    fp32 = VonEngine(_spec(factory, {"von-1.1": von_checkpoint}, "fp32"))
+    int8 = VonEngine(_spec(factory, {"von-1.1": von_checkpoint}, "int8"))
+    jobs = _jobs("von-1.1")
+    expected = run_together(fp32, [fp32.prepare(job) for job in jobs])
+    got = run_together(int8, [int8.prepare(job) for job in jobs])
+    worst = _differences(expected, got)
+    _assert_within_int8_tolerance(worst)
+    assert max(worst.values()) > 1e-6, "int8 answers equal fp32's: int8 did not run"
+
+
+def test_int8_answers_do_not_depend_on_the_batch(
+    laya_checkpoints: dict[str, Path], von_checkpoint: Path
+) -> None:
+    """Activations are quantised per token, so batching and padding change nothing."""
+    engines = [
+        (LayaEngine(_spec("laya", laya_checkpoints, "int8")), "english"),
+        (VonEngine(_spec("von", {"von-1.1": von_checkpoint}, "int8")), "von-1.1"),
+    ]
+    for engine, key in engines:
+        jobs = [engine.prepare(job) for job in _jobs(key)]
+        together = run_together(engine, jobs)  # type: ignore[arg-type]
+        alone = [run_together(engine, [job])[0] for job in jobs]  # type: ignore[list-item]
+        assert max(_differences(alone, together).values()) <= 1e-5
+
+
+@pytest.mark.parametrize(
+    ("env", "accepts"),
+    [
+        ({"DECIDEALOT_PRECISION": "fp64"}, "expected one of fp32, int8, bf16, fp16"),
+        ({"DECIDEALOT_PRECISION": "int8", "DECIDEALOT_DEVICE": "cuda"}, "int8 runs on cpu only"),
+        ({"DECIDEALOT_PRECISION": "bf16", "DECIDEALOT_DEVICE": "cpu"}, "bf16 runs on cuda only"),
+        ({"DECIDEALOT_PRECISION": "fp16", "DECIDEALOT_DEVICE": "cpu"}, "fp16 runs on cuda only"),
+    ],
+)
+def test_a_bad_precision_stops_startup_naming_the_setting(
+    env: dict[str, str], accepts: str
+) -> None:
+    with pytest.raises(ConfigError, match="DECIDEALOT_PRECISION") as raised:
+        registry.from_env(env)
+    assert accepts in str(raised.value)
+
+
+def test_serve_exits_before_listening_on_an_unknown_precision() -> None:
+    result = cli("serve", DECIDEALOT_PRECISION="int4")
+    assert result.returncode == 2
+    (line,) = result.stderr.strip().splitlines()
+    assert "DECIDEALOT_PRECISION" in line and "fp32, int8, bf16, fp16" in line
+
+
+@pytest.mark.parametrize(
+    ("env", "precision"),
+    [
+        ({}, "fp32"),
+        ({"DECIDEALOT_PRECISION": " INT8 "}, "int8"),
+        ({"DECIDEALOT_PRECISION": "int8", "DECIDEALOT_DEVICE": "auto"}, "int8"),
+        ({"DECIDEALOT_PRECISION": "bf16", "DECIDEALOT_DEVICE": "cuda"}, "bf16"),
+        ({"DECIDEALOT_PRECISION": "fp16", "DECIDEALOT_DEVICE": "auto"}, "fp16"),
+    ],
+)
+def test_precisions_each_device_runs_are_accepted(env: dict[str, str], precision: str) -> None:
+    assert registry.from_env(env).precision == precision
+
+
+def test_an_engine_refuses_a_precision_its_resolved_device_cannot_run() -> None:
+    """`auto` is checked once the worker resolves it: int8 on a GPU is refused there."""
+    from decidealot.providers.worker.precision import engine_precision
+
+    with pytest.raises(ValueError, match="DECIDEALOT_PRECISION: int8 runs on cpu only"):
+        engine_precision({"precision": "int8"}, "cuda")
+    assert engine_precision({}, "cpu") == "fp32"
+
+
+@pytest.fixture(scope="module")
+def int8_and_fp32_servers(
+    laya_checkpoints: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, str]]:
+    """`decidealot serve` twice on the same Laya and Von checkpoints: int8 and fp32."""
+    folder = tmp_path_factory.mktemp("precision-serve")
+    von = build_von_checkpoint(folder / "von", independent_options=False)
+    checkpoints = {
+        "DECIDEALOT_VON_CHECKPOINT": str(von),
+        "DECIDEALOT_LAYA_ENGLISH_CHECKPOINT": str(laya_checkpoints["english"]),
+        "DECIDEALOT_LAYA_MULTILINGUAL_CHECKPOINT": str(laya_checkpoints["multilingual"]),
+        "DECIDEALOT_LAYA_TYPED_DECISIONS_CHECKPOINT": str(laya_checkpoints["typed-decisions"]),
+    }
+    servers: dict[str, RunningServer] = {}
+    try:
+        for precision in ("int8", "fp32"):
+            servers[precision] = start_server(
+                folder / precision,
+                launcher="decidealot",
+                args=("serve",),
+                DECIDEALOT_DEVICE="cpu",
+                DECIDEALOT_TORCH_THREADS="1",
+                DECIDEALOT_MAX_RESIDENT_PROVIDERS="2",
+                DECIDEALOT_PRECISION=precision,
+                **checkpoints,
+            )
+        yield {precision: server.url for precision, server in servers.items()}
+    finally:
+        for server in servers.values():
+            server.stop()
+
+
+@pytest.mark.parametrize("model", ["laya-multilingual", "von"])
+def test_serve_answers_in_int8_within_tolerance_of_fp32(
+    int8_and_fp32_servers: dict[str, str], model: str
+) -> None:
+    answers: dict[str, list[dict[str, Any]]] = {}
+    for precision, url in int8_and_fp32_servers.items():
+        answers[precision] = []
+        for state in STATES[:3]:
+            body = {"model": model, "state": state, "questions": QUESTIONS}
+            response = httpx.post(url + "/v1/systemone", json=body, timeout=120)
+            assert response.status_code == 200, response.text
+            answers[precision].append(response.json()["answers"])
+    worst = 0.0
+    for fp32, int8 in zip(answers["fp32"], answers["int8"], strict=True):
+        for name, answer in fp32.items():
+            if "noul" in answer:
+                worst = max(worst, abs(answer["noul"] - int8[name]["noul"]))
+            else:
+                for label, p in answer["probabilities"].items():
+                    worst = max(worst, abs(p - int8[name]["probabilities"][label]))
+    assert 1e-6 < worst <= INT8_TOLERANCE

@@ -1,0 +1,374 @@
+"""The worker process on its own: frames in, frames out, batching, failures, exit."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+import pytest
+
+from decidealot.contract import NoulQuestion, ValidationIssue
+from decidealot.frames import (
+    Begin,
+    Cancel,
+    Failed,
+    FromWorker,
+    JobFailed,
+    Pass,
+    Ready,
+    Rejected,
+    Result,
+    Start,
+    Submit,
+    decode_from_worker,
+    read_payload,
+    write_frame,
+)
+from decidealot.jobs import EngineSpec, Job, PassShape
+from decidealot.providers.worker.passes import STARVE_TURNS, Planner
+from tests.support.engines.arith import answer
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass(frozen=True)
+class Tokens:
+    tokens: int
+
+
+@dataclass
+class Rows:
+    group: str
+    rows: list[Tokens]
+
+    @property
+    def input_tokens(self) -> int:
+        return sum(row.tokens for row in self.rows)
+
+
+def planner(budget: int, *jobs: tuple[str, list[int]], shape: PassShape | None = None) -> Planner:
+    plan = Planner(budget, shape or PassShape())
+    for job_id, (group, lengths) in enumerate(jobs):
+        plan.add(job_id, Rows(group, [Tokens(n) for n in lengths]))
+    return plan
+
+
+def turn(plan: Planner) -> list[list[tuple[int, int]]]:
+    """The next turn as (job id, row tokens) per pass; its rows count as computed."""
+    passes = plan.take()
+    for each in passes:
+        for task, _ in each.rows:
+            task.running -= 1
+    return [[(t.id, t.prepared.rows[i].tokens) for t, i in each.rows] for each in passes]
+
+
+def test_a_turn_takes_the_shortest_remaining_job_first_within_the_budget() -> None:
+    plan = planner(100, ("a", [40, 40, 40, 40]), ("a", [10, 20]), ("b", [5]))
+    # job 2 (b) has the least work left, so its group goes first; alone in its group
+    assert turn(plan) == [[(2, 5)]]
+    # then job 1 whole, and job 0 fills what the budget leaves
+    assert turn(plan) == [[(1, 10), (1, 20), (0, 40)]]
+    assert turn(plan) == [[(0, 40), (0, 40)]]
+    assert turn(plan) == [[(0, 40)]]
+    assert turn(plan) == []
+
+
+def test_a_turn_always_holds_one_row_even_over_the_budget() -> None:
+    plan = planner(100, ("a", [500, 1]))
+    assert turn(plan) == [[(0, 1)]]
+    assert turn(plan) == [[(0, 500)]]
+
+
+def test_a_small_job_arriving_during_a_large_one_gets_the_next_turn() -> None:
+    plan = planner(100, ("a", [50] * 20))
+    assert turn(plan) == [[(0, 50), (0, 50)]]
+    plan.add(7, Rows("a", [Tokens(30)]))
+    assert turn(plan) == [[(7, 30), (0, 50)]]
+
+
+def test_a_job_passed_over_too_long_goes_first() -> None:
+    plan = planner(10, ("big", [10] * 3))
+    for n in range(STARVE_TURNS):
+        plan.add(100 + n, Rows("small", [Tokens(1)]))
+        assert turn(plan) == [[(100 + n, 1)]]  # shorter jobs of another group go first
+    plan.add(200, Rows("small", [Tokens(1)]))
+    assert turn(plan) == [[(0, 10)]]  # passed over STARVE_TURNS times: its turn now
+
+
+def test_turns_are_cut_into_passes_by_the_engines_shape() -> None:
+    plan = planner(1000, ("a", [10, 10, 12, 40, 41]), shape=PassShape(max_tokens=60, max_waste=8))
+    # sorted by length; 10,10,12 pad to 36 (waste 4); 40 would waste 80; 40+41 pad to 82 > 60
+    assert turn(plan) == [[(0, 10), (0, 10), (0, 12)], [(0, 40)], [(0, 41)]]
+
+
+def test_a_withdrawn_job_leaves_the_planner() -> None:
+    plan = planner(100, ("a", [50, 50, 50]), ("a", [60]))
+    plan.remove(0)
+    assert turn(plan) == [[(1, 60)]]
+    assert turn(plan) == [] and len(plan) == 1  # job 1 is complete, for its caller to remove
+
+
+class WorkerProcess:
+    """A worker subprocess driven with the blocking frame helpers."""
+
+    def __init__(
+        self,
+        options: dict[str, object],
+        budget: int = 10_000,
+        passes: int = 1,
+        job_token_limit: int = 0,
+    ) -> None:
+        env = dict(os.environ)
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "decidealot.providers.worker"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+        )
+        spec = EngineSpec(
+            factory="tests.support.engines.arith:create", checkpoints={}, options=options
+        )
+        self.send(Start(spec, budget, concurrent_passes=passes, job_token_limit=job_token_limit))
+        self.progress: list[Begin | Pass] = []
+        """The `Begin` and `Pass` frames `receive` skipped, in order."""
+        self._held: list[FromWorker | None] = []
+        """Frames read while waiting for passes to begin, for `receive`."""
+
+    @property
+    def stdin(self) -> BinaryIO:
+        assert self.process.stdin is not None
+        return self.process.stdin
+
+    def send(self, frame: Start | Submit | Cancel) -> None:
+        write_frame(self.stdin, frame)
+
+    def _read(self) -> FromWorker | None:
+        assert self.process.stdout is not None
+        payload = read_payload(self.process.stdout)
+        return None if payload is None else decode_from_worker(payload)
+
+    def receive(self) -> FromWorker | None:
+        """The next frame that is not a pass's `Begin` or `Pass` (those go to `progress`)."""
+        if self._held:
+            return self._held.pop(0)
+        while True:
+            frame = self._read()
+            if not isinstance(frame, Begin | Pass):
+                return frame
+            self.progress.append(frame)
+
+    def wait_begun(self, count: int = 1) -> None:
+        """Until `count` passes have begun (their `Begin` frames), keeping the other frames
+        read meanwhile for `receive`."""
+        while sum(isinstance(frame, Begin) for frame in self.progress) < count:
+            frame = self._read()
+            if isinstance(frame, Begin | Pass):
+                self.progress.append(frame)
+            else:
+                assert frame is not None, "the worker ended before the pass began"
+                self._held.append(frame)
+
+    def finish(self) -> tuple[int, str]:
+        """Close stdin; the exit code and everything the worker wrote to stderr."""
+        self.stdin.close()
+        code = self.process.wait(timeout=10)
+        assert self.process.stderr is not None
+        return code, self.process.stderr.read().decode()
+
+
+def job(state: str, **config: object) -> Job:
+    return Job("ckpt", state, {"q": NoulQuestion(), "r": NoulQuestion()}, config=dict(config))
+
+
+def test_worker_reports_ready_on_a_clean_stdout_and_answers_jobs() -> None:
+    worker = WorkerProcess({"print": True})
+    assert worker.receive() == Ready("cpu")  # the engine's print did not reach the frames
+    jobs = {7: job("first"), 9: job("second")}
+    for job_id, each in jobs.items():
+        worker.send(Submit(job_id, each))
+    answers = {frame.id: frame for frame in (worker.receive(), worker.receive())}
+    assert answers == {job_id: Result(job_id, answer(each)) for job_id, each in jobs.items()}
+    code, stderr = worker.finish()
+    assert code == 0
+    assert "stray output from an engine" in stderr
+
+
+def test_failures_reach_only_their_own_job_in_a_shared_pass(tmp_path: Path) -> None:
+    worker = WorkerProcess({"log": str(tmp_path / "passes")})
+    assert isinstance(worker.receive(), Ready)
+    worker.send(Submit(1, job("slow", sleep=1.0)))
+    worker.wait_begun()  # the next four queue while the slow pass runs, and share one pass
+    worker.send(Submit(2, job("fine")))
+    worker.send(Submit(3, job("bad input at run", input_error="run")))
+    worker.send(Submit(4, job("engine bug", fail="run")))
+    worker.send(Submit(5, job("bad input at prepare", input_error="prepare")))
+    worker.send(Submit(6, job("also fine")))
+    worker.send(Submit(7, job("answer too big for msgpack", unsendable=True)))
+    frames = {frame.id: frame for frame in (worker.receive() for _ in range(7)) if frame}
+    assert frames[1] == Result(1, answer(job("slow", sleep=1.0)))
+    assert frames[2] == Result(2, answer(job("fine")))
+    assert frames[6] == Result(6, answer(job("also fine")))
+    where = ["questions", "q", "criteria"]
+    at_run = ValidationIssue(where, "cannot take this at run", "value_error")
+    at_prepare = ValidationIssue(where, "cannot take this at prepare", "value_error")
+    assert frames[3] == Rejected(3, [at_run])
+    assert frames[5] == Rejected(5, [at_prepare])
+    assert frames[4] == JobFailed(4, "RuntimeError")
+    assert frames[7] == JobFailed(7, "OverflowError")
+    code, stderr = worker.finish()
+    assert code == 0
+    assert "RuntimeError at arith.py" in stderr
+    assert "secret" not in stderr  # exception messages may quote the state: never logged
+    passes = (tmp_path / "passes").read_text().splitlines()
+    assert '"size": 5' in passes[2]  # all but the one that failed to prepare, in one pass
+
+
+def run_slow_pair_then_many(passes: int) -> tuple[float, dict[int, FromWorker | None]]:
+    """Two one-second jobs sent 0.2 s apart, then twenty quick ones: seconds until all are
+    answered, and the answers by id."""
+    worker = WorkerProcess({}, passes=passes)
+    assert isinstance(worker.receive(), Ready)
+    started = time.monotonic()
+    worker.send(Submit(1, job("slow one", sleep=1.0)))
+    worker.wait_begun()  # the first pass is under way: the second job cannot join it
+    worker.send(Submit(2, job("slow two", sleep=1.0)))
+    for job_id in range(3, 23):
+        worker.send(Submit(job_id, job({"quick": job_id}, sleep=0.01)))
+    frames = [worker.receive() for _ in range(22)]
+    elapsed = time.monotonic() - started
+    assert worker.finish()[0] == 0
+    return elapsed, {frame.id: frame for frame in frames if isinstance(frame, Result)}
+
+
+def test_compute_threads_run_passes_at_once_with_the_same_answers() -> None:
+    one_elapsed, one = run_slow_pair_then_many(passes=1)
+    two_elapsed, two = run_slow_pair_then_many(passes=2)
+    assert one_elapsed >= 2.0  # one pass at a time: the slow jobs run one after the other
+    assert two_elapsed < 1.8  # the second slow job ran while the first one's pass did
+    assert len(one) == 22
+    assert two == one
+
+
+def test_a_start_frame_without_a_compute_thread_is_refused() -> None:
+    worker = WorkerProcess({}, passes=0)
+    assert worker.receive() is None
+    code, stderr = worker.finish()
+    assert code == 2
+    assert "malformed start frame" in stderr
+
+
+def test_a_failing_factory_reports_failed_and_exits() -> None:
+    worker = WorkerProcess({"fail_start": True})
+    assert worker.receive() == Failed("FileNotFoundError")
+    code, stderr = worker.finish()
+    assert code == 1
+    assert "FileNotFoundError" in stderr
+
+
+@pytest.mark.parametrize("busy", [False, True])
+def test_worker_exits_when_its_stdin_closes(busy: bool) -> None:
+    worker = WorkerProcess({})
+    assert isinstance(worker.receive(), Ready)
+    if busy:
+        worker.send(Submit(1, job("stuck", hang=True)))
+        worker.wait_begun()
+    started = time.monotonic()
+    code, _ = worker.finish()
+    assert code == 0
+    assert time.monotonic() - started < 3
+
+
+def test_a_malformed_frame_ends_the_worker() -> None:
+    worker = WorkerProcess({})
+    assert isinstance(worker.receive(), Ready)
+    worker.stdin.write(b"\x00\x00\x00\x03abc")
+    worker.stdin.flush()
+    assert worker.process.wait(timeout=10) == 2
+
+
+def passes_of(worker: WorkerProcess, job_id: int) -> list[Pass]:
+    return [f for f in worker.progress if isinstance(f, Pass) and job_id in f.jobs]
+
+
+def test_a_job_of_many_rows_reports_every_pass_within_the_budget() -> None:
+    worker = WorkerProcess({}, budget=100)
+    assert isinstance(worker.receive(), Ready)
+    worker.send(Submit(1, job("many rows", rows=5, cost=40)))
+    assert worker.receive() == Result(1, answer(job("many rows", rows=5, cost=40)))
+    kinds = [type(f).__name__ for f in worker.progress]
+    assert kinds == ["Begin", "Pass"] * 3  # announced and reported, pass by pass
+    assert [(p.rows, p.tokens) for p in passes_of(worker, 1)] == [(2, 80), (2, 80), (1, 40)]
+    assert worker.finish()[0] == 0
+
+
+def test_a_small_job_waits_about_one_pass_behind_a_large_one() -> None:
+    worker = WorkerProcess({}, budget=100)
+    assert isinstance(worker.receive(), Ready)
+    large = job("large", rows=20, cost=50, sleep=0.2)  # ten passes of 0.2 s
+    worker.send(Submit(1, large))
+    worker.wait_begun(2)  # in its second pass: a small job now waits for that pass only
+    sent = time.monotonic()
+    worker.send(Submit(2, job("small", cost=10)))
+    first = worker.receive()
+    waited = time.monotonic() - sent
+    assert first == Result(2, answer(job("small", cost=10)))
+    assert waited < 1.0  # about one 0.2 s pass, not the large job's remaining 1.6 s
+    assert worker.receive() == Result(1, answer(large))
+    shared = [p for p in passes_of(worker, 1) if 2 in p.jobs]
+    assert len(shared) == 1 and shared[0].rows == 2  # the small job shared one pass
+    assert sum(p.rows for p in passes_of(worker, 1)) == 20 + 1
+    assert worker.finish()[0] == 0
+
+
+def test_a_cancelled_job_is_withdrawn_and_never_answered(tmp_path: Path) -> None:
+    log = tmp_path / "passes"
+    worker = WorkerProcess({"log": str(log)}, budget=100)
+    assert isinstance(worker.receive(), Ready)
+    worker.send(Submit(1, job("abandoned", rows=20, cost=50, sleep=0.2)))
+    worker.wait_begun(2)  # its second pass is under way
+    worker.send(Cancel(1))
+    worker.send(Cancel(99))  # unknown ids are ignored
+    worker.send(Submit(2, job("next")))
+    assert worker.receive() == Result(2, answer(job("next")))
+    time.sleep(0.5)  # not a wait for an event: the window in which no withdrawn row may run
+    code, _ = worker.finish()
+    assert code == 0
+    ran = [json.loads(line) for line in log.read_text().splitlines() if '"rows"' in line]
+    abandoned = sum(record["states"].count("abandoned") for record in ran)
+    assert abandoned <= 6  # the running pass finished; none of the remaining rows ran
+
+
+def test_a_cancel_before_prepare_drops_the_job() -> None:
+    worker = WorkerProcess({}, budget=100)
+    assert isinstance(worker.receive(), Ready)
+    worker.send(Submit(1, job("slow", sleep=0.5)))
+    worker.wait_begun()
+    worker.send(Submit(2, job("gone")))
+    worker.send(Cancel(2))
+    worker.send(Submit(3, job("kept")))
+    assert worker.receive() == Result(1, answer(job("slow", sleep=0.5)))
+    assert worker.receive() == Result(3, answer(job("kept")))
+    assert worker.finish()[0] == 0
+
+
+def test_a_job_over_the_token_limit_fails_at_prepare_naming_the_setting() -> None:
+    worker = WorkerProcess({}, job_token_limit=100)
+    assert isinstance(worker.receive(), Ready)
+    worker.send(Submit(1, job("too much", rows=3, cost=40)))
+    worker.send(Submit(2, job("fits", rows=2, cost=50)))
+    refused = worker.receive()
+    assert isinstance(refused, Rejected) and refused.id == 1
+    (issue,) = refused.issues
+    assert issue.loc == ["questions"]
+    assert "costs 120 model tokens" in issue.msg
+    assert "DECIDEALOT_MAX_REQUEST_TOKENS" in issue.msg and "at most 100" in issue.msg
+    assert worker.receive() == Result(2, answer(job("fits", rows=2, cost=50)))
+    assert not passes_of(worker, 1)  # refused before any pass
+    assert worker.finish()[0] == 0
