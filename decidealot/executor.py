@@ -7,7 +7,10 @@ Jev does not count.
 
 A batch runs one lane per provider: a provider's items go to it in input order, each as soon as
 the one before it has been forwarded to its worker (not answered), so they can share passes;
-lanes of different providers overlap (residency decides whether local ones really can).
+lanes of different providers overlap, except that local providers take the turns residency
+gives them (`Residency.batch_turns`): the resident ones first, and never more at once than
+there are slots, so a batch loads each local provider it names at most once (with one slot and
+Laya resident, [laya, von, laya] runs both Laya items, then switches to Von once).
 `DECIDEALOT_MAX_BATCH_CONCURRENCY` caps provider calls made by all batches together. The first
 failure stops every lane from forwarding further items; the batch then fails with the error of
 the lowest failed index and returns no partial results.
@@ -49,7 +52,7 @@ from decidealot.errors import (
     RequestInvalid,
 )
 from decidealot.jobs import Decision
-from decidealot.protocols import HostedProvider, JobOrder, LocalProvider
+from decidealot.protocols import HostedProvider, JobOrder, LocalProvider, LocalRuntime
 from decidealot.residency import Residency
 
 log = logging.getLogger("decidealot.executor")
@@ -142,9 +145,13 @@ class Executor:
 
     async def decide_batch(self, batch: Sequence[Routed]) -> BatchResponse:
         lanes: dict[str, list[int]] = {}
+        runtimes: dict[str, LocalRuntime] = {}
         for index, routed in enumerate(batch):
-            lanes.setdefault(routed.route.provider.name, []).append(index)
-        local = any(routed.route.provider.local for routed in batch)
+            provider = routed.route.provider
+            lanes.setdefault(provider.name, []).append(index)
+            if provider.local:
+                runtimes[provider.name] = cast(LocalProvider[object], provider).runtime
+        local = bool(runtimes)
         results: list[SystemOneResponse | None] = [None] * len(batch)
         failures: dict[int, BaseException] = {}
         stop = asyncio.Event()
@@ -175,9 +182,16 @@ class Executor:
                 finally:
                     waiting.cancel()
 
+        async def run_turns() -> None:
+            """The local lanes, a turn at a time; a turn ends once its lanes have forwarded
+            every item (all are admitted then), so the next turn's loads wait only for them."""
+            for turn in self._residency.batch_turns(list(runtimes.values())):
+                await asyncio.gather(*(run_lane(lanes[runtime.name]) for runtime in turn))
+
+        hosted = [indices for name, indices in lanes.items() if name not in runtimes]
         with self._admitted(local):
             try:
-                await asyncio.gather(*(run_lane(indices) for indices in lanes.values()))
+                await asyncio.gather(run_turns(), *(run_lane(indices) for indices in hosted))
                 while pending := [item for item in items if not item.done()]:
                     await asyncio.wait(pending)
             finally:

@@ -1,10 +1,12 @@
 """The frames a gateway and its worker subprocess exchange over the worker's stdin/stdout.
 
 Each frame is a 4-byte big-endian length followed by one msgspec msgpack message. The gateway
-writes `Start` once, then `Submit` per job and `Cancel` for a job whose caller has gone; the
-worker answers `Ready` or `Failed` once, then exactly one of `Result`, `Rejected` or
+writes `Start`, then `Submit` per job and `Cancel` for a job whose caller has gone; the
+worker answers `Ready` or `Failed` once per `Start`, then exactly one of `Result`, `Rejected` or
 `JobFailed` per submitted job id that was not cancelled, and `Begin` and `Pass` around every
 forward pass (the gateway's watchdog times each pass; metrics and traces read `Pass`).
+`Release` ends an engine without ending the process: the worker drops it, returns its memory,
+answers `Released` and waits for the next `Start` (a model switch, `ProcessRuntime.load`).
 No frame carries an exception message: those may quote the state, and frames' errors end up
 in logs.
 """
@@ -49,6 +51,11 @@ class Cancel(msgspec.Struct, tag="cancel", frozen=True):
     id: int
 
 
+class Release(msgspec.Struct, tag="release", frozen=True):
+    """Drop the engine (jobs not yet answered are dropped with it), return its memory, answer
+    `Released` and wait for the next `Start`."""
+
+
 class Ready(msgspec.Struct, tag="ready", frozen=True):
     """The engine is built and its preloaded checkpoints are in memory."""
 
@@ -59,6 +66,13 @@ class Failed(msgspec.Struct, tag="failed", frozen=True):
     """The engine could not be built; `error` is the exception's type name only."""
 
     error: str
+
+
+class Released(msgspec.Struct, tag="released", frozen=True):
+    """The engine is gone and its memory returned; `rss_bytes` is the process's resident memory
+    now (0 where it cannot be read)."""
+
+    rss_bytes: int
 
 
 class Result(msgspec.Struct, tag="result", frozen=True):
@@ -99,8 +113,8 @@ class Pass(msgspec.Struct, tag="pass", frozen=True):
     seconds: float
 
 
-ToWorker: TypeAlias = Start | Submit | Cancel
-FromWorker: TypeAlias = Ready | Failed | Result | Rejected | JobFailed | Begin | Pass
+ToWorker: TypeAlias = Start | Submit | Cancel | Release
+FromWorker: TypeAlias = Ready | Failed | Released | Result | Rejected | JobFailed | Begin | Pass
 
 _encoder = msgspec.msgpack.Encoder()
 _to_worker = msgspec.msgpack.Decoder(ToWorker)

@@ -210,6 +210,12 @@ WORKER_STARTS = REGISTRY.counter(
     "Worker subprocesses that reported healthy, by provider.",
     ("provider",),
 )
+WORKER_REUSES = REGISTRY.counter(
+    "decidealot_worker_reuses_total",
+    "Loads that took over an evicted provider's worker process, swapping its engine in place, "
+    "by provider.",
+    ("provider",),
+)
 WORKER_RESTARTS = REGISTRY.counter(
     "decidealot_worker_restarts_total",
     "Worker starts that replaced a worker lost to a crash, hang or corrupt output.",

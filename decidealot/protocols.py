@@ -65,8 +65,13 @@ class LocalRuntime(Protocol):
     def loaded(self) -> bool:
         """True while the worker is up and healthy; turns False by itself if it dies."""
 
-    async def load(self) -> None:
-        """Start the worker and wait until it reports healthy; raise ProviderUnavailable."""
+    async def load(self, replacing: LocalRuntime | None = None) -> None:
+        """Start the worker and wait until it reports healthy; raise ProviderUnavailable.
+
+        `replacing` is a loaded runtime residency evicts to make room for this one: it is
+        unloaded before this one's model loads, whether the load then succeeds or not, so one
+        slot never holds two models. A runtime may take over what `replacing` leaves behind
+        (the process runtime: its worker process, emptied in place)."""
 
     async def unload(self) -> None:
         """Stop the worker so its memory returns to the system; idempotent."""

@@ -157,6 +157,16 @@ class Residency:
 
     # -- decisions ---------------------------------------------------------------------------
 
+    def batch_turns(self, runtimes: list[LocalRuntime]) -> list[list[LocalRuntime]]:
+        """The turns in which one batch should take the local runtimes it names (in input
+        order) so that it loads each at most once: the resident ones first, then the others in
+        order, as many at a time as there are slots. A turn's runtimes all fit at once; a
+        later turn's only evict runtimes the batch is done with (or others, by LRU)."""
+        resident = [r for r in runtimes if self._slots[r.name].resident]
+        ordered = resident + [r for r in runtimes if r not in resident]
+        size = self._max_resident
+        return [ordered[start : start + size] for start in range(0, len(ordered), size)]
+
     @contextlib.asynccontextmanager
     async def use(self, runtime: LocalRuntime) -> AsyncIterator[None]:
         """Hold `runtime` loaded (and its lane) for one decision."""
@@ -227,18 +237,21 @@ class Residency:
         return min(idle, key=lambda s: s.last_used, default=None)
 
     async def _switch(self, victim: _Slot | None, slot: _Slot) -> None:
-        """Unload `victim` (if any), then load `slot`; failures fail only `slot`'s waiters."""
+        """Load `slot` in place of `victim` (if any), which the load unloads first (and may
+        reuse what it leaves, `LocalRuntime.load`); failures fail only `slot`'s waiters."""
         try:
+            replacing = None
             if victim is not None:
                 log.info("unloading %s to make room for %s", victim.runtime.name, slot.runtime.name)
                 metrics.PROVIDER_UNLOADS.inc(provider=victim.runtime.name, reason="evicted")
-                try:
-                    await victim.runtime.unload()
-                finally:
-                    victim.transition = None
+                replacing = victim.runtime
             log.info("loading %s", slot.runtime.name)
             started = time.monotonic()
-            await slot.runtime.load()
+            try:
+                await slot.runtime.load(replacing=replacing)
+            finally:
+                if victim is not None:
+                    victim.transition = None
             metrics.PROVIDER_LOADS.inc(provider=slot.runtime.name, result="ok")
             metrics.PROVIDER_LOAD_DURATION.observe(
                 time.monotonic() - started, provider=slot.runtime.name

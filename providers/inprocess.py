@@ -30,6 +30,7 @@ from decidealot.frames import (
     encode,
 )
 from decidealot.jobs import Decision, EngineSpec, Job
+from decidealot.protocols import LocalRuntime
 from decidealot.providers.gateway.process_runtime import (
     FAILED_JOB,
     NOT_LOADED,
@@ -79,7 +80,9 @@ class InProcessRuntime:
             raise ProviderUnavailable(NOT_LOADED)
         return host.engine
 
-    async def load(self) -> None:
+    async def load(self, replacing: LocalRuntime | None = None) -> None:
+        if replacing is not None:
+            await replacing.unload()
         if self._host is not None:
             return
         start = start_frame(self._spec, self._settings)

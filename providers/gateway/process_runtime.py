@@ -2,9 +2,12 @@
 
 `ProcessRuntime` is what residency loads and unloads: loading starts `python -m
 decidealot.providers.worker` and waits for its `Ready` frame; unloading ends the process, so the
-memory of torch and the checkpoint returns to the system. Jobs go to the worker as frames and come
-back by id (`JobChannel`, which the in-process runtime shares), so any number of requests can be
-in flight at once and the worker batches them.
+memory of torch and the checkpoint returns to the system. A load that replaces another
+provider's runtime (a model switch at the slot limit) takes that runtime's worker process over
+instead: the worker drops the old engine and returns its memory (`Release` / `Released`), then
+builds the new one (`Start`), so a switch pays for the model, not for an interpreter and torch.
+Jobs go to the worker as frames and come back by id (`JobChannel`, which the in-process runtime
+shares), so any number of requests can be in flight at once and the worker batches them.
 
 The watchdog times forward passes, not jobs: the worker announces each pass (`Begin`) and
 reports it (`Pass`), so a request of many passes never trips it. A worker that exits, sends
@@ -47,6 +50,8 @@ from decidealot.frames import (
     Pass,
     Ready,
     Rejected,
+    Release,
+    Released,
     Result,
     Submit,
     decode_from_worker,
@@ -54,6 +59,7 @@ from decidealot.frames import (
     read_payload_async,
 )
 from decidealot.jobs import Decision, EngineSpec, Job
+from decidealot.protocols import LocalRuntime
 
 log = logging.getLogger("decidealot.worker")
 
@@ -64,7 +70,8 @@ TIMED_OUT = "the local provider timed out"
 NOT_LOADED = "the local provider is not loaded"
 
 EXIT_GRACE_SECONDS = 5.0
-"""How long an unloaded worker may take to exit after its stdin closes before it is killed."""
+"""How long an unloaded worker may take to exit after its stdin closes, or a released one to
+answer `Released`, before it is killed."""
 
 _STDERR_LINE_LIMIT = 1 << 20
 
@@ -161,17 +168,31 @@ class JobChannel:
 
 
 class _Worker:
-    """One worker process and the jobs in flight on it; discarded once it stops."""
+    """One worker process and the jobs in flight on it; discarded once it stops, or handed to
+    another runtime by `ProcessRuntime.release`."""
 
-    def __init__(self, process: asyncio.subprocess.Process, channel: JobChannel) -> None:
+    def __init__(
+        self, process: asyncio.subprocess.Process, channel: JobChannel, log: logging.Logger
+    ) -> None:
         self.process = process
         self.channel = channel
+        self.log = log
+        """Its owner's logger: the worker's stderr lines go there."""
         self.alive = True
         self.write_lock = asyncio.Lock()
         self.tasks: list[asyncio.Task[None]] = []
         """Its stderr forwarder and frame reader, which end with the process."""
+        self.reader: asyncio.Task[None] | None = None
+        """The frame reader of its current owner."""
         self.watchdog: asyncio.Task[None] | None = None
         """Sleeps between checks: cancelled when the worker stops."""
+        self.released: asyncio.Future[Released | None] | None = None
+        """Set while a `Release` awaits its answer (None: the worker went away first)."""
+
+    def adopt(self, channel: JobChannel, log: logging.Logger) -> None:
+        """A new owner's: its jobs, its logger."""
+        self.channel, self.log = channel, log
+        self.alive, self.released = True, None
 
     def overdue(self, now: float, pass_timeout: float, silence_timeout: float) -> str | None:
         """Why the worker counts as hung: a pass ran past `pass_timeout`, or jobs wait while
@@ -233,16 +254,41 @@ class ProcessRuntime:
         worker = self._worker
         return worker.process.pid if worker is not None and worker.alive else None
 
-    async def load(self) -> None:
+    async def load(self, replacing: LocalRuntime | None = None) -> None:
+        """Start the worker. `replacing` (a runtime residency evicts to make room) is unloaded
+        first; when it is a `ProcessRuntime` on the same interpreter, its worker process is
+        taken over with its engine dropped and memory returned, instead of a new one started."""
         async with self._lifecycle:
-            if not self.loaded:
-                self._worker = await self._start()
+            spare = None
+            if isinstance(replacing, ProcessRuntime) and replacing._python == self._python:
+                spare = await replacing.release()
+            elif replacing is not None:
+                await replacing.unload()
+            if self.loaded:
+                if spare is not None:
+                    await self._stop(spare)
+                return
+            self._worker = await self._start(spare)
 
     async def unload(self) -> None:
         async with self._lifecycle:
             worker, self._worker = self._worker, None
             if worker is not None:
                 await self._stop(worker)
+
+    async def release(self) -> _Worker | None:
+        """Unload, but keep the worker process: it drops its engine, returns its memory and
+        waits for another engine's `Start` (the caller's to send, or to stop it). None when
+        there is no process to hand over: not loaded, or it did not release within
+        `EXIT_GRACE_SECONDS` (then it was killed)."""
+        async with self._lifecycle:
+            worker, self._worker = self._worker, None
+            if worker is None:
+                return None
+            if not worker.alive:
+                await self._stop(worker)
+                return None
+            return await self._release(worker)
 
     async def submit(self, job: Job, sent: Callable[[], None] | None = None) -> Decision:
         """Run one job on the loaded worker, batched with whatever else is in flight; `sent`
@@ -291,26 +337,18 @@ class ProcessRuntime:
 
     # -- process lifecycle -----------------------------------------------------------------
 
-    async def _start(self) -> _Worker:
-        try:
-            process = await asyncio.create_subprocess_exec(
-                self._python,
-                "-P",  # the installed package, never a same-named folder in the working directory
-                "-m",
-                "decidealot.providers.worker",
-                stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
-                env=worker_environment(),
-                limit=_STDERR_LINE_LIMIT,
-            )
-        except OSError as exc:
-            self._log.error("cannot start a worker with %s (%s)", self._python, exc.strerror)
-            metrics.WORKER_FAILURES.inc(provider=self.name, reason="start_failed")
-            raise ProviderUnavailable(START_FAILED) from None
-        worker = _Worker(process, JobChannel(self.name, self._log))
-        worker.tasks.append(_background(self._forward_stderr(process)))
-        self._log.info("starting worker (pid %d) on %s", process.pid, self.device)
+    async def _start(self, spare: _Worker | None = None) -> _Worker:
+        """A worker process running this runtime's engine: `spare` (a released one) or a new
+        one."""
+        if spare is not None:
+            worker = spare
+            worker.adopt(JobChannel(self.name, self._log), self._log)
+            process = worker.process
+            self._log.info("starting engine in worker (pid %d) on %s", process.pid, self.device)
+        else:
+            worker = await self._spawn()
+            process = worker.process
+            self._log.info("starting worker (pid %d) on %s", process.pid, self.device)
         try:
             ready = await asyncio.wait_for(
                 self._handshake(process), self._settings.provider_start_timeout_seconds
@@ -331,12 +369,63 @@ class ProcessRuntime:
             await self._stop(worker, kill=True)
             raise ProviderUnavailable(START_FAILED)
         self._log.info("worker ready (pid %d, %s)", process.pid, ready.device)
-        metrics.WORKER_STARTS.inc(provider=self.name)
+        if spare is None:
+            metrics.WORKER_STARTS.inc(provider=self.name)
+        else:
+            metrics.WORKER_REUSES.inc(provider=self.name)
         if self._lost:
             self._lost = False
             metrics.WORKER_RESTARTS.inc(provider=self.name)
-        worker.tasks.append(_background(self._read_answers(worker)))
+        worker.reader = _background(self._read_answers(worker))
+        worker.tasks.append(worker.reader)
         worker.watchdog = _background(self._watch(worker))
+        return worker
+
+    async def _spawn(self) -> _Worker:
+        try:
+            process = await asyncio.create_subprocess_exec(
+                self._python,
+                "-P",  # the installed package, never a same-named folder in the working directory
+                "-m",
+                "decidealot.providers.worker",
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                env=worker_environment(),
+                limit=_STDERR_LINE_LIMIT,
+            )
+        except OSError as exc:
+            self._log.error("cannot start a worker with %s (%s)", self._python, exc.strerror)
+            metrics.WORKER_FAILURES.inc(provider=self.name, reason="start_failed")
+            raise ProviderUnavailable(START_FAILED) from None
+        worker = _Worker(process, JobChannel(self.name, self._log), self._log)
+        worker.tasks.append(_background(_forward_stderr(worker)))
+        return worker
+
+    async def _release(self, worker: _Worker) -> _Worker | None:
+        """Send `Release` and wait for `Released`; the worker's reader ends there, leaving its
+        stdout at the next frame for the new owner's handshake."""
+        worker.alive = False
+        if worker.watchdog is not None:
+            worker.watchdog.cancel()
+        worker.channel.fail_all(STOPPED)
+        released = worker.released = asyncio.get_running_loop().create_future()
+        await worker.send(encode(Release()))
+        try:
+            answer = await asyncio.wait_for(asyncio.shield(released), EXIT_GRACE_SECONDS)
+        except TimeoutError:
+            answer = None
+            self._log.warning("worker did not release within %g s; ending it", EXIT_GRACE_SECONDS)
+        if answer is None:
+            await self._stop(worker, kill=True)
+            return None
+        if worker.reader is not None:
+            await worker.reader
+            worker.tasks.remove(worker.reader)
+            worker.reader = None
+        self._log.info(
+            "worker released (pid %d, %.0f MB resident)", worker.process.pid, answer.rss_bytes / 1e6
+        )
         return worker
 
     async def _handshake(self, process: asyncio.subprocess.Process) -> Ready | Failed | None:
@@ -392,16 +481,23 @@ class ProcessRuntime:
         metrics.WORKER_FAILURES.inc(provider=self.name, reason=reason)
 
     async def _read_answers(self, worker: _Worker) -> None:
-        """Deliver each frame to the worker's channel until its stdout ends."""
+        """Deliver each frame to the worker's channel until its stdout ends, or until the
+        `Released` that answers a `Release`."""
         stdout = worker.process.stdout
         assert stdout is not None
         malformed = False
         try:
             while (payload := await read_payload_async(stdout)) is not None:
-                worker.channel.deliver(decode_from_worker(payload))
+                frame = decode_from_worker(payload)
+                if isinstance(frame, Released) and worker.released is not None:
+                    worker.released.set_result(frame)
+                    return
+                worker.channel.deliver(frame)
         except FrameError as exc:
             self._log.error("worker sent a malformed frame (%s); killing it", exc)
             malformed = True
+        if worker.released is not None and not worker.released.done():
+            worker.released.set_result(None)  # `_release` kills and reaps it
         unexpected = worker.alive
         if unexpected:
             self._forget(worker)
@@ -413,24 +509,25 @@ class ProcessRuntime:
                 "worker exited unexpectedly (pid %d, code %d)", worker.process.pid, code
             )
 
-    async def _forward_stderr(self, process: asyncio.subprocess.Process) -> None:
-        """The worker's stderr into the gateway's log, a line per record; lines that start
-        with a level name take it, continuation lines (tracebacks) keep the previous one."""
-        stderr = process.stderr
-        assert stderr is not None
-        level = logging.WARNING
-        while True:
-            try:
-                line = await stderr.readline()
-            except ValueError:
-                self._log.warning("worker wrote an overlong stderr line; dropped")
-                continue
-            if not line:
-                return
-            text = line.decode(errors="replace").rstrip()
-            if not text:
-                continue
-            named = logging.getLevelName(text.split(" ", 1)[0])
-            if isinstance(named, int):
-                level = named
-            self._log.log(level, "%s", text)
+
+async def _forward_stderr(worker: _Worker) -> None:
+    """The worker's stderr into its owner's log, a line per record; lines that start with a
+    level name take it, continuation lines (tracebacks) keep the previous one."""
+    stderr = worker.process.stderr
+    assert stderr is not None
+    level = logging.WARNING
+    while True:
+        try:
+            line = await stderr.readline()
+        except ValueError:
+            worker.log.warning("worker wrote an overlong stderr line; dropped")
+            continue
+        if not line:
+            return
+        text = line.decode(errors="replace").rstrip()
+        if not text:
+            continue
+        named = logging.getLevelName(text.split(" ", 1)[0])
+        if isinstance(named, int):
+            level = named
+        worker.log.log(level, "%s", text)

@@ -1,9 +1,12 @@
 """The subprocess host of one local provider's engine: `python -m decidealot.providers.worker`.
 
-Torch, transformers and checkpoints live only in this process, so unloading a provider is
-ending it. The gateway sends a `Start` frame, then `Submit` frames on stdin; answers go back
-as frames on stdout, which nothing else may write to (stray prints land on stderr, which the
-gateway forwards to its log). Threads:
+Torch and checkpoints live only in this process, so unloading a provider is ending it. The
+gateway sends a `Start` frame, then `Submit` frames on stdin; answers go back as frames on
+stdout, which nothing else may write to (stray prints land on stderr, which the gateway
+forwards to its log). On a model switch the gateway sends `Release` instead of closing stdin:
+the engine's threads end, the engine is dropped and its memory returned to the system
+(`release_memory`), the worker answers `Released` and builds the next `Start`'s engine, so a
+switch costs no new interpreter and no second torch import. Threads:
 
 - reader (main): receives jobs and cancellations; at end of stdin (the gateway closed it or
   died) ends the process;
@@ -25,7 +28,9 @@ those may quote the state.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import gc
 import importlib
 import logging
 import os
@@ -51,6 +56,8 @@ from decidealot.frames import (
     JobFailed,
     Ready,
     Rejected,
+    Release,
+    Released,
     Result,
     Start,
     Submit,
@@ -118,12 +125,15 @@ class Host:
         self._cancelled: set[int] = set()
         """Ids cancelled before the planner had them: prepare drops them."""
         self._stopped = False
+        self._threads: list[threading.Thread] = []
 
     @property
     def engine(self) -> Engine:
         return self._engine
 
     def read_jobs(self, stream: BinaryIO) -> None:
+        """Receive jobs and cancellations until a `Release` frame; ends the process at the end
+        of `stream`."""
         while True:
             try:
                 payload = read_payload(stream)
@@ -133,6 +143,8 @@ class Host:
                 os._exit(2)
             if frame is None:
                 os._exit(0)  # stdin closed: unloaded, or the gateway died
+            if isinstance(frame, Release):
+                return
             if isinstance(frame, Submit | Cancel):
                 self.receive(frame)
             else:
@@ -157,11 +169,13 @@ class Host:
 
     def start(self) -> None:
         """Run the prepare thread and every compute thread in the background."""
-        threading.Thread(target=self.prepare_jobs, name="prepare", daemon=True).start()
-        for lane in range(self._passes):
-            threading.Thread(
-                target=self.compute, args=(lane,), name=f"compute-{lane}", daemon=True
-            ).start()
+        self._threads = [threading.Thread(target=self.prepare_jobs, name="prepare", daemon=True)]
+        self._threads += [
+            threading.Thread(target=self.compute, args=(lane,), name=f"compute-{lane}", daemon=True)
+            for lane in range(self._passes)
+        ]
+        for thread in self._threads:
+            thread.start()
 
     def stop(self) -> None:
         """End the threads `start` began once their current pass is done."""
@@ -169,6 +183,19 @@ class Host:
             self._stopped = True
             self._changed.notify_all()
         self._incoming.put(None)
+
+    def close(self) -> None:
+        """Withdraw every job not yet answered, stop, and wait for the threads to end (each
+        finishes the pass it is running), so nothing refers to the engine any more."""
+        with self._changed:
+            for job_id in self._submitted:
+                if self._planner.remove(job_id) is None:
+                    self._cancelled.add(job_id)  # still to be prepared: dropped there
+            self._submitted.clear()
+        self.stop()
+        for thread in self._threads:
+            thread.join()
+        self._threads = []
 
     def prepare_jobs(self) -> None:
         while (submit := self._incoming.get()) is not None:
@@ -299,6 +326,31 @@ def build_engine(spec: EngineSpec) -> Engine:
     return engine
 
 
+def release_memory() -> int:
+    """Give the memory of dropped objects back to the system; the resident bytes after it.
+
+    Collects cycles, empties torch's CUDA cache when CUDA was used, and asks glibc to return
+    its free heap pages (`malloc_trim`): a freed checkpoint's tensors otherwise stay in the
+    process's arenas, reusable by it but counted against it."""
+    gc.collect()
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None).malloc_trim(0)
+    return resident_bytes()
+
+
+def resident_bytes() -> int:
+    """This process's resident memory (Linux `/proc/self/statm`), 0 where it cannot be read."""
+    try:
+        pages = int(Path("/proc/self/statm").read_text().split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
+    return pages * os.sysconf("SC_PAGE_SIZE")
+
+
 def _die_with_parent() -> None:
     """Second guard after end-of-stdin: the kernel kills this process when the gateway dies.
     (Had it died already, stdin is at its end and the first read ends the process.)"""
@@ -328,17 +380,28 @@ def main() -> int:
         stream=sys.stderr, level=logging.INFO, format="%(levelname)s %(name)s: %(message)s"
     )
     writer = FrameWriter(frames_out)
-    try:
-        payload = read_payload(frames_in)
-        if payload is None:
-            return 0
-        start = decode_to_worker(payload)
-    except FrameError:
-        log.error("malformed start frame")
-        return 2
-    if not isinstance(start, Start):
-        log.error("expected a start frame, got %s", type(start).__name__)
-        return 2
+    while True:  # one engine per Start; a Release ends it and the next Start builds another
+        try:
+            payload = read_payload(frames_in)
+            if payload is None:
+                return 0
+            start = decode_to_worker(payload)
+        except FrameError:
+            log.error("malformed start frame")
+            return 2
+        if not isinstance(start, Start):
+            log.error("expected a start frame, got %s", type(start).__name__)
+            return 2
+        code = _serve(start, frames_in, writer)
+        if code is not None:
+            return code
+        writer.write(Released(release_memory()))
+
+
+def _serve(start: Start, frames_in: BinaryIO, writer: FrameWriter) -> int | None:
+    """Build `start`'s engine and run its jobs until a `Release` (None) or a failed build (the
+    exit status); the end of stdin ends the process meanwhile. Returns with nothing left that
+    refers to the engine, so `release_memory` can return it."""
     try:
         engine = build_engine(start.spec)
     except Exception as exc:
@@ -352,7 +415,9 @@ def main() -> int:
         start.concurrent_passes,
         start.job_token_limit,
     )
+    del engine
     writer.write(Ready(start.spec.device))
     host.start()
-    host.read_jobs(frames_in)  # ends the process at the end of stdin
-    return 0
+    host.read_jobs(frames_in)  # returns at a Release; ends the process at the end of stdin
+    host.close()
+    return None

@@ -1,10 +1,12 @@
-"""With one resident slot, alternating Laya and Von requests all answer, switching models.
+"""Model switches at one resident slot, over the real `decidealot serve` on tiny checkpoints.
 
-The real `decidealot serve` (granian, residency, worker subprocesses running the real engines on
-tiny random checkpoints) runs with DECIDEALOT_MAX_RESIDENT_PROVIDERS=1. Laya and Von requests
-arrive interleaved while the first model is still loading, so residency must unload one
-provider's worker and start the other's for each of them in turn. A thread watches the
-gateway's child processes in /proc the whole time: two workers must never be alive at once.
+With DECIDEALOT_MAX_RESIDENT_PROVIDERS=1, Laya and Von requests take turns: each switch hands
+the one worker process from one provider to the other, its old engine dropped and memory
+returned before the new one loads. These tests pin what must not change on that path: one
+model (one worker) at a time, memory returned on each switch, no torch in any process before a
+request selects a local model and none left after an unload or an idle unload (the service's
+memory back within 50 MB of where it was before the first load), and a crashed worker answers
+503 and the next request recovers.
 """
 
 from __future__ import annotations
@@ -12,9 +14,7 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
-import subprocess
-import sys
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -27,33 +27,47 @@ import pytest
 
 from tests.support.checkpoints import TinyCheckpoints
 from tests.support.ops_launcher import children
+from tests.support.servers import RunningServer, start_server
 
-ROOT = Path(__file__).resolve().parents[2]
 ANSWERING_MODEL = {"laya-english": "laya-english", "von": "von-1.1"}
 """Selector -> the `model` its answer must name."""
-WORKER_LINE = re.compile(r"^(starting worker|worker stopped) \(pid (\d+)")
+WORKER_LINE = re.compile(r"^(starting worker|starting engine in worker|worker stopped) \(pid (\d+)")
+MEMORY_SLACK = 50e6
+"""The contract's bound on what the service may keep after an unload."""
 
 
-@dataclass
-class Gateway:
-    url: str
-    process: subprocess.Popen[bytes]
-    log_file: Path
+def worker_events(server: RunningServer) -> list[tuple[str, str, int]]:
+    """(provider, "start" | "swap" | "stop", pid) per worker log line, in order."""
+    kinds = {"starting worker": "start", "starting engine in worker": "swap"}
+    events = []
+    for line in server.log_lines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        logger = str(record.get("logger", ""))
+        match = WORKER_LINE.match(str(record.get("message", "")))
+        if match and logger.startswith("decidealot.worker."):
+            kind = kinds.get(match[1], "stop")
+            events.append((logger.rsplit(".", 1)[1], kind, int(match[2])))
+    return events
 
-    def worker_events(self) -> list[tuple[str, str, int]]:
-        """(provider, "start" | "stop", pid) per worker log line, in order."""
-        events = []
-        for line in self.log_file.read_text().splitlines():
-            try:
-                record = json.loads(line)
-            except ValueError:
-                continue
-            logger = str(record.get("logger", ""))
-            match = WORKER_LINE.match(str(record.get("message", "")))
-            if match and logger.startswith("decidealot.worker."):
-                kind = "start" if match[1] == "starting worker" else "stop"
-                events.append((logger.rsplit(".", 1)[1], kind, int(match[2])))
-        return events
+
+def rss(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def holds_torch(pid: int) -> bool:
+    """Whether the process has torch's library mapped (it never unloads once imported)."""
+    return "libtorch" in Path(f"/proc/{pid}/maps").read_text()
+
+
+def service_memory(server: RunningServer) -> int:
+    """Resident bytes of the gateway and its workers."""
+    return rss(server.process.pid) + sum(rss(pid) for pid in children(server.process.pid))
 
 
 @dataclass
@@ -78,63 +92,31 @@ class WorkerWatch:
         self._stop.set()
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+def serve(folder: Path, tiny: TinyCheckpoints, **env: str) -> RunningServer:
+    """`decidealot serve` on tiny Laya and Von checkpoints, one resident slot."""
+    laya = tiny.laya_all()
+    return start_server(
+        folder,
+        launcher="decidealot",
+        args=("serve",),
+        DECIDEALOT_DEVICE="cpu",
+        DECIDEALOT_TORCH_THREADS="1",
+        DECIDEALOT_MAX_RESIDENT_PROVIDERS="1",
+        DECIDEALOT_VON_CHECKPOINT=str(tiny.von(independent_options=False)),
+        DECIDEALOT_LAYA_ENGLISH_CHECKPOINT=str(laya["english"]),
+        DECIDEALOT_LAYA_MULTILINGUAL_CHECKPOINT=str(laya["multilingual"]),
+        DECIDEALOT_LAYA_TYPED_DECISIONS_CHECKPOINT=str(laya["typed-decisions"]),
+        **env,
+    )
 
 
 @pytest.fixture(scope="module")
-def gateway(tmp_path_factory: pytest.TempPathFactory, tiny: TinyCheckpoints) -> Iterator[Gateway]:
-    """`python -m decidealot serve` on tiny Laya and Von checkpoints, one resident slot."""
-    folder = tmp_path_factory.mktemp("switching")
-    von = tiny.von(independent_options=False)
-    laya = tiny.laya_all()
-    port = _free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DECIDEALOT_")} | {
-        "DECIDEALOT_HOST": "127.0.0.1",
-        "DECIDEALOT_PORT": str(port),
-        "DECIDEALOT_DEVICE": "cpu",
-        "DECIDEALOT_TORCH_THREADS": "1",
-        "DECIDEALOT_MAX_RESIDENT_PROVIDERS": "1",
-        "DECIDEALOT_MODEL_DIR": str(folder / "models"),
-        "DECIDEALOT_LOG_FORMAT": "json",
-        "DECIDEALOT_VON_CHECKPOINT": str(von),
-        "DECIDEALOT_LAYA_ENGLISH_CHECKPOINT": str(laya["english"]),
-        "DECIDEALOT_LAYA_MULTILINGUAL_CHECKPOINT": str(laya["multilingual"]),
-        "DECIDEALOT_LAYA_TYPED_DECISIONS_CHECKPOINT": str(laya["typed-decisions"]),
-    }
-    log_file = folder / "server.log"
-    with log_file.open("wb") as log_out:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "decidealot", "serve"],
-            cwd=ROOT,
-            env=env,
-            stdout=log_out,
-            stderr=subprocess.STDOUT,
-        )
-    server = Gateway(f"http://127.0.0.1:{port}", process, log_file)
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            if process.poll() is not None:
-                raise RuntimeError(f"decidealot serve exited: {log_file.read_text()[-2000:]}")
-            try:
-                if httpx.get(server.url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError("decidealot serve did not answer /health in 30 s")
-            time.sleep(0.05)
-        yield server
-    finally:
-        process.terminate()
-        try:
-            process.wait(20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+def gateway(
+    tmp_path_factory: pytest.TempPathFactory, tiny: TinyCheckpoints
+) -> Iterator[RunningServer]:
+    server = serve(tmp_path_factory.mktemp("switching"), tiny)
+    yield server
+    assert server.stop() == 0
 
 
 def decision(model: str, index: int) -> dict[str, object]:
@@ -151,9 +133,24 @@ def decision(model: str, index: int) -> dict[str, object]:
     }
 
 
-def test_alternating_laya_and_von_requests_switch_the_one_resident_model(
-    gateway: Gateway,
+def decide(server: RunningServer, model: str, index: int = 0) -> httpx.Response:
+    return httpx.post(server.url + "/v1/systemone", json=decision(model, index), timeout=120)
+
+
+def check_answer(selector: str, response: httpx.Response) -> None:
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["model"] == ANSWERING_MODEL[selector]
+    probabilities = body["answers"]["team"]["probabilities"]
+    assert set(probabilities) == {"billing", "technical"}
+    assert sum(probabilities.values()) == pytest.approx(1.0, abs=1e-3)
+
+
+def test_alternating_requests_take_turns_in_one_worker_one_model_at_a_time(
+    gateway: RunningServer,
 ) -> None:
+    """Laya and Von requests arrive interleaved while the first model is still loading: each
+    is answered, in strict turns, by one worker process whose engine is swapped in place."""
     selectors = ["laya-english", "von"] * 2
     watch = WorkerWatch(gateway.process.pid)
     watcher = threading.Thread(target=watch.run, daemon=True)
@@ -161,9 +158,7 @@ def test_alternating_laya_and_von_requests_switch_the_one_resident_model(
 
     def send(index: int) -> httpx.Response:
         time.sleep(0.3 * index)  # arrive in order, all while the first model is loading
-        return httpx.post(
-            gateway.url + "/v1/systemone", json=decision(selectors[index], index), timeout=120
-        )
+        return decide(gateway, selectors[index], index)
 
     try:
         with ThreadPoolExecutor(len(selectors)) as pool:
@@ -173,31 +168,71 @@ def test_alternating_laya_and_von_requests_switch_the_one_resident_model(
         watcher.join()
 
     for selector, response in zip(selectors, responses, strict=True):
-        assert response.status_code == 200, response.text
-        body = response.json()
-        assert body["model"] == ANSWERING_MODEL[selector]
-        probabilities = body["answers"]["team"]["probabilities"]
-        assert set(probabilities) == {"billing", "technical"}
-        assert sum(probabilities.values()) == pytest.approx(1.0, abs=1e-3)
-
-    events = gateway.worker_events()
-    starts = [(name, pid) for name, kind, pid in events if kind == "start"]
-    loaded = [name for name, _ in starts]
-    assert loaded == ["laya", "von"] * 2, events  # one load per request: strict turns
-    assert len({pid for _, pid in starts}) == len(starts)  # each load is a fresh process
-    live: set[int] = set()
-    for _, kind, pid in events:  # by the log: a worker starts only once the last one stopped
-        if kind == "start":
-            assert not live, events
-            live.add(pid)
-        else:
-            live.discard(pid)
+        check_answer(selector, response)
+    events = worker_events(gateway)
+    loads = [(name, kind) for name, kind, _ in events if kind != "stop"]
+    assert loads == [("laya", "start"), ("von", "swap"), ("laya", "swap"), ("von", "swap")]
+    pids = {pid for _, _, pid in events}
+    assert len(pids) == 1  # one process served every turn
     assert watch.samples > 100
     assert watch.most_at_once == 1  # by /proc: never two workers at once
-    assert watch.seen == {pid for _, pid in starts}
+    assert watch.seen == pids
 
     unload = httpx.post(gateway.url + "/v1/models/unload", timeout=30)
     assert unload.status_code == 200, unload.text
     was_loaded = {p["name"]: p["wasLoaded"] for p in unload.json()["providers"]}
     assert was_loaded == {"laya": False, "von": True}
     assert children(gateway.process.pid) == set()
+
+
+def test_torch_only_while_a_local_model_is_loaded_and_memory_returns_on_each_switch(
+    tmp_path: Path, tiny: TinyCheckpoints
+) -> None:
+    server = serve(tmp_path / "memory", tiny, DECIDEALOT_PROVIDER_IDLE_UNLOAD_SECONDS="3")
+    try:
+        gateway = server.process.pid
+        assert httpx.get(server.url + "/v1/models").status_code == 200
+        assert children(gateway) == set() and not holds_torch(gateway)
+        before = service_memory(server)
+
+        check_answer("laya-english", decide(server, "laya-english"))
+        (worker,) = children(gateway)
+        assert holds_torch(worker) and not holds_torch(gateway)
+        with_laya = rss(worker)
+        for selector in ("von", "laya-english", "von", "laya-english"):
+            check_answer(selector, decide(server, selector))
+            assert children(gateway) == {worker}
+        assert rss(worker) < with_laya + MEMORY_SLACK  # each switch gave the old model back
+
+        assert httpx.post(server.url + "/v1/models/unload", timeout=30).status_code == 200
+        assert children(gateway) == set() and not holds_torch(gateway)
+        assert service_memory(server) < before + MEMORY_SLACK
+
+        check_answer("von", decide(server, "von"))  # a cold start after the unload
+        check_answer("laya-english", decide(server, "laya-english"))
+        deadline = time.monotonic() + 30
+        while children(gateway) and time.monotonic() < deadline:  # the idle unload
+            time.sleep(0.2)
+        assert children(gateway) == set() and not holds_torch(gateway)
+        assert service_memory(server) < before + MEMORY_SLACK
+    finally:
+        assert server.stop() == 0
+
+
+def test_a_worker_that_dies_after_a_switch_gives_503_and_the_next_request_recovers(
+    gateway: RunningServer,
+) -> None:
+    check_answer("laya-english", decide(gateway, "laya-english"))
+    check_answer("von", decide(gateway, "von"))  # Von now runs in the process Laya started
+    (worker,) = children(gateway.process.pid)
+    os.kill(worker, signal.SIGSTOP)  # it holds the next request without answering
+    with ThreadPoolExecutor(1) as pool:
+        pending = pool.submit(decide, gateway, "von", 1)
+        time.sleep(0.5)
+        os.kill(worker, signal.SIGKILL)
+        failed = pending.result()
+    assert failed.status_code == 503
+    assert failed.json()["code"] == "PROVIDER_UNAVAILABLE"
+    check_answer("von", decide(gateway, "von", 2))
+    check_answer("laya-english", decide(gateway, "laya-english", 3))
+    assert children(gateway.process.pid) - {worker}

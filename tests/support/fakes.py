@@ -54,7 +54,9 @@ class FakeRuntime:
     def loaded(self) -> bool:
         return self._loaded
 
-    async def load(self) -> None:
+    async def load(self, replacing: object = None) -> None:
+        if replacing is not None:
+            await replacing.unload()  # type: ignore[attr-defined]
         await asyncio.sleep(0.01)
         self._loaded = True
 

@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import itertools
 import uuid
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
-from tests.support.servers import RunningServer
+from tests.support.servers import ALL_FAKES, RunningServer
 
 
 def item(model: str, tag: str, sleep: float = 0.0, fail: str | None = None) -> dict[str, Any]:
@@ -130,3 +132,35 @@ def test_the_cap_holds_across_batches(gateway: RunningServer) -> None:
         sum(e["start"] <= t < e["end"] for e in events) for t in (e["start"] for e in events)
     )
     assert overlap <= 2
+
+
+def loads(server: RunningServer) -> dict[str, float]:
+    """`decidealot_provider_loads_total{result="ok"}` per provider, from /metrics."""
+    text = httpx.get(server.url + "/metrics").text
+    return {
+        sample.labels["provider"]: sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "decidealot_provider_loads_total" and sample.labels["result"] == "ok"
+    }
+
+
+def test_a_batch_switches_at_most_once_per_model_starting_with_the_resident_one(
+    launch: Callable[..., RunningServer],
+) -> None:
+    """One slot, Laya resident: a batch alternating Von and Laya runs the Laya items first,
+    then switches to Von once, and still answers in input order."""
+    server = launch(**ALL_FAKES, DECIDEALOT_MAX_RESIDENT_PROVIDERS="1")
+    assert run(server, [item("laya", "warm")]).status_code == 200
+    assert loads(server) == {"laya": 1}
+    p = uuid.uuid4().hex
+    models = ["von", "laya", "von-1.1", "laya-english", "jev-latest"]
+    response = run(server, [item(m, f"{p}{i}", 0.05) for i, m in enumerate(models)])
+    assert response.status_code == 200
+    answered = [r["model"] for r in response.json()["results"]]
+    assert answered == ["von-1.1", "laya-english", "von-1.1", "laya-english", "jev-latest"]
+    assert loads(server) == {"laya": 1, "von": 1}  # no switch back to Laya
+    local = [e for e in events_for(server, p) if e["provider"] != "jev"]
+    assert [e["provider"] for e in local] == ["laya", "laya", "von", "von"]
+    assert run(server, [item("laya", "x"), item("von", "y")]).status_code == 200
+    assert loads(server) == {"laya": 2, "von": 1}  # Von resident: Von's item, then Laya's

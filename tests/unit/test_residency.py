@@ -23,7 +23,9 @@ class FakeRuntime:
     def loaded(self) -> bool:
         return self._loaded
 
-    async def load(self) -> None:
+    async def load(self, replacing: object = None) -> None:
+        if replacing is not None:
+            await replacing.unload()  # type: ignore[attr-defined]
         await asyncio.sleep(self._load_seconds)
         if self.fail_next_load:
             self.fail_next_load = False
@@ -225,3 +227,12 @@ async def test_a_lane_handed_to_a_waiter_being_cancelled_is_given_back():
         await waiter
     await asyncio.wait_for(lane.acquire("c"), 1)  # it gave the lane back
     lane.release()
+
+
+async def test_a_batch_takes_the_resident_runtimes_first_and_no_more_than_fit():
+    residency, rt, _ = make(max_resident=2)
+    await decide(residency, rt["clm"], [])
+    batch = [rt["laya"], rt["von"], rt["clm"]]
+    assert residency.batch_turns(batch) == [[rt["clm"], rt["laya"]], [rt["von"]]]
+    one, rt1, _ = make(max_resident=1)
+    assert one.batch_turns([rt1["von"], rt1["laya"]]) == [[rt1["von"]], [rt1["laya"]]]

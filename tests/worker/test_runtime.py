@@ -23,7 +23,7 @@ from decidealot.jobs import EngineSpec, Job
 from decidealot.providers.gateway import process_runtime as local
 from decidealot.providers.gateway.process_runtime import ProcessRuntime
 from decidealot.residency import Residency
-from tests.support.engines.arith import answer
+from tests.support.engines.arith import answer, resident_bytes
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -402,12 +402,115 @@ async def test_one_slot_switches_between_runtimes_lru(runtime, tmp_path) -> None
         results = await asyncio.gather(*(runners[each].run(j) for each, j in jobs))
         assert results == [answer(j) for _, j in jobs]
         assert not (first.loaded and second.loaded)
-        assert await wait_gone(first_pid, 1)  # type: ignore[arg-type]
+        assert second.loaded and second.pid == first_pid  # every switch reused the one process
         starts = [json.loads(line) for line in (tmp_path / "first").read_text().splitlines()]
-        assert sum("start" in record for record in starts) == 2  # unloaded, then back
+        assert [r["start"] for r in starts if "start" in r] == [first_pid] * 2  # out, then back
     finally:
         await residency.close()
     assert not first.loaded and not second.loaded
+    assert await wait_gone(first_pid, 5)  # type: ignore[arg-type]
+
+
+def engine_starts(log: Path) -> list[dict[str, object]]:
+    return [r for r in map(json.loads, log.read_text().splitlines()) if "start" in r]
+
+
+async def switch(residency: Residency, runtime_: ProcessRuntime, each: Job) -> object:
+    return await ResidentRunner(runtime_, residency).run(each)
+
+
+async def test_a_switch_swaps_the_engine_in_place_and_returns_the_old_ones_memory(
+    runtime, tmp_path
+) -> None:
+    """Each engine holds 300 MB in small heap blocks, as a model's tensors do. After each
+    switch the one worker holds one engine's worth: the old engine's memory went back to the
+    system before the new engine was built (its start sees the worker's bare size)."""
+    residency = Residency(settings(max_resident_providers=1, provider_idle_unload_seconds=0))
+    logs = {name: tmp_path / name for name in ("first", "second")}
+    first = runtime(spec(logs["first"], hold_mb=300))
+    second = runtime(spec(logs["second"], hold_mb=300))
+    for each in (first, second):
+        residency.register(each, lane=None)
+    try:
+        await switch(residency, first, job("1"))
+        pid = first.pid
+        assert pid is not None
+        loaded = resident_bytes(pid)
+        for target in (second, first, second):
+            assert await switch(residency, target, job("x")) == answer(job("x"))
+            assert target.pid == pid and not (first.loaded and second.loaded)
+            assert resident_bytes(pid) < loaded + 100e6  # not two engines' worth (+300 MB)
+        bare = engine_starts(logs["first"])[0]["rss"]
+        for start in engine_starts(logs["first"])[1:] + engine_starts(logs["second"]):
+            assert start["start"] == pid
+            assert start["rss"] < bare + 100e6  # nothing of the previous engine left  # type: ignore[operator]
+    finally:
+        await residency.close()
+    assert await wait_gone(pid, 5)
+
+
+async def test_a_crash_after_a_swap_is_a_503_and_the_next_decision_recovers(
+    runtime, tmp_path
+) -> None:
+    residency = Residency(settings(max_resident_providers=1, provider_idle_unload_seconds=0))
+    first, second = runtime(spec(tmp_path / "first")), runtime(spec(tmp_path / "second"))
+    for each in (first, second):
+        residency.register(each, lane=None)
+    try:
+        await switch(residency, first, job("1"))
+        pid = first.pid
+        with pytest.raises(ProviderUnavailable) as failure:
+            await switch(residency, second, job("boom", crash="run"))  # in the swapped worker
+        assert failure.value.status == 503
+        assert not second.loaded and not first.loaded
+        assert await wait_gone(pid, 5)  # type: ignore[arg-type]
+        assert await switch(residency, second, job("2")) == answer(job("2"))
+        assert second.pid not in (None, pid)
+        assert await switch(residency, first, job("3")) == answer(job("3"))
+    finally:
+        await residency.close()
+
+
+async def test_a_failed_engine_start_after_a_swap_ends_the_worker(runtime, tmp_path) -> None:
+    residency = Residency(settings(max_resident_providers=1, provider_idle_unload_seconds=0))
+    first = runtime(spec(tmp_path / "first"))
+    broken = runtime(spec(tmp_path / "broken", fail_start=True))
+    for each in (first, broken):
+        residency.register(each, lane=None)
+    try:
+        await switch(residency, first, job("1"))
+        pid = first.pid
+        with pytest.raises(ProviderUnavailable):
+            await switch(residency, broken, job("2"))
+        assert not first.loaded and not broken.loaded
+        assert await wait_gone(pid, 5)  # type: ignore[arg-type]
+        assert await switch(residency, first, job("3")) == answer(job("3"))
+        assert first.pid not in (None, pid)
+    finally:
+        await residency.close()
+
+
+async def test_a_worker_that_cannot_release_in_time_is_killed_and_replaced(
+    runtime, tmp_path, monkeypatch
+) -> None:
+    """A withdrawn job's pass runs on; one that hangs keeps the worker from releasing."""
+    monkeypatch.setattr(local, "EXIT_GRACE_SECONDS", 0.5)
+    residency = Residency(settings(max_resident_providers=1, provider_idle_unload_seconds=0))
+    first, second = runtime(spec(tmp_path / "first")), runtime(spec(tmp_path / "second"))
+    for each in (first, second):
+        residency.register(each, lane=None)
+    try:
+        hung = asyncio.create_task(switch(residency, first, job("hang", hang=True)))
+        await started_pass(tmp_path / "first")
+        pid = first.pid
+        hung.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await hung
+        assert await switch(residency, second, job("2")) == answer(job("2"))
+        assert second.pid not in (None, pid)
+        assert await wait_gone(pid, 5)  # type: ignore[arg-type]
+    finally:
+        await residency.close()
 
 
 async def test_unload_while_busy_is_refused_then_ends_the_worker(runtime, tmp_path) -> None:

@@ -312,33 +312,6 @@ def test_long_state_is_cut_not_refused(engines: dict[str, VonEngine], von_dirs: 
     assert sum(decision.answers["s"].probabilities.values()) == pytest.approx(1.0, abs=1e-3)
 
 
-def test_additive_masks_hold_under_eager_attention(engines: dict[str, VonEngine]) -> None:
-    """Boolean 4-D masks are ignored by eager attention; ours are additive, so both agree."""
-    engine = engines["independent"]
-    model = engine._model("von-1.1")
-    prepared = engine.prepare(
-        _job(
-            "A state with 3 facts and 1 question.",
-            {
-                "c": {
-                    "type": "choice",
-                    "instructions": "Pick.",
-                    "criteria": {"a": "first option text", "b": "second", "c": "third one here"},
-                },
-            },
-        )
-    )
-    with torch.inference_mode():
-        sdpa = model.logits(prepared.rows)
-        model.encoder.set_attn_implementation("eager")
-        try:
-            eager = model.logits(prepared.rows)
-        finally:
-            model.encoder.set_attn_implementation("sdpa")
-    for a, b in zip(sdpa, eager, strict=True):
-        assert torch.allclose(a, b, atol=1e-4)
-
-
 def test_model_safetensors_is_not_read(von_dirs: dict[str, Path], tmp_path: Path) -> None:
     copy = Path(shutil.copytree(von_dirs["independent"], tmp_path / "ckpt"))
     (copy / "model.safetensors").unlink()

@@ -1,8 +1,9 @@
-"""The Laya network (laya.md §2, §4): HF ModernBERT encoder + typed decision head + scorer.
+"""The Laya network (laya.md §2, §4): ModernBERT encoder + typed decision head + scorer.
 
-Worker-side only (imports torch and transformers). Parameter names match upstream's
-`model.safetensors` exactly so the checkpoint loads strictly; the head is our own functional
-pre-LN transformer layer, numerically the same as upstream's `nn.TransformerEncoderLayer`.
+Worker-side only (imports torch, never transformers: the encoder is `modernbert`'s, the
+tokenizer `tokenizer`'s). Parameter names match upstream's `model.safetensors` exactly so the
+checkpoint loads strictly; the head is our own functional pre-LN transformer layer, numerically
+the same as upstream's `nn.TransformerEncoderLayer`.
 """
 
 from __future__ import annotations
@@ -12,23 +13,22 @@ from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file
 from torch import nn
-from transformers import AutoConfig, AutoModel, PreTrainedTokenizerFast
-from transformers.initialization import no_init_weights
 
 from decidealot.providers.laya.worker.readout import Temperatures
 from decidealot.providers.laya.worker.render import Budget, Specials
+from decidealot.providers.worker import modernbert
 from decidealot.providers.worker.numerics import (
     AUTOCAST,
     PROBE_LENGTH,
     PROBE_ROWS,
     quantize_guarded,
 )
+from decidealot.providers.worker.tokenizer import FastTokenizer
+from decidealot.providers.worker.weights import read_safetensors
 
 LAYER_NORM_EPS = 1e-5
 MASKED_LOGIT = -1e4
@@ -100,7 +100,7 @@ class DecisionModel(nn.Module):
         d = encoder.config.hidden_size
         self.encoder = encoder
         self.head = HeadStack(d, head_layers) if head_layers > 0 else None
-        self.type_emb = nn.Embedding(3, d)
+        self.type_emb = modernbert.embedding(3, d)
         self.scorer = nn.Sequential(nn.LayerNorm(d), nn.Linear(d, d), nn.GELU(), nn.Linear(d, 1))
         self.act_head = nn.Sequential(nn.Linear(d + 4, 256), nn.GELU(), nn.Linear(256, n_act))
         self.register_buffer("temperature", torch.ones(3))
@@ -141,7 +141,7 @@ class Checkpoint:
     """Everything one loaded checkpoint needs to render, run and read out."""
 
     model: DecisionModel
-    tokenizer: Any
+    tokenizer: FastTokenizer
     specials: Specials
     budget: Budget
     temperatures: Temperatures
@@ -186,15 +186,8 @@ def int8_encoder(model: DecisionModel, specials: Specials, budget: Budget) -> li
     return quantize_guarded(model.encoder, lambda: model(**inputs).softmax(-1))
 
 
-def _load_tokenizer(directory: Path) -> Any:
-    """Load as `PreTrainedTokenizerFast`, applying upstream's load-time config fixes in memory
-    (upstream rewrites the file; the checkpoint directory is never written here)."""
-    config = json.loads((directory / "tokenizer_config.json").read_text(encoding="utf-8"))
-    overrides: dict[str, Any] = {}
-    extra = config.get("extra_special_tokens")
-    if isinstance(extra, list):
-        overrides["extra_special_tokens"] = {f"extra_{i}": t for i, t in enumerate(extra)}
-    return PreTrainedTokenizerFast.from_pretrained(str(directory), **overrides)
+_SPECIAL_ROLES = ("cls_token", "sep_token", "mask_token", "pad_token")
+"""The special tokens Laya's rows are built from (laya.md §1.4)."""
 
 
 def _require(path: Path, what: str) -> Path:
@@ -206,13 +199,16 @@ def _require(path: Path, what: str) -> Path:
 def load_checkpoint(
     directory: str | Path, device: torch.device, precision: str = "fp32"
 ) -> Checkpoint:
-    """Build the model offline from `encoder/config.json`, strictly load fp16 weights as fp32,
-    then apply `precision` (`decidealot.providers.worker.precision.PRECISIONS`)."""
+    """Build the model from `encoder/config.json` on the meta device, assign it the checkpoint's
+    fp16 weights read as fp32 (strictly: every key, no extras), then apply `precision`
+    (`decidealot.providers.worker.precision.PRECISIONS`)."""
     root = Path(directory)
     config = json.loads(_require(root / "rl_agent_config.json", "its config").read_text())
     weights_path = _require(root / "model.safetensors", "its weights")
     encoder_dir = _require(root / "encoder", "its encoder config")
-    tokenizer = _load_tokenizer(_require(root / "tokenizer", "its tokenizer"))
+    tokenizer = FastTokenizer(
+        _require(root / "tokenizer", "its tokenizer"), required=_SPECIAL_ROLES
+    )
     if "head_layers" not in config or "encoder" not in config:
         raise ValueError("rl_agent_config.json: 'encoder' and 'head_layers' are required")
     if config.get("option_layout", "sequential") != "sequential":
@@ -221,12 +217,16 @@ def load_checkpoint(
         config.get("temperature", [1.0, 1.0, 1.0]), config.get("temperature_by_options", {})
     )
 
-    encoder_config = AutoConfig.from_pretrained(str(encoder_dir))
-    with no_init_weights():
-        encoder = AutoModel.from_config(encoder_config, attn_implementation="sdpa")
-    model = DecisionModel(encoder, int(config["head_layers"]), len(config.get("act_costs", {})) + 1)
-    state = {k: v.float() for k, v in load_file(str(weights_path)).items()}
-    model.load_state_dict(state, strict=True)
+    encoder_config = modernbert.Config.read(
+        _require(encoder_dir / "config.json", "its encoder config")
+    )
+    with torch.device("meta"):  # shapes only: the checkpoint's tensors become the parameters
+        model = DecisionModel(
+            modernbert.ModernBert(encoder_config),
+            int(config["head_layers"]),
+            len(config.get("act_costs", {})) + 1,
+        )
+    modernbert.load(model, read_safetensors(weights_path, torch.float32))
     model.to(device).eval().requires_grad_(False)
 
     amp = AUTOCAST.get(precision, torch.float32)

@@ -1,10 +1,11 @@
 """Von's checkpoint and forward pass (von.md §1, §3): ModernBERT plus the option-marker scorer.
 
-The encoder is built from `config.json` without random initialisation and filled once from
-`option_marker.pt` (the full state dict); `model.safetensors` holds the same encoder and is not
-read. A pass's rows (the worker's planner sorts and sizes them) are padded on the right; each
-row keeps its own masks and position ids, so a row's logits do not depend on what it is
-batched with.
+The encoder (`modernbert`, no transformers) is built from `config.json` on the meta device and
+assigned the tensors of `option_marker.pt` (the full state dict) as they are read, so no weight
+is initialised or copied twice; `model.safetensors` holds the same encoder and is not read.
+A pass's rows (the worker's planner sorts and sizes them) are padded on the right; each row
+keeps its own masks and position ids, so a row's logits do not depend on what it is batched
+with.
 """
 
 from __future__ import annotations
@@ -19,15 +20,15 @@ from pathlib import Path
 
 import torch
 from torch import nn
-from transformers import AutoConfig, AutoTokenizer, ModernBertModel, PreTrainedTokenizerBase
-from transformers.initialization import no_init_weights
 
+from decidealot.providers.worker import modernbert
 from decidealot.providers.worker.numerics import (
     AUTOCAST,
     PROBE_LENGTH,
     PROBE_ROWS,
     quantize_guarded,
 )
+from decidealot.providers.worker.tokenizer import FastTokenizer, TokenizerError
 
 WINDOW = 8192
 """Upstream forces `max_position_embeddings` to this; the state cut fits rows to it (a cut
@@ -178,20 +179,19 @@ class VonModel:
     def __init__(self, directory: Path, device: torch.device, precision: str = "fp32"):
         """Load `directory` onto `device` in `precision` (`DECIDEALOT_PRECISION`)."""
         self.calibration = load_calibration(directory / "marker_calibration.json")
-        config = AutoConfig.from_pretrained(str(directory), attn_implementation="sdpa")
-        if config.model_type != "modernbert":
-            raise CheckpointError("Von checkpoint: config.json is not a ModernBERT config")
-        config.max_position_embeddings = WINDOW
-        self.tokenizer: PreTrainedTokenizerBase = AutoTokenizer.from_pretrained(
-            str(directory), model_max_length=WINDOW
-        )
-        if self.tokenizer.mask_token is None or self.tokenizer.sep_token is None:
-            raise CheckpointError("Von checkpoint: the tokenizer lacks a mask or sep token")
-        self.mask_id: int = self.tokenizer.mask_token_id
+        try:
+            config = modernbert.Config.read(directory / "config.json")
+        except modernbert.ConfigError as exc:
+            raise CheckpointError(f"Von checkpoint: config.json: {exc}") from None
+        try:
+            self.tokenizer = FastTokenizer(directory, required=("mask_token", "sep_token"))
+        except TokenizerError as exc:
+            raise CheckpointError(f"Von checkpoint: {exc}") from None
+        self.mask_id: int = self.tokenizer.mask_token_id  # type: ignore[assignment]
         self.pad_id: int = self.tokenizer.pad_token_id or 0  # padded keys are masked anyway
-        with no_init_weights():
-            self.encoder = ModernBertModel(config)
-        self.scorer = OptionMarkerScorer(config.hidden_size)
+        with torch.device("meta"):  # shapes only: the checkpoint's tensors become the parameters
+            self.encoder = modernbert.ModernBert(config)
+            self.scorer = OptionMarkerScorer(config.hidden_size)
         self._load_weights(directory / "option_marker.pt")
         self.half_window: int = config.sliding_window
         self.device = device
@@ -231,8 +231,8 @@ class VonModel:
             if prefix not in parts:
                 raise CheckpointError(f"Von checkpoint: unexpected weight {key!r}")
             parts[prefix][name] = tensor
-        self.encoder.load_state_dict(parts["encoder"], strict=True)
-        self.scorer.load_state_dict(parts["scorer"], strict=True)
+        modernbert.load(self.encoder, parts["encoder"])
+        modernbert.load(self.scorer, parts["scorer"])
 
     def logits(self, rows: Sequence[Row]) -> list[torch.Tensor]:
         """One logit vector per row: shared rows from the cache or a pass of their own, the

@@ -7,9 +7,11 @@ holding it, `{"crash": "prepare"|"run"}` ends the process, `{"hang": true}` bloc
 `{"fail": "prepare"|"run"}` raises another exception, `{"cost": n}` sets each row's tokens,
 `{"rows": n}` cuts the job into n rows (default 1), `{"unsendable": true}` answers with an
 integer msgpack cannot carry.
-`spec.options`: `{"log": path}` appends a JSON line at start and per pass (its jobs' count,
-rows and states, a state once per row), `{"fail_start": true}`, `{"start_delay": s}`,
-`{"print": true}` prints to stdout.
+`spec.options`: `{"log": path}` appends a JSON line at start (the process id and its resident
+memory then) and per pass (its jobs' count, rows and states, a state once per row),
+`{"fail_start": true}`, `{"start_delay": s}`, `{"print": true}` prints to stdout,
+`{"hold_mb": n}` holds n MB in 64 KB heap blocks for the engine's life, as a model's tensors
+would.
 """
 
 from __future__ import annotations
@@ -23,6 +25,15 @@ from dataclasses import dataclass, field
 from decidealot.contract import NoulAnswer
 from decidealot.errors import RequestInvalid
 from decidealot.jobs import Decision, EngineSpec, Job, PassShape
+
+
+def resident_bytes(pid: int | str = "self") -> int:
+    """A process's resident memory, from /proc."""
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
 
 
 @dataclass(frozen=True)
@@ -71,9 +82,13 @@ class ArithEngine:
 
     def __init__(self, spec: EngineSpec) -> None:
         self._log_path = spec.options.get("log")
+        rss = resident_bytes()
+        block = 64 * 1024
+        self._held = [bytearray(b"x" * block) for _ in range(spec.options.get("hold_mb", 0) * 16)]
         self._log(
             {
                 "start": os.getpid(),
+                "rss": rss,
                 "device": spec.device,
                 "omp_threads": os.environ.get("OMP_NUM_THREADS"),
                 "inherited_keys": sorted(k for k in os.environ if k.startswith("DECIDEALOT_")),

@@ -1,0 +1,316 @@
+"""ModernBERT's encoder in plain torch: what Laya and Von run, without importing transformers.
+
+transformers' `ModernBertModel` is about a hundred lines of arithmetic behind `modeling_utils`,
+whose import (torch._dynamo, distributed checkpointing, loss and quantisation integrations)
+cost a worker start more than torch itself (docs/performance.md, "Model switches"). This is the
+same arithmetic, op for op and in the same order (token embedding -> LayerNorm -> pre-norm
+layers, each RoPE plus sdpa attention over the whole row or a sliding window, then a GELU gated
+MLP -> final LayerNorm), with the same parameter names, so upstream's state dicts load
+strictly and a row's hidden states equal transformers' (tests/worker/test_modernbert.py).
+
+`build` makes the modules on the meta device and `load` assigns the checkpoint's tensors to
+them: no weight is allocated, randomly initialised or copied before it is loaded.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+FULL = "full_attention"
+SLIDING = "sliding_attention"
+_DEFAULT_THETA = {FULL: 160_000.0, SLIDING: 10_000.0}
+_ACTIVATIONS = {"gelu": F.gelu}
+"""transformers' `ACT2FN` entries a ModernBERT checkpoint may name (`gelu` is the exact erf)."""
+
+
+class ConfigError(ValueError):
+    """A `config.json` this encoder cannot run as transformers would."""
+
+
+@dataclass(frozen=True)
+class Config:
+    """The fields of a transformers `ModernBertConfig` the forward pass reads; missing ones take
+    transformers' defaults (ModernBERT-base)."""
+
+    vocab_size: int = 50368
+    hidden_size: int = 768
+    intermediate_size: int = 1152
+    num_attention_heads: int = 12
+    layer_types: tuple[str, ...] = ()
+    norm_eps: float = 1e-5
+    norm_bias: bool = False
+    attention_bias: bool = False
+    mlp_bias: bool = False
+    local_attention: int = 128
+    rope_theta: tuple[tuple[str, float], ...] = ()
+    """(layer type, RoPE theta) per layer type."""
+    hidden_activation: str = "gelu"
+    model_type: str = "modernbert"
+
+    @property
+    def sliding_window(self) -> int:
+        """Half the local window: a sliding layer's key is at most this far from its query."""
+        return self.local_attention // 2
+
+    @property
+    def num_hidden_layers(self) -> int:
+        return len(self.layer_types)
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    @classmethod
+    def read(cls, path: Path) -> Config:
+        """`path` (a `config.json`) as transformers 5 reads it, or transformers 4's RoPE keys."""
+        try:
+            raw = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"cannot read {path.name}") from exc
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{path.name} is not a JSON object")
+        return cls.of(raw)
+
+    @classmethod
+    def of(cls, raw: Mapping[str, object]) -> Config:
+        defaults = cls()
+        try:
+            layers = int(raw.get("num_hidden_layers", 22))  # type: ignore[call-overload]
+            every = int(raw.get("global_attn_every_n_layers", 3))  # type: ignore[call-overload]
+            types = raw.get("layer_types")
+            if types is None:
+                types = [SLIDING if i % every else FULL for i in range(layers)]
+            config = cls(
+                vocab_size=int(raw.get("vocab_size", defaults.vocab_size)),  # type: ignore[call-overload]
+                hidden_size=int(raw.get("hidden_size", defaults.hidden_size)),  # type: ignore[call-overload]
+                intermediate_size=int(raw.get("intermediate_size", defaults.intermediate_size)),  # type: ignore[call-overload]
+                num_attention_heads=int(
+                    raw.get("num_attention_heads", defaults.num_attention_heads)
+                ),  # type: ignore[call-overload]
+                layer_types=tuple(str(t) for t in types),  # type: ignore[union-attr]
+                norm_eps=float(raw.get("norm_eps", defaults.norm_eps)),  # type: ignore[arg-type]
+                norm_bias=bool(raw.get("norm_bias", defaults.norm_bias)),
+                attention_bias=bool(raw.get("attention_bias", defaults.attention_bias)),
+                mlp_bias=bool(raw.get("mlp_bias", defaults.mlp_bias)),
+                local_attention=int(raw.get("local_attention", defaults.local_attention)),  # type: ignore[call-overload]
+                rope_theta=_rope_theta(raw),
+                hidden_activation=str(raw.get("hidden_activation", defaults.hidden_activation)),
+                model_type=str(raw.get("model_type", "")),
+            )
+        except (TypeError, ValueError, AttributeError, KeyError) as exc:
+            if isinstance(exc, ConfigError):
+                raise
+            raise ConfigError(f"malformed ModernBERT config ({type(exc).__name__})") from exc
+        if config.model_type != "modernbert":
+            raise ConfigError("not a ModernBERT config (model_type)")
+        if set(config.layer_types) - {FULL, SLIDING}:
+            raise ConfigError("layer_types may hold only full_attention and sliding_attention")
+        if config.hidden_size % config.num_attention_heads:
+            raise ConfigError("hidden_size is not a multiple of num_attention_heads")
+        if config.hidden_activation not in _ACTIVATIONS:
+            raise ConfigError(f"unsupported hidden_activation {config.hidden_activation!r}")
+        return config
+
+
+def _rope_theta(raw: Mapping[str, object]) -> tuple[tuple[str, float], ...]:
+    """Per layer type: transformers 5's `rope_parameters`, else 4's `global_rope_theta` and
+    `local_rope_theta`, else ModernBERT's defaults. Only the default (unscaled) RoPE runs."""
+    if raw.get("rope_scaling") is not None:
+        raise ConfigError("rope_scaling is not supported")
+    legacy = {FULL: raw.get("global_rope_theta"), SLIDING: raw.get("local_rope_theta")}
+    parameters = raw.get("rope_parameters") or {}
+    if not isinstance(parameters, dict):
+        raise ConfigError("rope_parameters is not an object")
+    thetas = []
+    for kind in (FULL, SLIDING):
+        own = parameters.get(kind) or {}
+        if own.get("rope_type", "default") != "default":
+            raise ConfigError(f"RoPE type {own['rope_type']!r} is not supported")
+        theta = own.get("rope_theta", legacy[kind])
+        thetas.append((kind, float(_DEFAULT_THETA[kind] if theta is None else theta)))
+    return tuple(thetas)
+
+
+class Output(NamedTuple):
+    """What transformers' `BaseModelOutput` carries that callers read."""
+
+    last_hidden_state: torch.Tensor
+
+
+def embedding(rows: int, width: int) -> nn.Embedding:
+    """An `nn.Embedding` whose weight is left as allocated (the checkpoint fills it): on the
+    meta device, `nn.Embedding`'s own random init would import torch._dynamo (seconds)."""
+    return nn.Embedding(rows, width, _weight=torch.empty(rows, width))
+
+
+class Embeddings(nn.Module):
+    def __init__(self, config: Config) -> None:
+        super().__init__()
+        self.tok_embeddings = embedding(config.vocab_size, config.hidden_size)
+        self.norm = nn.LayerNorm(config.hidden_size, eps=config.norm_eps, bias=config.norm_bias)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.norm(self.tok_embeddings(input_ids))
+
+
+class MLP(nn.Module):
+    def __init__(self, config: Config) -> None:
+        super().__init__()
+        d, width = config.hidden_size, config.intermediate_size
+        self.Wi = nn.Linear(d, 2 * width, bias=config.mlp_bias)
+        self.Wo = nn.Linear(width, d, bias=config.mlp_bias)
+        self.act = _ACTIVATIONS[config.hidden_activation]
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        value, gate = self.Wi(hidden).chunk(2, dim=-1)
+        return self.Wo(self.act(value) * gate)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class Attention(nn.Module):
+    def __init__(self, config: Config) -> None:
+        super().__init__()
+        d = config.hidden_size
+        self.head_dim = config.head_dim
+        self.Wqkv = nn.Linear(d, 3 * d, bias=config.attention_bias)
+        self.Wo = nn.Linear(d, d, bias=config.attention_bias)
+
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        mask: torch.Tensor | None,
+    ) -> torch.Tensor:
+        shape = hidden.shape[:-1]
+        qkv = self.Wqkv(hidden).view(*shape, 3, -1, self.head_dim)
+        query, key, value = (part.transpose(1, 2) for part in qkv.unbind(dim=-3))
+        cos, sin = (part.unsqueeze(1) for part in rope)
+        dtype = query.dtype
+        query = (query.float() * cos + _rotate_half(query.float()) * sin).to(dtype)
+        key = (key.float() * cos + _rotate_half(key.float()) * sin).to(dtype)
+        attended = F.scaled_dot_product_attention(
+            query, key, value, attn_mask=mask, scale=self.head_dim**-0.5
+        )
+        attended = attended.transpose(1, 2).contiguous()
+        return self.Wo(attended.reshape(*shape, -1).contiguous())
+
+
+class Layer(nn.Module):
+    def __init__(self, config: Config, index: int) -> None:
+        super().__init__()
+        d = config.hidden_size
+        self.attention_type = config.layer_types[index]
+        self.attn_norm: nn.Module = (
+            nn.Identity()
+            if index == 0
+            else nn.LayerNorm(d, eps=config.norm_eps, bias=config.norm_bias)
+        )
+        self.attn = Attention(config)
+        self.mlp_norm = nn.LayerNorm(d, eps=config.norm_eps, bias=config.norm_bias)
+        self.mlp = MLP(config)
+
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        mask: torch.Tensor | None,
+    ) -> torch.Tensor:
+        hidden = hidden + self.attn(self.attn_norm(hidden), rope, mask)
+        return hidden + self.mlp(self.mlp_norm(hidden))
+
+
+class ModernBert(nn.Module):
+    """`transformers.ModernBertModel` in eval with sdpa attention: the same parameter names, the
+    same call (`input_ids`, a 2-D padding `attention_mask` or transformers' dict of 4-D masks per
+    layer type, `position_ids`) and the same `last_hidden_state`."""
+
+    def __init__(self, config: Config) -> None:
+        super().__init__()
+        self.config = config
+        self.embeddings = Embeddings(config)
+        self.layers = nn.ModuleList(Layer(config, i) for i in range(config.num_hidden_layers))
+        self.final_norm = nn.LayerNorm(
+            config.hidden_size, eps=config.norm_eps, bias=config.norm_bias
+        )
+        dim = config.head_dim
+        for kind, theta in config.rope_theta:
+            steps = torch.arange(0, dim, 2, dtype=torch.float, device="cpu")
+            self.register_buffer(
+                f"{kind}_inv_freq", 1.0 / (theta ** (steps / dim)), persistent=False
+            )
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | dict[str, torch.Tensor] | None = None,
+        position_ids: torch.Tensor | None = None,
+    ) -> Output:
+        length = input_ids.shape[1]
+        if position_ids is None:
+            position_ids = torch.arange(length, device=input_ids.device).unsqueeze(0)
+        hidden = self.embeddings(input_ids)
+        masks = (
+            attention_mask
+            if isinstance(attention_mask, dict)
+            else self._masks(attention_mask, hidden.shape[0], length, hidden.device)
+        )
+        rope = {
+            kind: self._rope(hidden, position_ids, kind) for kind in set(self.config.layer_types)
+        }
+        for layer in self.layers:
+            kind = layer.attention_type
+            hidden = layer(hidden, rope[kind], masks[kind])
+        return Output(self.final_norm(hidden))
+
+    def _rope(
+        self, hidden: torch.Tensor, position_ids: torch.Tensor, kind: str
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        inv_freq: torch.Tensor = getattr(self, f"{kind}_inv_freq")
+        freqs = position_ids[..., None].float() * inv_freq.to(device=hidden.device)
+        angles = torch.cat((freqs, freqs), dim=-1)
+        return angles.cos().to(hidden.dtype), angles.sin().to(hidden.dtype)
+
+    def _masks(
+        self, padding: torch.Tensor | None, rows: int, length: int, device: torch.device
+    ) -> dict[str, torch.Tensor | None]:
+        """transformers' sdpa masks: boolean `[rows, 1, L, L]`, or None where nothing would be
+        masked (no padding; for sliding layers, rows shorter than the window too)."""
+        keys = None if padding is None else padding.to(device=device, dtype=torch.bool)
+        unpadded = keys is None or bool(keys.all())
+        full = None
+        if not unpadded:
+            full = keys[:, None, None, :].expand(rows, 1, length, length)  # type: ignore[index]
+        window = self.config.sliding_window
+        sliding = None
+        if not (unpadded and length < window):
+            positions = torch.arange(length, device=device)
+            near = (positions[:, None] - positions[None, :]).abs() <= window
+            allowed = near[None, None, :, :]
+            if keys is not None:
+                allowed = allowed & keys[:, None, None, :]
+            sliding = allowed.expand(rows, 1, length, length)
+        return {FULL: full, SLIDING: sliding}
+
+
+def build(config: Config) -> ModernBert:
+    """The encoder's modules on the meta device: shapes only, nothing allocated."""
+    with torch.device("meta"):
+        return ModernBert(config)
+
+
+def load(module: nn.Module, state: Mapping[str, torch.Tensor]) -> None:
+    """Assign `state`'s tensors to `module` (strictly: every key, no extras, same shapes); the
+    tensors become the parameters, so they are never copied."""
+    module.load_state_dict(state, strict=True, assign=True)

@@ -1,0 +1,142 @@
+"""A checkpoint's `tokenizer.json` through the `tokenizers` library alone, as transformers'
+`PreTrainedTokenizerFast` encodes and decodes it.
+
+The engines use a sliver of a transformers tokenizer: encoding with or without the special
+tokens the post-processor adds, decoding, and the named special tokens. Loading one through
+transformers imported most of transformers (a second or more of a worker's start); this reads
+the same file with the same Rust tokenizer and applies what transformers does on load and per
+call that changes ids: no truncation, no padding, the special tokens named in
+`tokenizer_config.json` (or a legacy `special_tokens_map.json`), and, for non-BPE models,
+`clean_up_tokenization_spaces` on decode. tests/worker/test_modernbert.py compares both.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import overload
+
+from tokenizers import Tokenizer
+
+SPECIAL_TOKENS_MAP = "special_tokens_map.json"
+ROLES = ("cls_token", "sep_token", "pad_token", "mask_token", "unk_token", "bos_token", "eos_token")
+
+
+class TokenizerError(ValueError):
+    """A tokenizer folder that cannot be served as transformers would load it."""
+
+
+def _content(value: object) -> str | None:
+    """A special token as tokenizer_config.json writes it: a string or an AddedToken dict."""
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) else None
+
+
+def _read(path: Path) -> dict[str, object]:
+    if not path.exists():
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise TokenizerError(f"cannot read {path.name}") from exc
+    if not isinstance(data, dict):
+        raise TokenizerError(f"{path.name} is not a JSON object")
+    return data
+
+
+class FastTokenizer:
+    """The named special tokens (`mask_token`, `mask_token_id`, ...; None when not named),
+    `__call__` returning `{"input_ids": ...}` for a text or a list of texts, and `decode`."""
+
+    def __init__(self, directory: Path, *, required: Sequence[str] = ()) -> None:
+        """Load `directory`; `required` roles (e.g. `"mask_token"`) must be named and in the
+        vocabulary."""
+        try:
+            self._tokenizer = Tokenizer.from_file(str(directory / "tokenizer.json"))
+        except Exception as exc:  # tokenizers raises its own Exception subclass
+            raise TokenizerError("cannot load tokenizer.json") from exc
+        self._tokenizer.no_truncation()
+        self._tokenizer.no_padding()
+        config = _read(directory / "tokenizer_config.json")
+        # transformers reads special_tokens_map.json only for configs without
+        # added_tokens_decoder, and then its entries win.
+        legacy = {} if "added_tokens_decoder" in config else _read(directory / SPECIAL_TOKENS_MAP)
+        self._clean_up = bool(config.get("clean_up_tokenization_spaces", False)) and (
+            type(self._tokenizer.model).__name__ != "BPE"
+        )
+        self.tokens: dict[str, str | None] = {}
+        self.ids: dict[str, int | None] = {}
+        for role in ROLES:
+            token = _content(legacy.get(role)) or _content(config.get(role))
+            token_id = None if token is None else self._tokenizer.token_to_id(token)
+            if token is not None and token_id is None:
+                raise TokenizerError(f"the tokenizer's {role} {token!r} is not in its vocabulary")
+            self.tokens[role], self.ids[role] = token, token_id
+        for role in required:
+            if self.tokens.get(role) is None:
+                raise TokenizerError(f"the tokenizer names no {role}")
+
+    @property
+    def mask_token(self) -> str:
+        return self.tokens["mask_token"] or ""
+
+    @property
+    def sep_token(self) -> str:
+        return self.tokens["sep_token"] or ""
+
+    @property
+    def mask_token_id(self) -> int | None:
+        return self.ids["mask_token"]
+
+    @property
+    def sep_token_id(self) -> int | None:
+        return self.ids["sep_token"]
+
+    @property
+    def cls_token_id(self) -> int | None:
+        return self.ids["cls_token"]
+
+    @property
+    def pad_token_id(self) -> int | None:
+        return self.ids["pad_token"]
+
+    @overload
+    def __call__(self, text: str, add_special_tokens: bool = True) -> dict[str, list[int]]: ...
+
+    @overload
+    def __call__(
+        self, text: list[str], add_special_tokens: bool = True
+    ) -> dict[str, list[list[int]]]: ...
+
+    def __call__(
+        self, text: str | list[str], add_special_tokens: bool = True
+    ) -> dict[str, list[int]] | dict[str, list[list[int]]]:
+        if isinstance(text, str):
+            return {
+                "input_ids": self._tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+            }
+        encoded = self._tokenizer.encode_batch(text, add_special_tokens=add_special_tokens)
+        return {"input_ids": [each.ids for each in encoded]}
+
+    def decode(self, ids: list[int]) -> str:
+        text = self._tokenizer.decode(ids, skip_special_tokens=False)
+        if self._clean_up:  # transformers' clean_up_tokenization (it skips BPE models)
+            for spaced, joined in _CLEAN_UP:
+                text = text.replace(spaced, joined)
+        return text
+
+
+_CLEAN_UP = (
+    (" .", "."),
+    (" ?", "?"),
+    (" !", "!"),
+    (" ,", ","),
+    (" ' ", "'"),
+    (" n't", "n't"),
+    (" 'm", "'m"),
+    (" 's", "'s"),
+    (" 've", "'ve"),
+    (" 're", "'re"),
+)
