@@ -149,6 +149,53 @@ def _percentile(values: list[float], q: float) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1]
 
 
+class RawConnection:
+    """One keep-alive HTTP/1.1 connection of the minimal client: a request line, headers and
+    a body out, a `content-length` framed response read back (chunked is not supported)."""
+
+    def __init__(
+        self,
+        url: str,
+        headers: Mapping[str, str] | None = None,
+        method: str = "POST",
+        name: str = "server",
+    ) -> None:
+        parsed = urllib.parse.urlsplit(url)
+        self.host, self.port = parsed.hostname or "127.0.0.1", parsed.port or 80
+        lines = [f"{method} {parsed.path or '/'} HTTP/1.1", f"Host: {self.host}:{self.port}"]
+        all_headers = {"content-type": "application/json", **(headers or {})}
+        lines += [f"{key}: {value}" for key, value in all_headers.items()]
+        self._prefix = ("\r\n".join(lines) + "\r\ncontent-length: ").encode()
+        self._name = name
+        self._stream: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
+
+    async def call(self, body: bytes) -> int:
+        """The response's status; 0 when the connection broke (the next call reconnects)."""
+        if self._stream is None:
+            self._stream = await asyncio.open_connection(self.host, self.port)
+        reader, writer = self._stream
+        try:
+            writer.write(self._prefix + str(len(body)).encode() + b"\r\n\r\n" + body)
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = None
+            for line in head.split(b"\r\n")[1:]:
+                key, _, value = line.partition(b":")
+                if key.strip().lower() == b"content-length":
+                    length = int(value)
+            if length is None:
+                raise RuntimeError(f"{self._name} answered without content-length")
+            await reader.readexactly(length)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            self.close()
+            return 0
+        return int(head[9:12])
+
+    def close(self) -> None:
+        if self._stream is not None:
+            self._stream[1].close()
+            self._stream = None
+
+
 async def _raw_drive(
     name: str,
     url: str,
@@ -161,31 +208,10 @@ async def _raw_drive(
     headers: Mapping[str, str] | None,
     method: str,
 ) -> LoadResult:
-    parsed = urllib.parse.urlsplit(url)
-    host, port = parsed.hostname or "127.0.0.1", parsed.port or 80
-    lines = [f"{method} {parsed.path or '/'} HTTP/1.1", f"Host: {host}:{port}"]
-    all_headers = {"content-type": "application/json", **(headers or {})}
-    lines += [f"{key}: {value}" for key, value in all_headers.items()]
-    prefix = ("\r\n".join(lines) + "\r\ncontent-length: ").encode()
-
-    async def call(stream: tuple[asyncio.StreamReader, asyncio.StreamWriter], body: bytes) -> int:
-        reader, writer = stream
-        writer.write(prefix + str(len(body)).encode() + b"\r\n\r\n" + body)
-        head = await reader.readuntil(b"\r\n\r\n")
-        length = None
-        for line in head.split(b"\r\n")[1:]:
-            key, _, value = line.partition(b":")
-            if key.strip().lower() == b"content-length":
-                length = int(value)
-        if length is None:
-            raise RuntimeError(f"{name} answered without content-length (chunked is not supported)")
-        await reader.readexactly(length)
-        return int(head[9:12])
-
-    first = await asyncio.open_connection(host, port)
+    first = RawConnection(url, headers, method, name)
     for i in range(warmup):
-        await call(first, bodies(i))
-    first[1].close()
+        await first.call(bodies(i))
+    first.close()
     latencies: list[float] = []
     errors = 0
     counter = 0
@@ -193,23 +219,18 @@ async def _raw_drive(
 
     async def worker() -> None:
         nonlocal errors, counter
-        stream = await asyncio.open_connection(host, port)
+        connection = RawConnection(url, headers, method, name)
         try:
             while time.perf_counter() < stop_at:
                 counter += 1
                 body = bodies(counter)
                 started = time.perf_counter()
-                try:
-                    status = await call(stream, body)
-                except (asyncio.IncompleteReadError, ConnectionError):
-                    status = 0
-                    stream[1].close()
-                    stream = await asyncio.open_connection(host, port)
+                status = await connection.call(body)
                 latencies.append(time.perf_counter() - started)
                 if status != expect:
                     errors += 1
         finally:
-            stream[1].close()
+            connection.close()
 
     begun = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(clients)))

@@ -31,7 +31,7 @@ _SPECIALS = ["[UNK]", "[CLS]", "[SEP]", "[PAD]", "[MASK]"]
 HIDDEN = 32
 LOCAL_ATTENTION = 16
 
-SIZES = ("tiny", "long", "small")
+SIZES = ("tiny", "long", "small", "base")
 _SHAPES: dict[str, dict[str, float]] = {
     "tiny": {
         "hidden_size": HIDDEN,
@@ -60,12 +60,24 @@ _SHAPES: dict[str, dict[str, float]] = {
         "local_attention": 128,
         "initializer_range": 0.02,
     },
+    "base": {
+        "hidden_size": 768,
+        "intermediate_size": 1152,
+        "num_hidden_layers": 22,
+        "num_attention_heads": 12,
+        "global_attn_every_n_layers": 3,
+        "local_attention": 128,
+        "initializer_range": 0.02,
+        "vocab_size": 50368,
+    },
 }
 """`tiny` is the test checkpoint; `long` is `tiny` cut to one global layer and one head, for
 states past the 8192-token window, where a pass costs what its masks cost (transformers builds
 them over the whole window), so fewer layers halve what both sides spend without changing what
 is compared; `small` (7.7M parameters, ModernBERT's layer pattern and window) is for
-benchmarks, where the forward pass should dominate a request."""
+benchmarks, where the forward pass should dominate a request; `base` has ModernBERT-base's
+shape and vocabulary size (the tokenizer stays tiny), for timing a checkpoint's load
+(bench/switch.py)."""
 
 DEFAULT_CALIBRATION_MAP: dict[str, float] = {
     "bias": 1.2,
