@@ -198,18 +198,24 @@ def service_memory(gateway: int) -> int:
 # -- traffic --------------------------------------------------------------------------------
 
 
-def body(model: str, index: int) -> bytes:
+LIGHT = {"category": QUESTIONS["category"]}
+"""One choice (one row; a zero-shot noul would add Von's debias row, whose logits a model keeps
+after its first use): on base-shaped checkpoints a decision that costs little next to a load."""
+
+
+def body(model: str, index: int, questions: dict[str, object] = QUESTIONS) -> bytes:
     state = (
         f"Ticket {index}: the customer was charged twice this month and asks whether the "
         "duplicate payment can be refunded to the original card."
     )
-    return json.dumps({"model": model, "state": state, "questions": QUESTIONS}).encode()
+    return json.dumps({"model": model, "state": state, "questions": questions}).encode()
 
 
-def decide(url: str, model: str, index: int = 0) -> float:
+def decide(url: str, model: str, index: int = 0, questions: dict[str, object] = QUESTIONS) -> float:
     """Seconds one decision took; raises unless it answered 200."""
     started = time.perf_counter()
-    response = httpx.post(url + "/v1/systemone", content=body(model, index), timeout=900)
+    content = body(model, index, questions)
+    response = httpx.post(url + "/v1/systemone", content=content, timeout=900)
     seconds = time.perf_counter() - started
     if response.status_code != 200:
         raise RuntimeError(f"decision failed: {response.status_code} {response.text[:200]}")
@@ -283,11 +289,20 @@ def alternate(srv: Server, clients: int, every: int, blocks: int) -> Point:
     )
 
 
+def torch_import_seconds() -> float:
+    """What `import torch` alone takes in a fresh interpreter now."""
+    started = time.perf_counter()
+    subprocess.run([python(), "-P", "-c", "import torch"], check=True)
+    return time.perf_counter() - started
+
+
 def first_decisions(tree: Tree, paths: dict[str, Path], logs: Path, rounds: int) -> dict:
     """Per round, a fresh server: its first Laya decision, then unload and the next one; the
-    service's memory before the first load and after the unload."""
-    after_start, after_unload, memory = [], [], []
+    service's memory before the first load and after the unload; and, just before, what
+    `import torch` alone takes (on a shared machine it moves from minute to minute)."""
+    after_start, after_unload, memory, torch_alone = [], [], [], []
     for round_ in range(rounds):
+        torch_alone.append(torch_import_seconds())
         with running(tree, paths, logs, f"first{round_}") as srv:
             httpx.get(srv.url + "/v1/models", timeout=30)
             before = service_memory(srv.pid)
@@ -299,7 +314,12 @@ def first_decisions(tree: Tree, paths: dict[str, Path], logs: Path, rounds: int)
             memory.append((before, loaded, service_memory(srv.pid), len(children(srv.pid))))
             after_unload.append(decide(srv.url, "laya-english"))
             assert worker, "no worker after a local decision"
-    return {"after_start": after_start, "after_unload": after_unload, "memory": memory}
+    return {
+        "after_start": after_start,
+        "after_unload": after_unload,
+        "memory": memory,
+        "torch": torch_alone,
+    }
 
 
 # -- base-shaped checkpoints: load time, switch time -------------------------------------------
@@ -352,15 +372,18 @@ def load_time(tree: Tree, paths: dict[str, Path], model: str) -> dict[str, float
 
 
 def base_switches(srv: Server, switches: int) -> dict[str, dict[str, list[float]]]:
-    """`switches` turns, alternating the model: per model, the first decision after each switch
-    to it, the two warm decisions after that one, and the worker's resident bytes then."""
-    found = {m: {"first": [], "warm": [], "rss": []} for m in MODELS}
-    decide(srv.url, MODELS[0])
+    """`switches` turns, alternating the model, of one-question decisions (`LIGHT`): per model, the
+    first decision after each switch to it, the two warm decisions after that one, and the
+    worker's resident bytes then."""
+    found: dict[str, dict[str, list[float]]] = {
+        m: {"first": [], "warm": [], "rss": []} for m in MODELS
+    }
+    decide(srv.url, MODELS[0], 0, LIGHT)
     for turn in range(1, switches + 1):
         model = MODELS[turn % 2]
-        found[model]["first"].append(decide(srv.url, model, 3 * turn))
+        found[model]["first"].append(decide(srv.url, model, 3 * turn, LIGHT))
         found[model]["rss"].append(sum(rss(pid) for pid in children(srv.pid)))
-        found[model]["warm"] += [decide(srv.url, model, 3 * turn + i) for i in (1, 2)]
+        found[model]["warm"] += [decide(srv.url, model, 3 * turn + i, LIGHT) for i in (1, 2)]
     return found
 
 
@@ -622,28 +645,22 @@ def main() -> int:
     firsts = {t.name: first_decisions(t, tiny, logs, rounds) for t in trees}
     report += [
         f"\n### First decision after start and after unload (tiny; {rounds} fresh servers each)\n",
-        "| server | after start s (each) | after unload s (each) | service MB before first "
+        "| server | after start s (each) | after unload s (each) | `import torch` alone s, "
+        "just before (each) | after start less torch s (median) | service MB before first "
         "load / loaded / after unload | workers after unload |",
-        "|---|---|---|---|---:|",
+        "|---|---|---|---|---:|---|---:|",
     ]
     for name, found in firsts.items():
         memory = found["memory"]
+        beyond = [a - t for a, t in zip(found["after_start"], found["torch"], strict=True)]
         report.append(
             f"| {name} | {', '.join(f'{s:.2f}' for s in found['after_start'])} | "
             f"{', '.join(f'{s:.2f}' for s in found['after_unload'])} | "
+            f"{', '.join(f'{s:.2f}' for s in found['torch'])} | {med(beyond):.2f} | "
             + ", ".join(f"{b / 1e6:.0f} / {m / 1e6:.0f} / {a / 1e6:.0f}" for b, m, a, _ in memory)
             + f" | {max(m[3] for m in memory)} |"
         )
 
-    torch_import = []
-    for _ in range(rounds):
-        started = time.perf_counter()
-        subprocess.run([python(), "-P", "-c", "import torch"], check=True)
-        torch_import.append(time.perf_counter() - started)
-    report.append(
-        f"\n`python -P -c 'import torch'` alone took {med(torch_import):.2f} s here in the same "
-        f"run (median of {rounds}): a cold start cannot take less."
-    )
     flush(report)
     base_switch: dict[str, list[float]] = {}
     base = None
@@ -654,11 +671,12 @@ def main() -> int:
             "ModernBERT-base's shape for both (hidden 768, 22 layers, 50,368-row embeddings; "
             "Laya's weights fp16 on disk, Von's fp32). Load: building the engine in a process "
             "that already imported everything, page cache warm (median of 3). Switch: "
-            "alternating turns of three decisions at one client; what a switch adds is the "
-            "turn's first decision less its warm ones (the pass itself).\n",
+            "alternating turns of three one-choice decisions at one client (a short ticket; the "
+            "pass is small next to a load); `switch adds` is a turn's first decision less its "
+            "warm ones.\n",
             "| server | model | own load s | load peak RSS MB | first decision after a switch s "
-            "| warm decision s | switch adds s (median / max) | target: load + 0.5 s | worker RSS "
-            "MB after the switch (min-max) |",
+            "(median) | warm decision s | switch adds s (median / max) | target: load + 0.5 s "
+            "| worker RSS MB after the switch (min-max) |",
             "|---|---|---:|---:|---:|---:|---|---:|---|",
         ]
         for tree in trees:
