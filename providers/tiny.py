@@ -19,6 +19,20 @@ from transformers.utils import logging as transformers_logging
 from decidealot import registry
 from decidealot.registry import Descriptor
 
+MODERNBERT_BASE: dict[str, Any] = {
+    "hidden_size": 768,
+    "intermediate_size": 1152,
+    "num_hidden_layers": 22,
+    "num_attention_heads": 12,
+    "global_attn_every_n_layers": 3,
+    "local_attention": 128,
+    "initializer_range": 0.02,
+}
+"""ModernBERT-base's encoder shape, for the benchmarks' base-sized checkpoints."""
+MODERNBERT_VOCAB_SIZE = 50368
+"""ModernBERT's vocabulary size: a base-sized checkpoint's embedding rows (its tokenizer stays
+tiny, so only the first few hundred ever occur)."""
+
 
 def modernbert_config(
     tok: PreTrainedTokenizerFast, shape: dict[str, Any], **extra: Any

@@ -15,7 +15,7 @@ from safetensors.torch import save_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import ModernBertConfig, ModernBertModel, PreTrainedTokenizerFast
 
-from decidealot.providers.tiny import modernbert_config
+from decidealot.providers.tiny import MODERNBERT_BASE, MODERNBERT_VOCAB_SIZE, modernbert_config
 
 VARIANTS = ("english", "multilingual", "typed-decisions")
 
@@ -100,19 +100,11 @@ HEAD_LAYERS = 2
 N_ACT = 2
 
 SIZES = ("tiny", "base")
-_BASE = {
-    "hidden_size": 768,
-    "intermediate_size": 1152,
-    "num_hidden_layers": 22,
-    "num_attention_heads": 12,
-    "global_attn_every_n_layers": 3,
-    "local_attention": 128,
-    "initializer_range": 0.02,
-}
+_BASE = MODERNBERT_BASE
 """ModernBERT-base's encoder shape, for benchmarks. Its embedding table has ModernBERT's real
 vocabulary size (50,368 rows) while the tokenizer stays the tiny BPE, so only ids below ~400 occur:
 the compute per token is the real model's, the text-to-token ratio is not."""
-BASE_VOCAB_SIZE = 50368
+BASE_VOCAB_SIZE = MODERNBERT_VOCAB_SIZE
 BASE_BUDGET = {"max_len": 512, "head_max_len": 192}
 
 

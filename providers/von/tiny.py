@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import torch
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 from tokenizers.processors import TemplateProcessing
 from transformers import ModernBertConfig, ModernBertModel, PreTrainedTokenizerFast
 
-from decidealot.providers.tiny import modernbert_config
+from decidealot.providers.tiny import MODERNBERT_BASE, MODERNBERT_VOCAB_SIZE, modernbert_config
 
 _CORPUS = [
     "The customer requests a refund for a duplicate payment of 1250 dollars.",
@@ -32,7 +33,7 @@ HIDDEN = 32
 LOCAL_ATTENTION = 16
 
 SIZES = ("tiny", "long", "small", "base")
-_SHAPES: dict[str, dict[str, float]] = {
+_SHAPES: dict[str, dict[str, Any]] = {
     "tiny": {
         "hidden_size": HIDDEN,
         "intermediate_size": 48,
@@ -60,16 +61,7 @@ _SHAPES: dict[str, dict[str, float]] = {
         "local_attention": 128,
         "initializer_range": 0.02,
     },
-    "base": {
-        "hidden_size": 768,
-        "intermediate_size": 1152,
-        "num_hidden_layers": 22,
-        "num_attention_heads": 12,
-        "global_attn_every_n_layers": 3,
-        "local_attention": 128,
-        "initializer_range": 0.02,
-        "vocab_size": 50368,
-    },
+    "base": {**MODERNBERT_BASE, "vocab_size": MODERNBERT_VOCAB_SIZE},
 }
 """`tiny` is the test checkpoint; `long` is `tiny` cut to one global layer and one head, for
 states past the 8192-token window, where a pass costs what its masks cost (transformers builds

@@ -14,7 +14,6 @@ them: no weight is allocated, randomly initialised or copied before it is loaded
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +22,8 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from decidealot.providers.worker.files import json_object
 
 FULL = "full_attention"
 SLIDING = "sliding_attention"
@@ -71,13 +72,7 @@ class Config:
     @classmethod
     def read(cls, path: Path) -> Config:
         """`path` (a `config.json`) as transformers 5 reads it, or transformers 4's RoPE keys."""
-        try:
-            raw = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as exc:
-            raise ConfigError(f"cannot read {path.name}") from exc
-        if not isinstance(raw, dict):
-            raise ConfigError(f"{path.name} is not a JSON object")
-        return cls.of(raw)
+        return cls.of(json_object(path, ConfigError))
 
     @classmethod
     def of(cls, raw: Mapping[str, object]) -> Config:

@@ -12,12 +12,13 @@ call that changes ids: no truncation, no padding, the special tokens named in
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import overload
 
 from tokenizers import Tokenizer
+
+from decidealot.providers.worker.files import json_object
 
 SPECIAL_TOKENS_MAP = "special_tokens_map.json"
 ROLES = ("cls_token", "sep_token", "pad_token", "mask_token", "unk_token", "bos_token", "eos_token")
@@ -35,15 +36,7 @@ def _content(value: object) -> str | None:
 
 
 def _read(path: Path) -> dict[str, object]:
-    if not path.exists():
-        return {}
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise TokenizerError(f"cannot read {path.name}") from exc
-    if not isinstance(data, dict):
-        raise TokenizerError(f"{path.name} is not a JSON object")
-    return data
+    return json_object(path, TokenizerError) if path.exists() else {}
 
 
 class FastTokenizer:

@@ -34,24 +34,25 @@ TEXTS = [
 
 
 @pytest.fixture(scope="module")
-def encoders(tiny: TinyCheckpoints) -> dict[str, Path]:
-    """config.json of every tiny encoder: Laya's (two RoPE variants) and Von's."""
-    laya = tiny.laya_all()
+def folders(tiny: TinyCheckpoints) -> dict[str, tuple[Path, Path]]:
+    """(encoder config folder, tokenizer folder) of every tiny checkpoint kind: Laya's two
+    tokenizer and RoPE variants, and Von's."""
+    laya, von = tiny.laya_all(), tiny.von(independent_options=True)
     return {
-        "laya-english": laya["english"] / "encoder",
-        "laya-multilingual": laya["multilingual"] / "encoder",
-        "von": tiny.von(independent_options=True),
+        "laya-english": (laya["english"] / "encoder", laya["english"] / "tokenizer"),
+        "laya-multilingual": (laya["multilingual"] / "encoder", laya["multilingual"] / "tokenizer"),
+        "von": (von, von),
     }
 
 
 @pytest.fixture(scope="module")
-def tokenizers(tiny: TinyCheckpoints) -> dict[str, Path]:
-    laya = tiny.laya_all()
-    return {
-        "laya-english": laya["english"] / "tokenizer",
-        "laya-multilingual": laya["multilingual"] / "tokenizer",
-        "von": tiny.von(independent_options=True),
-    }
+def encoders(folders: dict[str, tuple[Path, Path]]) -> dict[str, Path]:
+    return {name: encoder for name, (encoder, _) in folders.items()}
+
+
+@pytest.fixture(scope="module")
+def tokenizers(folders: dict[str, tuple[Path, Path]]) -> dict[str, Path]:
+    return {name: tokenizer for name, (_, tokenizer) in folders.items()}
 
 
 def pair(directory: Path, seed: int = 0) -> tuple[ModernBertModel, modernbert.ModernBert]:
@@ -183,13 +184,18 @@ def test_the_tokenizer_encodes_and_decodes_as_transformers(
     assert (ours.mask_token, ours.sep_token) == (theirs.mask_token, theirs.sep_token)
 
 
+def tokenizer_copy(tokenizers: dict[str, Path], folder: Path) -> dict[str, object]:
+    """Von's tiny tokenizer.json in `folder`; its tokenizer_config.json's contents, to write."""
+    folder.mkdir()
+    (folder / "tokenizer.json").write_bytes((tokenizers["von"] / "tokenizer.json").read_bytes())
+    return json.loads((tokenizers["von"] / "tokenizer_config.json").read_text())
+
+
 def test_special_tokens_come_from_the_legacy_map_as_transformers_reads_it(
     tokenizers: dict[str, Path], tmp_path: Path
 ) -> None:
     folder = tmp_path / "tok"
-    folder.mkdir()
-    (folder / "tokenizer.json").write_bytes((tokenizers["von"] / "tokenizer.json").read_bytes())
-    config = json.loads((tokenizers["von"] / "tokenizer_config.json").read_text())
+    config = tokenizer_copy(tokenizers, folder)
     config.pop("added_tokens_decoder", None)
     (folder / "tokenizer_config.json").write_text(json.dumps(config | {"pad_token": "[UNK]"}))
     (folder / "special_tokens_map.json").write_text(json.dumps({"pad_token": "[SEP]"}))
@@ -201,9 +207,7 @@ def test_a_required_special_token_that_is_missing_is_refused(
     tokenizers: dict[str, Path], tmp_path: Path
 ) -> None:
     folder = tmp_path / "tok"
-    folder.mkdir()
-    (folder / "tokenizer.json").write_bytes((tokenizers["von"] / "tokenizer.json").read_bytes())
-    config = json.loads((tokenizers["von"] / "tokenizer_config.json").read_text())
+    config = tokenizer_copy(tokenizers, folder)
     (folder / "tokenizer_config.json").write_text(json.dumps(config | {"mask_token": None}))
     with pytest.raises(TokenizerError, match="mask_token"):
         FastTokenizer(folder, required=("mask_token",))

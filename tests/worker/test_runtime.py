@@ -24,6 +24,7 @@ from decidealot.providers.gateway import process_runtime as local
 from decidealot.providers.gateway.process_runtime import ProcessRuntime
 from decidealot.residency import Residency
 from tests.support.engines.arith import answer, resident_bytes
+from tests.support.ops_launcher import running
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -66,15 +67,6 @@ async def started_pass(log: Path, seconds: float = 30.0) -> None:
     while not (log.exists() and passes(log)):
         assert time.monotonic() < deadline, "no pass started"
         await asyncio.sleep(0.02)
-
-
-def running(pid: int) -> bool:
-    """False once the process is gone or a zombie nobody has reaped yet."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
 
 
 async def wait_gone(pid: int, seconds: float = 5.0) -> bool:

@@ -10,7 +10,6 @@ with.
 
 from __future__ import annotations
 
-import json
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -22,6 +21,7 @@ import torch
 from torch import nn
 
 from decidealot.providers.worker import modernbert
+from decidealot.providers.worker.files import json_object
 from decidealot.providers.worker.numerics import (
     AUTOCAST,
     PROBE_LENGTH,
@@ -94,12 +94,7 @@ def load_calibration(path: Path) -> Calibration:
     Upstream falls back to plain attention when the file is missing or unreadable, which
     answers 1.2+ weights in the wrong mode; a checkpoint without a usable file is refused.
     """
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise CheckpointError(f"Von checkpoint: cannot read {path.name}") from exc
-    if not isinstance(data, dict):
-        raise CheckpointError(f"Von checkpoint: {path.name} is not a JSON object")
+    data = json_object(path, lambda message: CheckpointError(f"Von checkpoint: {message}"))
     try:
         temperature = float(data.get("temperature", 1.0))
     except (TypeError, ValueError) as exc:
