@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import json
 import os
 import platform
@@ -36,7 +37,7 @@ import tarfile
 import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import httpx
@@ -234,7 +235,7 @@ class Point:
     first_after_switch: list[float]
     """Latency of each block's first request (a switch's first decision at one client)."""
     switches: list[float]
-    """Per change of model: the old model's last answer to the new one's first."""
+    """Per change of the answering model: the old model's last answer to the new one's first."""
 
     @property
     def rps(self) -> float:
@@ -271,10 +272,14 @@ def alternate(srv: Server, clients: int, every: int, blocks: int) -> Point:
     decide(srv.url, MODELS[0])  # the first block's model is resident: every block is a switch
     total = every * blocks
     times, errors, elapsed = asyncio.run(_alternate(srv.url, clients, every, total))
-    block = [range(b * every, (b + 1) * every) for b in range(blocks)]
+    # With one slot, answers of one model never overlap another's: each change of model in the
+    # order answers arrive is a switch the server made (a request that reached the server
+    # after the next block's first, by microseconds, makes one more).
+    answered = sorted((end, MODELS[(k // every) % 2]) for k, (_, end) in times.items())
     switches = [
-        min(times[k][1] for k in block[b]) - max(times[k][1] for k in block[b - 1])
-        for b in range(1, blocks)
+        later - earlier
+        for (earlier, before), (later, after) in itertools.pairwise(answered)
+        if before != after
     ]
     return Point(
         srv.tree.name,
@@ -290,10 +295,11 @@ def alternate(srv: Server, clients: int, every: int, blocks: int) -> Point:
 
 
 def torch_import_seconds() -> float:
-    """What `import torch` alone takes in a fresh interpreter now."""
-    started = time.perf_counter()
-    subprocess.run([python(), "-P", "-c", "import torch"], check=True)
-    return time.perf_counter() - started
+    """What `import torch` alone takes in a fresh interpreter now (its import, not the
+    interpreter's start or exit)."""
+    script = "import time; t = time.perf_counter(); import torch; print(time.perf_counter() - t)"
+    out = subprocess.run([python(), "-P", "-c", script], check=True, capture_output=True, text=True)
+    return float(out.stdout)
 
 
 def first_decisions(tree: Tree, paths: dict[str, Path], logs: Path, rounds: int) -> dict:
@@ -590,12 +596,6 @@ def plot(points: list[Point], firsts: dict[str, dict], base: dict[str, list[floa
     print(f"plot: {PLOT.relative_to(ROOT)}", file=sys.stderr)
 
 
-def flush(report: list[str]) -> None:
-    """Print what the run has measured so far (a long run shows its tables as they come)."""
-    print("\n".join(report), flush=True)
-    report.clear()
-
-
 def cpu_model() -> str:
     with contextlib.suppress(OSError), open("/proc/cpuinfo") as info:
         for line in info:
@@ -604,52 +604,71 @@ def cpu_model() -> str:
     return platform.processor() or "unknown CPU"
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="fewer points, no base checkpoints")
-    parser.add_argument("--before", default=BEFORE, help="git revision of the `before` server")
-    parser.add_argument("--clients", default=None, help="comma list (default 1,8)")
-    parser.add_argument("--every", default=None, help="comma list of N (default 1,10,100)")
-    parser.add_argument("--rounds", type=int, default=None, help="first-decision rounds")
-    parser.add_argument("--no-plot", action="store_true")
-    parser.add_argument("--cache", type=Path, default=Path("/tmp/decidealot-bench-switch"))
-    args = parser.parse_args()
-    clients = [int(n) for n in (args.clients or ("1" if args.quick else "1,8")).split(",")]
-    everies = [int(n) for n in (args.every or ("1,10" if args.quick else "1,10,100")).split(",")]
-    rounds = args.rounds or (2 if args.quick else 3)
-    blocks = {1: 9 if args.quick else 13, 10: 5 if args.quick else 7, 100: 4}
-    args.cache.mkdir(parents=True, exist_ok=True)
-    logs = args.cache / "logs"
-    logs.mkdir(exist_ok=True)
+PARTS = ("alternate", "first", "base", "candidates")
+
+
+def measure(
+    part: str, args: argparse.Namespace, trees: list[Tree], logs: Path
+) -> list | dict | None:
+    """One part's results, as JSON-able data."""
     tiny = checkpoints(args.cache, "tiny")
-    trees = [Tree("before", export(args.before, args.cache)), Tree("after", None)]
-    report = [
-        f"CPU: {cpu_model()}, {os.cpu_count()} cores. One torch thread, CPU, one resident slot, "
-        f"both servers up at once. `before` = {args.before}, `after` = this checkout. "
-        f"Command: `{' '.join(['bench/switch.py', *sys.argv[1:]])}`",
-    ]
+    rounds = args.rounds or (2 if args.quick else 3)
+    if part == "alternate":
+        clients = [int(n) for n in (args.clients or ("1" if args.quick else "1,8")).split(",")]
+        everies = [
+            int(n) for n in (args.every or ("1,10" if args.quick else "1,10,100")).split(",")
+        ]
+        blocks = {1: 9 if args.quick else 13, 10: 5 if args.quick else 7, 100: 4}
+        points: list[Point] = []
+        with contextlib.ExitStack() as stack:
+            servers = [stack.enter_context(running(t, tiny, logs, "load")) for t in trees]
+            for n_clients in clients:
+                for every in everies:
+                    order = servers if len(points) % 4 == 0 else servers[::-1]
+                    for srv in order:
+                        print(
+                            f"{srv.tree.name}: {n_clients} clients, every {every}", file=sys.stderr
+                        )
+                        points.append(alternate(srv, n_clients, every, blocks.get(every, 5)))
+        points.sort(key=lambda p: (p.clients, p.every, p.server != "before"))
+        return [asdict(p) for p in points]
+    if part == "first":
+        return {t.name: first_decisions(t, tiny, logs, rounds) for t in trees}
+    if part == "base":
+        if args.quick:
+            return None
+        base = checkpoints(args.cache, "base")
+        found = {}
+        for tree in trees:
+            loads = {m: [load_time(tree, base, m) for _ in range(3)] for m in MODELS}
+            with running(tree, base, logs, "base") as srv:
+                found[tree.name] = {
+                    "loads": loads,
+                    "switches": base_switches(srv, 6 if tree.name == "after" else 4),
+                }
+        return found
+    base_folder = None if args.quick else checkpoints(args.cache, "base")
+    return candidates(trees, base_folder, rounds)
 
-    points: list[Point] = []
-    with contextlib.ExitStack() as stack:
-        servers = [stack.enter_context(running(t, tiny, logs, "load")) for t in trees]
-        for n_clients in clients:
-            for every in everies:
-                order = servers if len(points) % 4 == 0 else servers[::-1]
-                for srv in order:
-                    print(f"{srv.tree.name}: {n_clients} clients, every {every}", file=sys.stderr)
-                    points.append(alternate(srv, n_clients, every, blocks.get(every, 5)))
-    points.sort(key=lambda p: (p.clients, p.every, p.server != "before"))
-    report += ["\n### Alternating laya-english and von, tiny checkpoints\n", *point_table(points)]
-    flush(report)
 
-    firsts = {t.name: first_decisions(t, tiny, logs, rounds) for t in trees}
-    report += [
-        f"\n### First decision after start and after unload (tiny; {rounds} fresh servers each)\n",
-        "| server | after start s (each) | after unload s (each) | `import torch` alone s, "
-        "just before (each) | after start less torch s (median) | service MB before first "
-        "load / loaded / after unload | workers after unload |",
-        "|---|---|---|---|---:|---|---:|",
-    ]
+def render(results: dict, header: str) -> tuple[list[str], dict[str, list[float]]]:
+    """The report's tables, and per server what a switch adds on base (for the plot)."""
+    report = [header]
+    points = [Point(**p) for p in results.get("alternate") or []]
+    if points:
+        report += ["\n### Alternating laya-english and von, tiny checkpoints\n"]
+        report += point_table(points)
+    firsts = results.get("first") or {}
+    if firsts:
+        rounds = len(next(iter(firsts.values()))["after_start"])
+        report += [
+            f"\n### First decision after start and after unload (tiny; {rounds} fresh servers "
+            "each)\n",
+            "| server | after start s (each) | after unload s (each) | `import torch` alone s, "
+            "just before (each) | after start less torch s (median) | service MB before first "
+            "load / loaded / after unload | workers after unload |",
+            "|---|---|---|---|---:|---|---:|",
+        ]
     for name, found in firsts.items():
         memory = found["memory"]
         beyond = [a - t for a, t in zip(found["after_start"], found["torch"], strict=True)]
@@ -660,12 +679,9 @@ def main() -> int:
             + ", ".join(f"{b / 1e6:.0f} / {m / 1e6:.0f} / {a / 1e6:.0f}" for b, m, a, _ in memory)
             + f" | {max(m[3] for m in memory)} |"
         )
-
-    flush(report)
     base_switch: dict[str, list[float]] = {}
-    base = None
-    if not args.quick:
-        base = checkpoints(args.cache, "base")
+    base = results.get("base") or {}
+    if base:
         report += [
             "\n### Base-shaped checkpoints: the checkpoint's own load against a switch\n",
             "ModernBERT-base's shape for both (hidden 768, 22 layers, 50,368-row embeddings; "
@@ -679,29 +695,62 @@ def main() -> int:
             "| worker RSS MB after the switch (min-max) |",
             "|---|---|---:|---:|---:|---:|---|---:|---|",
         ]
-        for tree in trees:
-            loads = {m: [load_time(tree, base, m) for _ in range(3)] for m in MODELS}
-            with running(tree, base, logs, "base") as srv:
-                found = base_switches(srv, 6 if tree.name == "after" else 4)
-            base_switch[tree.name] = []
-            for model in MODELS:
-                load = med(r["seconds"] for r in loads[model])
-                warm = med(found[model]["warm"])
-                adds = [first - warm for first in found[model]["first"]]
-                base_switch[tree.name] += adds
-                memory = found[model]["rss"]
-                report.append(
-                    f"| {tree.name} | {model} | {load:.2f} | "
-                    f"{med(r['peak'] for r in loads[model]) / 1e6:.0f} | "
-                    f"{med(found[model]['first']):.2f} | {warm:.2f} | {med(adds):.2f} / "
-                    f"{max(adds):.2f} | {load + 0.5:.2f} | "
-                    f"{min(memory) / 1e6:.0f}-{max(memory) / 1e6:.0f} |"
-                )
-    flush(report)
-    report += candidates(trees, base, rounds)
-    flush(report)
+    for name, found in base.items():
+        base_switch[name] = []
+        for model in MODELS:
+            loads, turns = found["loads"][model], found["switches"][model]
+            load, warm = med(r["seconds"] for r in loads), med(turns["warm"])
+            adds = [first - warm for first in turns["first"]]
+            base_switch[name] += adds
+            report.append(
+                f"| {name} | {model} | {load:.2f} | {med(r['peak'] for r in loads) / 1e6:.0f} | "
+                f"{med(turns['first']):.2f} | {warm:.2f} | {med(adds):.2f} / {max(adds):.2f} | "
+                f"{load + 0.5:.2f} | {min(turns['rss']) / 1e6:.0f}-{max(turns['rss']) / 1e6:.0f} |"
+            )
+    report += results.get("candidates") or []
+    return report, base_switch
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer points, no base checkpoints")
+    parser.add_argument("--before", default=BEFORE, help="git revision of the `before` server")
+    parser.add_argument("--clients", default=None, help="comma list (default 1,8)")
+    parser.add_argument("--every", default=None, help="comma list of N (default 1,10,100)")
+    parser.add_argument("--rounds", type=int, default=None, help="first-decision rounds")
+    parser.add_argument(
+        "--parts",
+        default=",".join(PARTS),
+        help="comma list of the parts to measure; the others are read from the last run's "
+        "results in --cache, so tables and plot always show every part",
+    )
+    parser.add_argument("--no-plot", action="store_true")
+    parser.add_argument("--cache", type=Path, default=Path("/tmp/decidealot-bench-switch"))
+    args = parser.parse_args()
+    args.cache.mkdir(parents=True, exist_ok=True)
+    logs = args.cache / "logs"
+    logs.mkdir(exist_ok=True)
+    saved = args.cache / "results.json"
+    results = json.loads(saved.read_text()) if saved.exists() else {}
+    trees = [Tree("before", export(args.before, args.cache)), Tree("after", None)]
+    for part in args.parts.split(","):
+        if part not in PARTS:
+            parser.error(f"--parts: unknown part {part!r}; expected some of {', '.join(PARTS)}")
+        results[part] = measure(part, args, trees, logs)
+        saved.write_text(json.dumps(results))
+    header = (
+        f"CPU: {cpu_model()}, {os.cpu_count()} cores. One torch thread, CPU, one resident slot, "
+        f"both servers up at once. `before` = {args.before}, `after` = this checkout. "
+        f"Command: `{' '.join(['bench/switch.py', *sys.argv[1:]])}`"
+    )
+    report, base_switch = render(results, header)
+    print("\n".join(report))
     if not args.no_plot:
-        plot(points, firsts, base_switch)
+        plot(
+            [Point(**p) for p in results.get("alternate") or []],
+            results.get("first") or {},
+            base_switch,
+        )
     return 0
 
 
