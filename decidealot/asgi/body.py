@@ -164,8 +164,12 @@ def _unzstd(data: bytes, limit: int) -> bytes:
 
 def _window_refusal(data: bytes, window: int) -> RequestTooLarge:
     """A frame of known size declares that size as its window: then the body itself is too
-    large. Otherwise the compressor chose a window the limit does not allow."""
-    declared = zstandard.get_frame_parameters(data).content_size  # the first frame's
+    large. Otherwise the compressor chose a window the limit does not allow, perhaps one past
+    zstd's own maximum, whose header zstd then refuses to read at all."""
+    try:
+        declared = zstandard.get_frame_parameters(data).content_size  # the first frame's
+    except zstandard.ZstdError:  # a window beyond ZSTD_WINDOWLOG_MAX: nothing more to read
+        declared = zstandard.CONTENTSIZE_UNKNOWN
     if declared != zstandard.CONTENTSIZE_UNKNOWN and declared > window:
         return RequestTooLarge("the decoded request body exceeds the size limit")
     return RequestTooLarge(

@@ -16,7 +16,7 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Sequence
 from typing import Any, NoReturn
 
 import anyio
@@ -143,10 +143,14 @@ async def _run(backend: Backend, stop: asyncio.Event) -> bool:
     return True
 
 
-async def _session(backend: Backend) -> None:
+async def _session(
+    backend: Backend, wire: AsyncIterable[bytes] | None = None, stdout: Any = None
+) -> None:
+    """One MCP session over `wire` (the client's lines; None: this process's stdin) and
+    `stdout` (None: this process's)."""
     server = build_server(backend)
-    stdin: Any = _ScreenedStdin(_claim_stdin())  # the SDK only iterates its lines
-    async with stdio_server(stdin=stdin) as (read_stream, write_stream):
+    stdin: Any = _ScreenedStdin(_claim_stdin() if wire is None else wire)  # only iterated
+    async with stdio_server(stdin=stdin, stdout=stdout) as (read_stream, write_stream):
         await server.run(read_stream, write_stream, server.create_initialization_options())
 
 
@@ -165,7 +169,7 @@ class _ScreenedStdin:
     """stdin as the SDK reads it (UTF-8 lines, undecodable bytes replaced), each line screened
     by the HTTP API's strict parser first (`decidealot.mcp.strict`)."""
 
-    def __init__(self, wire: anyio.AsyncFile[bytes]) -> None:
+    def __init__(self, wire: AsyncIterable[bytes]) -> None:
         self._wire = wire
 
     async def __aiter__(self) -> AsyncIterator[str]:

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -91,6 +92,26 @@ class StdioServer:
         answer = self._answer(request_id, timeout)
         assert "result" in answer, answer
         return answer["result"]
+
+    def write_line(self, line: bytes) -> None:
+        """Send `line` as it is, whatever it holds."""
+        assert self.process.stdin is not None
+        self.process.stdin.write(line + b"\n")
+        self.process.stdin.flush()
+
+    def answers(self, ids: list[object], timeout: float = 30) -> list[dict[str, Any]]:
+        """What the server writes until every request in `ids` (repeats included) is answered."""
+        expected, seen = Counter(map(repr, ids)), Counter[str]()
+        answers: list[dict[str, Any]] = []
+        deadline = time.monotonic() + timeout
+        while not expected <= seen:
+            try:
+                line = self._lines.get(timeout=max(deadline - time.monotonic(), 0.01))
+            except queue.Empty:
+                raise AssertionError(f"unanswered requests: {expected - seen}") from None
+            answers.append(json.loads(line))
+            seen[repr(answers[-1].get("id"))] += 1
+        return answers
 
     def _answer(self, request_id: int, timeout: float) -> dict[str, Any]:
         deadline = time.monotonic() + timeout
