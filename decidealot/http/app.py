@@ -14,7 +14,7 @@ from decidealot.asgi.body import read_body
 from decidealot.asgi.disconnect import CLIENT_GONE, ClientGone, unless_gone
 from decidealot.asgi.middleware import ASGIApp, Gateway, error_body
 from decidealot.contract import ErrorBody, ValidationErrorBody
-from decidealot.errors import DecidealotError, ProviderUnavailable, RequestInvalid
+from decidealot.errors import DecidealotError, RequestInvalid, ShuttingDown
 from decidealot.http import docs, openapi
 from decidealot.mcp.http import MCP_PATH, McpEndpoint
 from decidealot.service import Service
@@ -63,7 +63,7 @@ def create_app(service: Service) -> ASGIApp:
     @get("/health", sync_to_thread=False)
     def health() -> Response[bytes]:
         if service.draining:
-            raise ProviderUnavailable("the service is shutting down")
+            raise ShuttingDown()
         return _json(service.health())
 
     @get("/v1/models")

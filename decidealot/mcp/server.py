@@ -31,7 +31,7 @@ from mcp_types import (
 
 from decidealot import __version__, logs, tracing
 from decidealot.contract import ErrorBody, Json, ValidationErrorBody, ValidationIssue
-from decidealot.errors import DecidealotError, ProviderUnavailable, RequestInvalid, RequestTooLarge
+from decidealot.errors import DecidealotError, RequestInvalid, RequestTooLarge, ShuttingDown
 from decidealot.mcp.strict import rejection
 from decidealot.mcp.tools import (
     INSTRUCTIONS,
@@ -134,7 +134,7 @@ class ServiceBackend:
     async def _admitted(self) -> AsyncIterator[None]:
         """Admission as for HTTP requests; every error becomes the HTTP API's envelope."""
         if not self._service.enter():
-            raise failure_of(ProviderUnavailable("the service is shutting down"))
+            raise failure_of(ShuttingDown())
         try:
             yield
         except DecidealotError as error:

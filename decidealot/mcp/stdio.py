@@ -107,7 +107,8 @@ async def _serve(settings: Settings, url: str | None) -> None:
 async def _backend(settings: Settings, url: str | None) -> AsyncIterator[Backend]:
     """The tools' backend, closed on the way out (provider workers stopped)."""
     if url is not None:
-        forwarding = ForwardingBackend(url, settings.api_key, _forward_timeout(settings))
+        key = settings.api_key[0] if settings.api_key else None  # the first of several
+        forwarding = ForwardingBackend(url, key, _forward_timeout(settings))
         log.info("MCP over stdio, forwarding to %s", url)
         try:
             yield forwarding
