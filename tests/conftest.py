@@ -3,7 +3,8 @@
 The suite is grouped by what a test needs: `unit/` (in-process, no model, no socket),
 `worker/` (engines and worker hosts on tiny checkpoints), `parity/` (against the upstream
 packages), `e2e/` (real servers and commands), `deploy/` (packaging and manifests). Each test
-gets its folder's marker; `slow` marks e2e/, parity/ and deploy/ except the `smoke` tests, so
+gets its folder's marker; `slow` marks e2e/, parity/ and deploy/ except the `smoke` tests, and
+the tests in unit/ and worker/ that start a real command or a model's worker process, so
 `pytest -m "not slow"` is the quick loop.
 """
 

@@ -482,6 +482,7 @@ def test_provider_module_imports_no_torch() -> None:
     assert done.returncode == 0, done.stdout + done.stderr
 
 
+@pytest.mark.slow  # a real worker or command: the full suite, not the quick loop
 async def test_provider_answers_through_a_real_worker(
     von_dirs: dict[str, Path], engines: dict[str, VonEngine]
 ) -> None:
