@@ -203,12 +203,20 @@ def _damaged(draw: st.DrawFn, data: bytes) -> bytes:
     return data
 
 
+_FRAME_FLAGS = [0x00, 0x04, 0x40, 0x80, 0x01, 0x20, 0x24, 0xE4, 0x08]
+"""Frame header descriptors: with a window descriptor (a checksum, content sizes of each
+width, a dictionary id) or without (single segment), and a reserved bit set."""
+_WINDOWS = [0xB0, 0xF8, 0xFF, 0xA8, 0x58, 0x18, 0x11, 0x10, 0x00]
+"""Window descriptors: past zstd's most (2^32 up to 2^41), its most (2 GiB), 8 MiB, around the
+4 KiB limit and its least (1 KiB)."""
+
+
 @st.composite
 def _zstd_header(draw: st.DrawFn) -> bytes:
-    """The zstd magic number, then a frame header of random bytes (its flags, its window
-    descriptor, its sizes) and random blocks."""
-    flags = draw(st.integers(0, 255))
-    window = draw(st.integers(0, 255))
+    """The zstd magic number, then a frame header (its flags, its window descriptor, its sizes)
+    and blocks of random bytes."""
+    flags = draw(st.sampled_from(_FRAME_FLAGS))
+    window = draw(st.sampled_from(_WINDOWS))
     return ZSTD_MAGIC + bytes([flags, window]) + draw(st.binary(max_size=96))
 
 
@@ -243,11 +251,13 @@ class Body:
 def bodies(draw: st.DrawFn, routes: tuple[str, ...] = ROUTES) -> Body:
     route = draw(st.sampled_from(routes))
     headers: dict[str, str] = {}
-    if draw(st.integers(0, 9)) == 0:
-        data, codecs = draw(_zstd_header()), ["zstd"]
-    else:
-        data, codecs = draw(_encoded(route, draw(_payload(route))))
-        data = draw(_damaged(data))
+    if draw(st.sampled_from([True, False, False])):  # a zstd frame header, sent as zstd
+        headers = {"content-encoding": "zstd", "content-type": "application/json"}
+        if route == "/mcp":
+            headers["accept"] = "application/json, text/event-stream"
+        return Body(route, draw(_zstd_header()), headers, chunked=draw(st.booleans()))
+    data, codecs = draw(_encoded(route, draw(_payload(route))))
+    data = draw(_damaged(data))
     header = draw(st.sampled_from(["truthful"] * 6 + ["outer", "other", "none"]))
     if header == "truthful" and codecs:
         headers["content-encoding"] = ", ".join(reversed(codecs))  # stacked: outermost first

@@ -11,25 +11,22 @@ import json
 import logging
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
-from typing import Any
 
 import anyio
 import pytest
 from hypothesis import event, given
-from litestar.testing import TestClient
 
 from decidealot import registry
-from decidealot.http.app import create_app
 from decidealot.mcp import stdio
 from decidealot.mcp.server import ServiceBackend
 from decidealot.service import Service
 from tests.support import fakes, hostile
+from tests.support.app import InProcessApp, app_fixture
+from tests.support.servers import ALL_FAKES
 
-SETTINGS = registry.settings(
-    max_request_bytes=hostile.LIMIT,
-    clm_embeddings_url="http://127.0.0.1:9/v1",
-    typesafe_api_key="upstream-key",
-)
+ENV = {**ALL_FAKES, "DECIDEALOT_MAX_REQUEST_BYTES": str(hostile.LIMIT)}
+SETTINGS = registry.from_env(ENV)
+app = app_fixture("app", **ENV, DECIDEALOT_MCP_ALLOWED_HOSTS="testserver.local")
 
 
 @pytest.fixture(scope="module")
@@ -44,20 +41,13 @@ def records() -> Iterator[hostile.Records]:
     root.setLevel(level)
 
 
-@pytest.fixture(scope="module")
-def client(records: hostile.Records) -> Iterator[TestClient[Any]]:
-    app = create_app(Service(SETTINGS, fakes.build(SETTINGS)))
-    with TestClient(app, base_url="http://127.0.0.1", raise_server_exceptions=False) as client:
-        yield client
-
-
 @given(request=hostile.bodies())
-@hostile.quick(150)
+@hostile.quick(200)
 def test_no_body_gets_a_5xx(
-    client: TestClient[Any], records: hostile.Records, request: hostile.Body
+    app: InProcessApp, records: hostile.Records, request: hostile.Body
 ) -> None:
     records.records.clear()
-    response = client.post(request.route, content=request.content(), headers=request.headers)
+    response = app.client.post(request.route, content=request.content(), headers=request.headers)
     found = hostile.problem(request.route, response.status_code, response.headers, response.content)
     event(f"{request.route} {response.status_code}")
     assert found is None, (request, found)
