@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Sequence
-from typing import cast
+from typing import Any, cast
 
 from decidealot import logs, registry
 from decidealot.catalog import Catalog
@@ -75,8 +75,8 @@ class Service:
         self._in_flight = 0
         self._idle = asyncio.Event()
         self._idle.set()
-        self._requests: set[asyncio.Task[object]] = set()
-        self._cut: set[asyncio.Task[object]] = set()
+        self._requests: set[asyncio.Task[Any]] = set()
+        self._cut: set[asyncio.Task[Any]] = set()
         self.draining = False
 
     async def start(self) -> None:
@@ -103,7 +103,7 @@ class Service:
 
     # -- admission (SIGTERM: stop admitting, let admitted requests finish) --------------------
 
-    def enter(self, task: asyncio.Task[object] | None = None) -> bool:
+    def enter(self, task: asyncio.Task[Any] | None = None) -> bool:
         """Admit one request; False once the service is draining. `task` is the request's
         own: a drain that runs out cancels it (see `drain`)."""
         if self.draining:
@@ -114,14 +114,15 @@ class Service:
             self._requests.add(task)
         return True
 
-    def leave(self, task: asyncio.Task[object] | None = None) -> None:
-        self._requests.discard(task)  # type: ignore[arg-type]
-        self._cut.discard(task)  # type: ignore[arg-type]
+    def leave(self, task: asyncio.Task[Any] | None = None) -> None:
+        if task is not None:
+            self._requests.discard(task)
+            self._cut.discard(task)
         self._in_flight -= 1
         if self._in_flight == 0:
             self._idle.set()
 
-    def was_cut(self, task: asyncio.Task[object]) -> bool:
+    def was_cut(self, task: asyncio.Task[Any]) -> bool:
         """Whether the drain cancelled `task` (then its request is answered `ShuttingDown`)."""
         return task in self._cut
 

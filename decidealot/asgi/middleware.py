@@ -134,7 +134,7 @@ class Gateway:
                     )
                 elif path in UNADMITTED_PATHS:
                     await self._app(scope, receive, send_with_id)
-                elif not self._service.enter(task := asyncio.current_task()):  # type: ignore[arg-type]
+                elif not self._service.enter(task := asyncio.current_task()):
                     await send_error(send_with_id, ShuttingDown(), [])
                 else:
                     try:
@@ -148,7 +148,7 @@ class Gateway:
                         elif not answered:
                             await send_with_id({"type": "http.response.body", "body": b""})
                     finally:
-                        self._service.leave(task)  # type: ignore[arg-type]
+                        self._service.leave(task)
             except Exception as exc:
                 logs.log_failure(log, exc, path)
                 if not status:

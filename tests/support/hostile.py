@@ -16,6 +16,7 @@ from __future__ import annotations
 import gzip
 import json
 import logging
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -376,9 +377,8 @@ def mcp_problem(status: int, headers: Any, raw: bytes) -> str | None:
         return None
     try:
         if headers.get("content-type", "").startswith("text/event-stream"):
-            data = [
-                line[5:].strip() for line in raw.decode().splitlines() if line.startswith("data:")
-            ]
+            lines = re.split(r"\r\n|\r|\n", raw.decode())  # SSE's line ends, and no others
+            data = [line[5:].strip() for line in lines if line.startswith("data:")]
             messages = [json.loads(item) for item in data if item]
         else:
             messages = [json.loads(raw)]

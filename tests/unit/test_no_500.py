@@ -61,7 +61,7 @@ class _Out:
         self.written: list[str] = []
 
     async def write(self, text: str) -> None:
-        self.written.extend(text.splitlines())
+        self.written.extend(line for line in text.split("\n") if line)
 
     async def flush(self) -> None:
         pass

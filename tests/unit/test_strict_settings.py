@@ -130,15 +130,36 @@ def test_the_api_key_takes_several_keys(tmp_path: Path) -> None:
     )
 
 
-def test_a_secret_and_its_twin_are_refused_together(tmp_path: Path) -> None:
-    (tmp_path / "key").write_text("k")
-    env = {"DECIDEALOT_API_KEY": "k", "DECIDEALOT_API_KEY_FILE": str(tmp_path / "key")}
-    assert (
-        refusal(env)
-        == "DECIDEALOT_API_KEY and DECIDEALOT_API_KEY_FILE are both set: set one of them"
-    )
-    directory = refusal({"DECIDEALOT_API_KEY_FILE": str(tmp_path)})
-    assert directory == f"DECIDEALOT_API_KEY_FILE: cannot read {str(tmp_path)!r}: Is a directory"
+@pytest.mark.parametrize("twin", SECRET_FILES)
+def test_a_secret_and_its_twin_are_refused_together(twin: str, tmp_path: Path) -> None:
+    (tmp_path / "key").write_text("from-a-file")
+    secret = twin.removesuffix("_FILE")
+    env = {secret: "in-the-environment", twin: str(tmp_path / "key")}
+    env["DECIDEALOT_CLM_EMBEDDINGS_URL"] = "http://127.0.0.1:9"
+    assert refusal(env) == f"{secret} and {twin} are both set: set one of them"
+
+
+@pytest.mark.parametrize(
+    ("content", "problem"),
+    [
+        (None, "cannot read {path!r}: Is a directory"),
+        ("", "{path!r} is empty"),
+        (" \n", "{path!r} is empty"),
+        (b"\xff\xfe", "{path!r} is not UTF-8 text"),
+        ("a key\n", "expected printable characters with no whitespace"),
+    ],
+)
+def test_a_key_file_that_cannot_be_used_is_refused_naming_it(
+    content: str | bytes | None, problem: str, tmp_path: Path
+) -> None:
+    path = tmp_path if content is None else tmp_path / "key"
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    elif content is not None:
+        path.write_text(content)
+    message = refusal({"DECIDEALOT_TYPESAFE_API_KEY_FILE": str(path)})
+    assert message == "DECIDEALOT_TYPESAFE_API_KEY_FILE: " + problem.format(path=str(path))
+    assert "a key" not in message
 
 
 def test_every_setting_is_spelled_in_full_in_the_docs() -> None:
