@@ -10,7 +10,6 @@ TypeSafe), compared with the HTTP app over the same settings.
 
 from __future__ import annotations
 
-import json
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,7 +30,7 @@ from decidealot.mcp.stdio import main
 from decidealot.mcp.tools import TOOLS
 from decidealot.service import Service
 from tests.support.fake_typesafe import FakeTypeSafe, serve
-from tests.support.mcp_clients import over_http, over_stdio
+from tests.support.mcp_clients import in_tool_terms, over_http, over_stdio, tool_outcome
 from tests.support.servers import RunningServer, start_server
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -126,9 +125,12 @@ async def _http(api: httpx.AsyncClient, path: str, body: Any = None) -> tuple[in
 
 
 async def _tool(client: Client, name: str, arguments: dict[str, Any]) -> tuple[bool, Any]:
-    result = await client.call_tool(name, arguments)
-    assert result.structured_content == json.loads(result.content[0].text)  # type: ignore[union-attr]
-    return result.is_error, result.structured_content
+    return tool_outcome(await client.call_tool(name, arguments))
+
+
+def _failed(envelope: Any) -> tuple[bool, Any]:
+    """The tool error an HTTP error body comes back as."""
+    return True, in_tool_terms(envelope)
 
 
 async def _assert_parity(client: Client, api: httpx.AsyncClient) -> None:
@@ -146,15 +148,15 @@ async def _assert_parity(client: Client, api: httpx.AsyncClient) -> None:
     for body in INVALID_REQUESTS:
         status, expected = await _http(api, "/v1/systemone", body)
         assert status == 422 and expected["detail"], expected
-        assert await _tool(client, "system_one", body) == (True, expected)
+        assert await _tool(client, "system_one", body) == _failed(expected)
     for body in INVALID_BATCHES:
         status, expected = await _http(api, "/v1/systemone/batch", body)
         assert status == 422 and expected["detail"], expected
-        assert await _tool(client, "system_one_batch", body) == (True, expected)
+        assert await _tool(client, "system_one_batch", body) == _failed(expected)
     for body in FAILING_REQUESTS:
         status, expected = await _http(api, "/v1/systemone", body)
         assert status == 503 and expected["code"] == "PROVIDER_UNAVAILABLE", expected
-        assert await _tool(client, "system_one", body) == (True, expected)
+        assert await _tool(client, "system_one", body) == _failed(expected)
 
     status, expected = await _http(api, "/v1/models")
     assert status == 200, expected
@@ -388,7 +390,7 @@ async def test_stdio_runs_providers_itself(typesafe: FakeTypeSafe, tmp_path: Pat
             for body in INVALID_REQUESTS[:4]:
                 status, expected = await _http(api, "/v1/systemone", body)
                 assert status == 422, expected
-                assert await _tool(client, "system_one", body) == (True, expected)
+                assert await _tool(client, "system_one", body) == _failed(expected)
             status, expected = await _http(api, "/v1/systemone/batch", batch)
             assert status == 200
             assert await _tool(client, "system_one_batch", batch) == (False, expected)

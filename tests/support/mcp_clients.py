@@ -1,5 +1,6 @@
-"""MCP clients for tests: the official SDK's client over streamable HTTP and over stdio, and a
-raw stdio speaker for what the SDK will not send (signals, odd lines)."""
+"""MCP clients for tests: the official SDK's client over streamable HTTP and over stdio, a raw
+stdio speaker for what the SDK will not send (signals, odd lines), and how a tool result reads
+(`tool_outcome`). The TypeScript SDK and the Inspector are in `tests.support.node_clients`."""
 
 from __future__ import annotations
 
@@ -18,8 +19,29 @@ from typing import IO, Any
 import httpx2
 from mcp import Client, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
+from mcp_types import CallToolResult
 
 from tests.support.servers import ROOT
+
+
+def tool_outcome(result: CallToolResult | dict[str, Any]) -> tuple[bool, Any]:
+    """A `tools/call` result (the SDK's, or as JSON) as (is_error, body): a result's structured
+    content, which its one text block repeats; an error's text block, the envelope, and no
+    structured content (docs/mcp.md says why)."""
+    if not isinstance(result, dict):
+        result = result.model_dump(by_alias=True, mode="json", exclude_none=True)
+    [block] = result["content"]
+    body = json.loads(block["text"])
+    if result.get("isError", False):
+        assert "structuredContent" not in result, result
+        return True, body
+    assert result["structuredContent"] == body, result
+    return False, body
+
+
+def in_tool_terms(envelope: Any) -> Any:
+    """An HTTP API error envelope as an MCP client is told it: routes named as the tools."""
+    return json.loads(json.dumps(envelope).replace("GET /v1/models", "list_models"))
 
 
 @asynccontextmanager
