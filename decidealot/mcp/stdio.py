@@ -166,7 +166,9 @@ async def _answer_refusals(
     """Each line `_ScreenedStdin` kept from the SDK gets its JSON-RPC error on stdout, written
     by the SDK's own writer so that no two messages share a line."""
     async for refusal in refusals:
-        error = ErrorData(code=refusal.code, message=refusal.message, data=refusal.data)
+        error = ErrorData(code=refusal.code, message=refusal.message)
+        if refusal.data is not None:
+            error.data = refusal.data
         reply = JSONRPCError(jsonrpc="2.0", id=refusal.request_id, error=error)
         await write_stream.send(SessionMessage(reply))
 

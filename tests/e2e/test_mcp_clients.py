@@ -133,11 +133,6 @@ def check_report(report: dict[str, Any], server: RunningServer, before: int) -> 
     assert len(runs) == 8
     assert any(later[0] < earlier[1] for earlier, later in itertools.pairwise(runs))  # overlapped
     answers, names = http_answers(server)
-    tools = {tool["name"]: tool for tool in report["tools"]}
-    assert list(tools) == ["system_one", "system_one_batch", "list_models", "unload_models"]
-    assert tools["system_one"]["inputSchema"]["properties"]["model"]["enum"] == names
-    batch_item = tools["system_one_batch"]["inputSchema"]["$defs"]["SystemOneRequest"]
-    assert batch_item["properties"]["model"]["enum"] == names
 
     assert [status for status, _ in answers[:6]] == [200, 422, 422, 422, 503, 413]
     for outcome, expected in zip(report["calls"][:6], answers[:6], strict=True):
@@ -153,6 +148,12 @@ def check_report(report: dict[str, Any], server: RunningServer, before: int) -> 
     assert len(concurrent) == 8
     for outcome, expected in zip(concurrent, answers[6], strict=True):
         check_outcome(outcome, expected)
+
+    tools = {tool["name"]: tool for tool in report["tools"]}
+    assert list(tools) == ["system_one", "system_one_batch", "list_models", "unload_models"]
+    assert tools["system_one"]["inputSchema"]["properties"]["model"]["enum"] == names
+    batch_item = tools["system_one_batch"]["inputSchema"]["$defs"]["SystemOneRequest"]
+    assert batch_item["properties"]["model"]["enum"] == names
 
 
 def test_typescript_sdk_over_http(

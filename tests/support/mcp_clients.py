@@ -114,23 +114,30 @@ class StdioServer:
         assert "result" in answer, answer
         return answer["result"]
 
-    def _answer(self, request_id: int, timeout: float) -> dict[str, Any]:
+    def send_line(self, line: bytes, timeout: float = 60) -> dict[str, Any]:
+        """Send one raw line; the error answered to it (JSON-RPC's id null: no id was read)."""
+        assert self.process.stdin is not None
+        self.process.stdin.write(line + b"\n")
+        self.process.stdin.flush()
+        return self._answer(None, timeout)
+
+    def _answer(self, request_id: int | None, timeout: float) -> dict[str, Any]:
         deadline = time.monotonic() + timeout
         while True:
             answer = json.loads(self._lines.get(timeout=max(deadline - time.monotonic(), 0.01)))
-            if answer.get("id") == request_id:
+            if answer.get("id") == request_id and ("method" not in answer):
                 return answer
 
-    def initialize(self) -> None:
+    def initialize(self, version: str = "2025-06-18") -> None:
         answer = self.call(
             "initialize",
             {
-                "protocolVersion": "2025-06-18",
+                "protocolVersion": version,
                 "capabilities": {},
                 "clientInfo": {"name": "signals-test", "version": "0"},
             },
         )
-        assert "result" in answer, answer
+        assert answer["result"]["protocolVersion"] == version, answer
         self.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
 
     def log(self) -> str:
