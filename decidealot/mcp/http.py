@@ -30,21 +30,16 @@ from mcp.shared.inbound import (
     InboundLadderRejection,
     classify_inbound_request,
 )
-from mcp_types import (
-    PROTOCOL_VERSION_META_KEY,
-    UNSUPPORTED_PROTOCOL_VERSION,
-    JSONRPCMessage,
-    JSONRPCRequest,
-    UnsupportedProtocolVersionErrorData,
-)
+from mcp_types import UNSUPPORTED_PROTOCOL_VERSION, JSONRPCMessage, JSONRPCRequest
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from decidealot.asgi.body import Incoming, read_body
 from decidealot.asgi.middleware import send_error
 from decidealot.config import Settings
 from decidealot.errors import DecidealotError, UnsupportedMediaType
-from decidealot.mcp.server import SERVED_VERSIONS, ServiceBackend, build_server
+from decidealot.mcp.server import ServiceBackend, build_server
 from decidealot.mcp.strict import JsonRpcRefusal, checked
+from decidealot.mcp.versions import SERVED_VERSIONS, modern_version, unsupported_version
 from decidealot.service import Service
 
 MCP_PATH = "/mcp"
@@ -129,18 +124,6 @@ def _plain(scope: Scope, receive: Receive, body: bytes) -> tuple[Scope, Receive]
     return {**scope, "headers": headers}, replay
 
 
-def unsupported_version(requested: str, request_id: str | int | None) -> JsonRpcRefusal:
-    """-32022 naming every version served (the SDK's names the 2026 one only)."""
-    data = UnsupportedProtocolVersionErrorData(supported=list(SERVED_VERSIONS), requested=requested)
-    return JsonRpcRefusal(
-        UNSUPPORTED_PROTOCOL_VERSION,
-        f"Unsupported protocol version {requested!r}: this server speaks "
-        f"{', '.join(SERVED_VERSIONS)}",
-        data.model_dump(mode="json"),
-        request_id,
-    )
-
-
 def _misrouted(message: JSONRPCMessage, headers: dict[bytes, bytes]) -> JsonRpcRefusal | None:
     """The SDK routes a POST by its MCP-Protocol-Version header alone: a 2025 version (or none)
     to the handshake era, anything else to the 2026-07-28 entry. Two cases it gets wrong:
@@ -154,12 +137,8 @@ def _misrouted(message: JSONRPCMessage, headers: dict[bytes, bytes]) -> JsonRpcR
     raw = headers.get(MCP_PROTOCOL_VERSION_HEADER.encode())
     header = raw.decode("latin-1") if raw is not None else None
     request_id = message.id if isinstance(message, JSONRPCRequest) else None
-    meta = (
-        message.params.get("_meta")
-        if isinstance(message, JSONRPCRequest) and message.params
-        else None
-    )
-    if isinstance(meta, dict) and PROTOCOL_VERSION_META_KEY in meta:
+    version = modern_version(message)
+    if version is not None:
         if header in MODERN_PROTOCOL_VERSIONS:
             return None  # the SDK's 2026 entry checks the rest
         verdict = classify_inbound_request(
@@ -171,7 +150,7 @@ def _misrouted(message: JSONRPCMessage, headers: dict[bytes, bytes]) -> JsonRpcR
         if not isinstance(verdict, InboundLadderRejection):
             return None
         if verdict.code == UNSUPPORTED_PROTOCOL_VERSION:
-            return unsupported_version(str(meta[PROTOCOL_VERSION_META_KEY]), request_id)
+            return unsupported_version(str(version), request_id)
         return JsonRpcRefusal(verdict.code, verdict.message, verdict.data, request_id)
     if header is not None and header not in SERVED_VERSIONS:
         return unsupported_version(header, request_id)

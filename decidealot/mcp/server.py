@@ -33,7 +33,6 @@ from mcp_types import (
     RequestParams,
     TextContent,
 )
-from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, MODERN_PROTOCOL_VERSIONS
 
 from decidealot import __version__, logs, tracing
 from decidealot.contract import ErrorBody, Json, ValidationErrorBody, ValidationIssue
@@ -49,16 +48,13 @@ from decidealot.mcp.tools import (
     UNLOAD_MODELS,
     listing,
 )
+from decidealot.mcp.versions import SERVED_VERSIONS
 from decidealot.service import Service
 from decidealot.validation.requests import validate_batch, validate_request
 
 log = logging.getLogger("decidealot.mcp")
 
 Arguments = dict[str, Json]
-
-SERVED_VERSIONS = (*HANDSHAKE_PROTOCOL_VERSIONS, *MODERN_PROTOCOL_VERSIONS)
-"""Every protocol version served: the 2024-11-05 to 2025-11-25 ones through `initialize`, the
-2026-07-28 one per request. `server/discover` and every unsupported-version error name them all."""
 
 
 class ToolFailure(Exception):

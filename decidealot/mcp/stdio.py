@@ -31,6 +31,7 @@ from decidealot.config import ConfigError, Settings
 from decidealot.mcp.forward import ForwardingBackend
 from decidealot.mcp.server import Backend, ServiceBackend, build_server
 from decidealot.mcp.strict import JsonRpcRefusal, checked
+from decidealot.mcp.versions import SERVED_VERSIONS, modern_version, unsupported_version
 from decidealot.registry import from_env
 from decidealot.service import Service
 
@@ -189,7 +190,8 @@ class _ScreenedStdin:
     by the HTTP API's strict parser first and held to the SDK's schema
     (`decidealot.mcp.strict.checked`): a line that is not one JSON-RPC message (not JSON, a
     batch) never reaches the SDK, which would answer it nothing, and its refusal goes to
-    `refusals` instead. Blank lines are skipped."""
+    `refusals` instead; so does a 2026-07-28 request naming a version not served, whose -32022
+    names every version served (the SDK's names one). Blank lines are skipped."""
 
     def __init__(
         self, wire: anyio.AsyncFile[bytes], refusals: MemoryObjectSendStream[JsonRpcRefusal]
@@ -202,7 +204,10 @@ class _ScreenedStdin:
             if not line.strip():
                 continue
             try:
-                screened, _ = await asyncio.to_thread(checked, line)  # a parse: off the loop
+                screened, message = await asyncio.to_thread(checked, line)  # off the loop
+                version = modern_version(message)
+                if version is not None and version not in SERVED_VERSIONS:
+                    raise unsupported_version(str(version), getattr(message, "id", None))
             except JsonRpcRefusal as refusal:
                 self._refusals.send_nowait(refusal)
                 continue

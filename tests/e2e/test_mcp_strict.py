@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.support.mcp_clients import StdioServer, over_http, tool_outcome
+from tests.support.mcp_clients import StdioServer, forwarding, over_http, tool_outcome
 from tests.support.servers import RunningServer
 
 NOUL = b'{"type": "noul", "instructions": "Is human review needed?"}'
@@ -87,15 +87,8 @@ def over_mcp_http(server: RunningServer, message: bytes) -> dict[str, Any]:
 def stdio(
     gateway: RunningServer, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[StdioServer]:
-    server = StdioServer(
-        ["--url", gateway.url], {}, tmp_path_factory.mktemp("mcp-strict") / "stderr.log"
-    )
-    server.initialize()
-    yield server
-    server.process.kill()
-    server.process.wait()
-    assert server.process.stdin is not None
-    server.process.stdin.close()
+    with forwarding(gateway.url, tmp_path_factory.mktemp("mcp-strict")) as server:
+        yield server
 
 
 @pytest.mark.parametrize("case", list(REFUSED))

@@ -22,7 +22,13 @@ import httpx
 import pytest
 
 from decidealot.errors import RequestTooLarge
-from tests.support.mcp_clients import StdioServer, in_tool_terms, over_stdio, tool_outcome
+from tests.support.mcp_clients import (
+    StdioServer,
+    forwarding,
+    in_tool_terms,
+    over_stdio,
+    tool_outcome,
+)
 from tests.support.servers import RunningServer, start_server
 
 SERVED = ["2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25", "2026-07-28"]
@@ -59,13 +65,8 @@ def stdio(
     gateway: RunningServer, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[StdioServer]:
     """`decidealot mcp --url` after an initialize that negotiated 2025-03-26."""
-    server = StdioServer(
-        ["--url", gateway.url], {}, tmp_path_factory.mktemp("mcp-rules") / "stderr.log"
-    )
-    server.initialize("2025-03-26")
-    yield server
-    server.process.kill()
-    server.process.wait()
+    with forwarding(gateway.url, tmp_path_factory.mktemp("mcp-rules"), "2025-03-26") as server:
+        yield server
 
 
 # -- 1 -----------------------------------------------------------------------------------------
@@ -89,7 +90,7 @@ def test_a_2026_request_under_another_header_is_a_header_mismatch(gateway: Runni
 # -- 2 -----------------------------------------------------------------------------------------
 
 
-def test_every_served_version_is_named(gateway: RunningServer) -> None:
+def test_every_served_version_is_named(gateway: RunningServer, stdio: StdioServer) -> None:
     discover = {"MCP-Protocol-Version": "2026-07-28", "Mcp-Method": "server/discover"}
     answer = post(gateway, modern("server/discover"), discover)
     assert answer.status_code == 200, answer.text
@@ -98,6 +99,8 @@ def test_every_served_version_is_named(gateway: RunningServer) -> None:
     future = {"MCP-Protocol-Version": "2099-01-01", "Mcp-Method": "tools/list"}
     error = refused(post(gateway, modern("tools/list", "2099-01-01"), future), -32022, 3)
     assert error["data"] == {"supported": SERVED, "requested": "2099-01-01"}
+    stdio.send(modern("tools/list", "2099-01-01", request_id=5))
+    assert stdio.answer(5) == {"jsonrpc": "2.0", "id": 5, "error": error}
 
     legacy = {"jsonrpc": "2.0", "id": 4, "method": "tools/list", "params": {}}
     unknown = {"MCP-Protocol-Version": "2099-01-01"}

@@ -11,8 +11,8 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import IO, Any
 
@@ -102,7 +102,7 @@ class StdioServer:
     def call(self, method: str, params: dict[str, Any], timeout: float = 60) -> dict[str, Any]:
         self._next_id += 1
         self.send({"jsonrpc": "2.0", "id": self._next_id, "method": method, "params": params})
-        return self._answer(self._next_id, timeout)
+        return self.answer(self._next_id, timeout)
 
     def call_raw(self, message: bytes, timeout: float = 60) -> dict[str, Any]:
         """Send `message` (one JSON-RPC request, as raw bytes) and return its result."""
@@ -110,7 +110,7 @@ class StdioServer:
         assert self.process.stdin is not None
         self.process.stdin.write(message + b"\n")
         self.process.stdin.flush()
-        answer = self._answer(request_id, timeout)
+        answer = self.answer(request_id, timeout)
         assert "result" in answer, answer
         return answer["result"]
 
@@ -119,9 +119,10 @@ class StdioServer:
         assert self.process.stdin is not None
         self.process.stdin.write(line + b"\n")
         self.process.stdin.flush()
-        return self._answer(None, timeout)
+        return self.answer(None, timeout)
 
-    def _answer(self, request_id: int | None, timeout: float) -> dict[str, Any]:
+    def answer(self, request_id: int | None, timeout: float = 60) -> dict[str, Any]:
+        """The next answer to `request_id` (None: to a message whose id could not be read)."""
         deadline = time.monotonic() + timeout
         while True:
             answer = json.loads(self._lines.get(timeout=max(deadline - time.monotonic(), 0.01)))
@@ -142,3 +143,17 @@ class StdioServer:
 
     def log(self) -> str:
         return self.stderr.read_text()
+
+
+@contextmanager
+def forwarding(url: str, folder: Path, version: str = "2025-06-18") -> Iterator[StdioServer]:
+    """`decidealot mcp --url <url>` spoken to raw, initialized at `version`; killed after."""
+    server = StdioServer(["--url", url], {}, folder / "stderr.log")
+    try:
+        server.initialize(version)
+        yield server
+    finally:
+        server.process.kill()
+        server.process.wait()
+        if server.process.stdin is not None:
+            server.process.stdin.close()
