@@ -23,9 +23,12 @@ from decidealot.service import Service
 log = logging.getLogger("decidealot.http")
 
 PUBLIC_PATHS = frozenset({"/health", "/docs"})
-PUBLIC_PREFIXES = ("/docs/assets/",)
+PUBLIC_PREFIXES = ("/docs/assets/", "/.well-known/")
 """The Swagger page and its static assets: a browser cannot send a bearer token to open
-them; the page itself sends it for /openapi.json and every call (decidealot.http.docs)."""
+them; the page itself sends it for /openapi.json and every call (decidealot.http.docs). And
+the well-known paths OAuth clients probe after a 401 (`oauth-protected-resource`,
+`oauth-authorization-server`, ...): there is no OAuth here, and their 404 without a key tells a
+client so, where a 401 sends it on through discovery and registration to a dead end."""
 UNADMITTED_PATHS = frozenset({"/metrics"})
 """Behind auth, but answered while draining too: a scrape can watch the drain."""
 _METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
@@ -120,8 +123,9 @@ class Gateway:
                 if path in PUBLIC_PATHS or path.startswith(PUBLIC_PREFIXES):
                     await self._app(scope, receive, send_with_id)
                 elif self._key is not None and not self._authorized(headers):
+                    challenge = _challenge(headers)
                     await send_error(
-                        send_with_id, Unauthorized(), [(b"www-authenticate", b"Bearer")]
+                        send_with_id, Unauthorized(), [(b"www-authenticate", challenge)]
                     )
                 elif path in UNADMITTED_PATHS:
                     await self._app(scope, receive, send_with_id)
@@ -154,3 +158,11 @@ class Gateway:
         scheme, _, token = headers.get(b"authorization", b"").partition(b" ")
         # compare_digest runs in time independent of where the bytes differ
         return scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self._key)
+
+
+def _challenge(headers: dict[bytes, bytes]) -> bytes:
+    """RFC 6750's challenge: bare without credentials, `invalid_token` for a wrong one (or for
+    credentials in another scheme), so a client can tell a missing key from a wrong one."""
+    if b"authorization" not in headers:
+        return b"Bearer"
+    return b'Bearer error="invalid_token", error_description="the bearer token is not valid"'
