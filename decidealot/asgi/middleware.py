@@ -26,9 +26,12 @@ from decidealot.service import Service
 log = logging.getLogger("decidealot.http")
 
 PUBLIC_PATHS = frozenset({"/health", "/docs"})
-PUBLIC_PREFIXES = ("/docs/assets/",)
+PUBLIC_PREFIXES = ("/docs/assets/", "/.well-known/")
 """The Swagger page and its static assets: a browser cannot send a bearer token to open
-them; the page itself sends it for /openapi.json and every call (decidealot.http.docs)."""
+them; the page itself sends it for /openapi.json and every call (decidealot.http.docs). And
+the well-known paths OAuth clients probe after a 401 (`oauth-protected-resource`,
+`oauth-authorization-server`, ...): there is no OAuth here, and their 404 without a key tells a
+client so, where a 401 sends it on through discovery and registration to a dead end."""
 UNADMITTED_PATHS = frozenset({"/metrics"})
 """Behind auth, but answered while draining too: a scrape can watch the drain."""
 _CUT = ShuttingDown("the service shut down before this request finished")
@@ -129,8 +132,9 @@ class Gateway:
                 if path in PUBLIC_PATHS or path.startswith(PUBLIC_PREFIXES):
                     await self._app(scope, receive, send_with_id)
                 elif self._keys is not None and not (by := self._authorized(headers)):
+                    challenge = _challenge(headers)
                     await send_error(
-                        send_with_id, Unauthorized(), [(b"www-authenticate", b"Bearer")]
+                        send_with_id, Unauthorized(), [(b"www-authenticate", challenge)]
                     )
                 elif path in UNADMITTED_PATHS:
                     await self._app(scope, receive, send_with_id)
@@ -181,3 +185,11 @@ def key_id(key: str) -> str:
     """A key's short name for logs: the first 8 hex digits of its SHA-256, which say which key
     a client used without saying anything of a random key (`printf %s "$KEY" | sha256sum`)."""
     return hashlib.sha256(key.encode()).hexdigest()[:8]
+
+
+def _challenge(headers: dict[bytes, bytes]) -> bytes:
+    """RFC 6750's challenge: bare without credentials, `invalid_token` for a wrong one (or for
+    credentials in another scheme), so a client can tell a missing key from a wrong one."""
+    if b"authorization" not in headers:
+        return b"Bearer"
+    return b'Bearer error="invalid_token", error_description="the bearer token is not valid"'

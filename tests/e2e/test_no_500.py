@@ -51,7 +51,7 @@ def stdio(server: RunningServer, tmp_path_factory: pytest.TempPathFactory) -> It
     session = StdioServer(["--url", server.url], {}, stderr)
     for line in hostile.OPENING:
         session.write_line(line)
-    session.answers(hostile.requests_among(hostile.OPENING))
+    session.answers(hostile.answers_due(hostile.OPENING))
     yield session
     assert session.process.poll() is None  # no line ended the session
     session.process.stdin.close()  # type: ignore[union-attr]
@@ -64,6 +64,6 @@ def stdio(server: RunningServer, tmp_path_factory: pytest.TempPathFactory) -> It
 def test_no_stdio_line_ends_the_session(stdio: StdioServer, lines: list[bytes]) -> None:
     for line in lines:
         stdio.write_line(line)
-    for answer in stdio.answers(hostile.requests_among(lines)):
+    for answer in stdio.answers(hostile.answers_due(lines)):
         found = hostile.mcp_problem(200, {}, json.dumps(answer).encode())
         assert found is None, (lines, found)

@@ -24,10 +24,10 @@ from typing import Any
 import zstandard
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from mcp_types import JSONRPCRequest, jsonrpc_message_adapter
+from mcp_types import JSONRPCRequest
 
 from decidealot.asgi.body import zstd_window_limit
-from decidealot.mcp.strict import screen
+from decidealot.mcp.strict import JsonRpcRefusal, checked
 
 LIMIT = 4096
 """DECIDEALOT_MAX_REQUEST_BYTES of every server these requests go to."""
@@ -313,15 +313,18 @@ OPENING = [
 """The lines a client opens a stdio session with."""
 
 
-def requests_among(lines: list[bytes]) -> list[object]:
-    """The ids of the lines the SDK reads as requests (after our screen, as `decidealot mcp`
-    reads them), each of which it must answer."""
-    ids = []
+def answers_due(lines: list[bytes]) -> list[object]:
+    """The ids of the answers `decidealot mcp` owes `lines`: one to every line but a blank one
+    or a notification, its request's id, or null where it has none that can be read (a line
+    that is not one JSON-RPC message: `decidealot.mcp.strict.checked`)."""
+    ids: list[object] = []
     for line in lines:
-        text = screen(line).decode("utf-8", errors="replace")
+        if not line.strip():
+            continue
         try:
-            message = jsonrpc_message_adapter.validate_json(text, by_name=False)
-        except ValueError:
+            _, message = checked(line)
+        except JsonRpcRefusal as refusal:
+            ids.append(refusal.request_id)
             continue
         if isinstance(message, JSONRPCRequest):
             ids.append(message.id)
@@ -394,8 +397,12 @@ def mcp_problem(status: int, headers: Any, raw: bytes) -> str | None:
             return f"not JSON-RPC: {message!r}"[:500]
         result = message.get("result")
         if isinstance(result, dict) and result.get("isError"):
-            error = result.get("structuredContent")
-            if envelope_problem(422 if "detail" in (error or {}) else 400, error) is not None:
+            try:  # the envelope, as the content's text (and perhaps as structured content)
+                error = result.get("structuredContent") or json.loads(result["content"][0]["text"])
+            except (KeyError, IndexError, TypeError, ValueError):
+                error = None
+            status = 422 if isinstance(error, dict) and "detail" in error else 400
+            if envelope_problem(status, error) is not None:
                 return f"tool error without our envelope: {result!r}"[:500]
     return None
 

@@ -81,7 +81,7 @@ class _Wire:
     async def __aiter__(self) -> AsyncIterator[bytes]:
         for line in self._lines:
             yield line + b"\n"
-        expected = Counter(map(repr, hostile.requests_among(self._lines)))
+        expected = Counter(map(repr, hostile.answers_due(self._lines)))
         with anyio.fail_after(10):
             while not expected <= Counter(map(repr, self._out.answered())):
                 await anyio.sleep(0.005)
@@ -105,7 +105,7 @@ def test_no_stdio_line_ends_the_session(records: hostile.Records, lines: list[by
             await service.close()
 
     anyio.run(session)
-    event(f"{len(hostile.requests_among(lines))} requests")
+    event(f"{len(hostile.answers_due(lines))} requests")
     for line in out.written:
         found = hostile.mcp_problem(200, {}, line.encode())
         assert found is None, (lines, found)
