@@ -27,7 +27,7 @@ Parse = Callable[[str, str], object]
 """`parse(variable, raw)`: the value of a setting, or `ConfigError`."""
 
 Device = Literal["auto", "cpu", "cuda"]
-LogFormat = Literal["json", "text"]
+LogFormat = Literal["auto", "json", "text"]
 Precision = Literal["fp32", "int8", "bf16", "fp16"]
 
 PREFIX = "DECIDEALOT_"
@@ -200,7 +200,7 @@ class Settings(Section, frozen=True, kw_only=True):
     port: Annotated[int, setting(integer(low=1, high=65535))] = 8080
     api_key: Annotated[str | None, setting(secret)] = None
     log_level: Annotated[str, setting(choice(("debug", "info", "warning", "error")))] = "info"
-    log_format: Annotated[LogFormat, setting(choice(("json", "text")))] = "json"
+    log_format: Annotated[LogFormat, setting(choice(("auto", "json", "text")))] = "auto"
 
     # Request framing and batch limits.
     max_request_bytes: Annotated[int, setting(integer(low=1024))] = 2 * 1024 * 1024

@@ -22,10 +22,11 @@ from decidealot.service import Service
 
 log = logging.getLogger("decidealot.http")
 
-PUBLIC_PATHS = frozenset({"/health", "/docs"})
+PUBLIC_PATHS = frozenset({"/health", "/docs", "/docs/", "/openapi.json"})
 PUBLIC_PREFIXES = ("/docs/assets/",)
-"""The Swagger page and its static assets: a browser cannot send a bearer token to open
-them; the page itself sends it for /openapi.json and every call (decidealot.http.docs)."""
+"""The Swagger page, its static assets and the document it loads (no secret in any): a
+browser cannot send a bearer token to open them; Swagger's Authorize button takes the token
+for the calls the page makes (decidealot.http.docs)."""
 UNADMITTED_PATHS = frozenset({"/metrics"})
 """Behind auth, but answered while draining too: a scrape can watch the drain."""
 _METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
