@@ -272,7 +272,7 @@ def read_core(env: Mapping[str, str], known: set[str]) -> dict[str, object]:
     )
     if problem is not None:
         raise ConfigError(f"DECIDEALOT_PRECISION: {problem}")
-    values["trace_exporters"] = _trace_exporters(env)
+    values["trace_exporters"] = trace_exporters(env)
     return values
 
 
@@ -307,7 +307,7 @@ def _importable(module: str) -> bool:
         return False
 
 
-def _trace_exporters(env: Mapping[str, str]) -> tuple[str, ...]:
+def trace_exporters(env: Mapping[str, str]) -> tuple[str, ...]:
     """Tracing is off unless OTEL_TRACES_EXPORTER names otlp or an OTLP endpoint is set
     (and OTEL_SDK_DISABLED is not true); only OTLP over HTTP (http/protobuf) is supported."""
 

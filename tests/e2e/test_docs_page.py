@@ -10,9 +10,11 @@ a terminal as a person starts it, shows what startup logs there.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
+import shlex
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,6 +27,7 @@ from tests.support.checkpoints import TinyCheckpoints
 from tests.support.fake_embeddings import FakeEmbeddings
 from tests.support.servers import RunningServer, start_server
 
+ROOT = Path(__file__).resolve().parents[2]
 KEY = "docs-page-key-Qe4Xv7"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 CHROMIUM = "/usr/bin/chromium"
@@ -128,6 +131,35 @@ def test_every_example_is_answered_as_the_document_shows(served: RunningServer) 
     names = list(document["paths"]["/v1/systemone"]["post"]["requestBody"]["content"][
         "application/json"]["examples"])  # fmt: skip
     assert names == ["choice", "score", "noul", "clm-temperature"]
+
+
+def _readme_calls() -> list[tuple[str, str, bytes | None]]:
+    """Every `curl` the README shows: (method, path, body)."""
+    readme = (ROOT / "README.md").read_text()
+    blocks = re.findall(r"```bash\n(.*?)```", readme, re.S)
+    words = [word for block in blocks for word in shlex.split(block, comments=True)]
+    starts = [i for i, word in enumerate(words) if word == "curl"] + [len(words)]
+    calls = []
+    for start, end in itertools.pairwise(starts):
+        command = words[start:end]
+        (url,) = [w for w in command if w.startswith("http://127.0.0.1:8080")]
+        body = command[command.index("-d") + 1].encode() if "-d" in command else None
+        method = "POST" if body is not None or "-X" in command else "GET"
+        calls.append((method, url.removeprefix("http://127.0.0.1:8080"), body))
+    return calls
+
+
+def test_the_readme_calls_each_get_an_answer(served: RunningServer) -> None:
+    """The README's quick tour, a batch and an unload included, against a real server."""
+    calls = _readme_calls()
+    assert {path for _, path, _ in calls} >= {"/v1/systemone/batch", "/v1/models/unload"}
+    for method, path, body in calls:
+        headers = {"Content-Type": "application/json", **AUTH}
+        response = httpx.request(
+            method, served.url + path, content=body, headers=headers, timeout=120
+        )
+        assert response.status_code == 200, (path, response.text)
+    assert httpx.post(served.url + "/v1/models/unload", headers=AUTH).json()["status"] == "unloaded"
 
 
 def _chromium() -> str:

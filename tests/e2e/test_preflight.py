@@ -409,6 +409,31 @@ def test_offline_names_every_missing_bundle_and_its_replacement(
         assert all(needle in line for needle in needles), line
 
 
+def test_troubleshooting_shows_what_a_fresh_machine_without_the_hub_prints(
+    tmp_path: Path,
+) -> None:
+    """docs/troubleshooting.md's sample is the real message, word for word: default settings,
+    an empty model directory, a hub that cannot be reached (here a closed local port, shown as
+    the default endpoint)."""
+    endpoint = f"http://127.0.0.1:{_free_port()}"
+    result = run_cli(
+        "serve",
+        clear=("DECIDEALOT_", "HF_", "TRANSFORMERS_OFFLINE"),  # huggingface_hub reads both
+        HF_ENDPOINT=endpoint,
+        DECIDEALOT_MODEL_DIR=str(tmp_path / "models"),
+        DECIDEALOT_DEVICE="cpu",
+        DECIDEALOT_PORT=str(_free_port()),
+    )
+    assert result.returncode == 1, result.stderr
+    printed = result.stderr[result.stderr.index("decidealot: ") :].rstrip("\n")
+    printed = printed.replace(endpoint, "https://huggingface.co")
+    page = (ROOT / "docs" / "troubleshooting.md").read_text()
+    samples = [
+        block for block in page.split("```") if "enabled bundles cannot be prepared" in block
+    ]
+    assert [sample.strip("\n") for sample in samples] == [printed]
+
+
 def test_offline_the_printed_lines_are_enough_to_start(
     tmp_path: Path, serve: Callable[..., str]
 ) -> None:
