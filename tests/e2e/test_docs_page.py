@@ -25,6 +25,7 @@ import pytest
 
 from tests.support.checkpoints import TinyCheckpoints
 from tests.support.fake_embeddings import FakeEmbeddings
+from tests.support.mcp_clients import MCP_HEADERS, sse_json
 from tests.support.servers import RunningServer, start_server
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -39,7 +40,6 @@ CHROMIUM_ARGS = [
     "--disable-sync",
     "--no-first-run",
 ]
-MCP_HEADERS = {"Accept": "application/json, text/event-stream", **AUTH}
 TEXT_LINE = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (INFO|WARNING|ERROR|DEBUG) \S+ \[")
 
 
@@ -84,11 +84,6 @@ def _shape(value: Any) -> Any:
     return type(value).__name__ if not isinstance(value, int | float) else "number"
 
 
-def _sse_json(response: httpx.Response) -> Any:
-    data = [line[5:] for line in response.text.splitlines() if line.startswith("data:")]
-    return json.loads(data[0])
-
-
 def test_the_document_and_the_page_are_public_and_hold_no_key(served: RunningServer) -> None:
     document = httpx.get(served.url + "/openapi.json")
     assert document.status_code == 200
@@ -112,14 +107,14 @@ def test_every_example_is_answered_as_the_document_shows(served: RunningServer) 
         named = body.get("application/json", {}).get("examples", {})
         answers = operations.get("post", {}).get("responses", {}).get("200", {}).get("content", {})
         for name, example in named.items():
-            headers = MCP_HEADERS if path == "/mcp" else AUTH
+            headers = {**MCP_HEADERS, **AUTH} if path == "/mcp" else AUTH
             response = httpx.post(
                 served.url + path, json=example["value"], headers=headers, timeout=120
             )
             assert response.status_code == 200, (path, name, response.text)
             sent += 1
             if path == "/mcp":
-                reply = _sse_json(response)
+                reply = sse_json(response)
                 assert "error" not in reply and not reply["result"].get("isError"), reply
                 continue
             (media,) = answers.values()
@@ -131,35 +126,6 @@ def test_every_example_is_answered_as_the_document_shows(served: RunningServer) 
     names = list(document["paths"]["/v1/systemone"]["post"]["requestBody"]["content"][
         "application/json"]["examples"])  # fmt: skip
     assert names == ["choice", "score", "noul", "clm-temperature"]
-
-
-def _readme_calls() -> list[tuple[str, str, bytes | None]]:
-    """Every `curl` the README shows: (method, path, body)."""
-    readme = (ROOT / "README.md").read_text()
-    blocks = re.findall(r"```bash\n(.*?)```", readme, re.S)
-    words = [word for block in blocks for word in shlex.split(block, comments=True)]
-    starts = [i for i, word in enumerate(words) if word == "curl"] + [len(words)]
-    calls = []
-    for start, end in itertools.pairwise(starts):
-        command = words[start:end]
-        (url,) = [w for w in command if w.startswith("http://127.0.0.1:8080")]
-        body = command[command.index("-d") + 1].encode() if "-d" in command else None
-        method = "POST" if body is not None or "-X" in command else "GET"
-        calls.append((method, url.removeprefix("http://127.0.0.1:8080"), body))
-    return calls
-
-
-def test_the_readme_calls_each_get_an_answer(served: RunningServer) -> None:
-    """The README's quick tour, a batch and an unload included, against a real server."""
-    calls = _readme_calls()
-    assert {path for _, path, _ in calls} >= {"/v1/systemone/batch", "/v1/models/unload"}
-    for method, path, body in calls:
-        headers = {"Content-Type": "application/json", **AUTH}
-        response = httpx.request(
-            method, served.url + path, content=body, headers=headers, timeout=120
-        )
-        assert response.status_code == 200, (path, response.text)
-    assert httpx.post(served.url + "/v1/models/unload", headers=AUTH).json()["status"] == "unloaded"
 
 
 def _chromium() -> str:
@@ -213,6 +179,35 @@ def test_a_person_authorizes_tries_the_example_and_gets_a_decision(
     assert sum(answer["probabilities"].values()) == pytest.approx(1.0, abs=1e-3)
     access = [line for line in served.log_lines() if "POST /v1/systemone 200" in line]
     assert access  # the page's call reached the service with the key
+
+
+def _readme_calls() -> list[tuple[str, str, bytes | None]]:
+    """Every `curl` the README shows: (method, path, body)."""
+    readme = (ROOT / "README.md").read_text()
+    blocks = re.findall(r"```bash\n(.*?)```", readme, re.S)
+    words = [word for block in blocks for word in shlex.split(block, comments=True)]
+    starts = [i for i, word in enumerate(words) if word == "curl"] + [len(words)]
+    calls = []
+    for start, end in itertools.pairwise(starts):
+        command = words[start:end]
+        (url,) = [w for w in command if w.startswith("http://127.0.0.1:8080")]
+        body = command[command.index("-d") + 1].encode() if "-d" in command else None
+        method = "POST" if body is not None or "-X" in command else "GET"
+        calls.append((method, url.removeprefix("http://127.0.0.1:8080"), body))
+    return calls
+
+
+def test_the_readme_calls_each_get_an_answer(served: RunningServer) -> None:
+    """The README's quick tour, a batch and an unload included, against a real server."""
+    calls = _readme_calls()
+    assert {path for _, path, _ in calls} >= {"/v1/systemone/batch", "/v1/models/unload"}
+    for method, path, body in calls:
+        headers = {"Content-Type": "application/json", **AUTH}
+        response = httpx.request(
+            method, served.url + path, content=body, headers=headers, timeout=120
+        )
+        assert response.status_code == 200, (path, response.text)
+    assert httpx.post(served.url + "/v1/models/unload", headers=AUTH).json()["status"] == "unloaded"
 
 
 def test_startup_on_a_terminal_logs_text_and_tells_the_device_once(

@@ -34,6 +34,7 @@ from swagger_ui_bundle import swagger_ui_path
 from decidealot import registry
 from decidealot.http import openapi
 from decidealot.validation import requests as validation
+from tests.support.mcp_clients import MCP_HEADERS, sse_json
 from tests.support.servers import ALL_FAKES, RunningServer, start_server
 
 load_all_checks()
@@ -50,7 +51,6 @@ CASES = [
     # negative cases need an input to break; operations without one have none
     if mode == GenerationMode.POSITIVE or "requestBody" in _PATHS[path][method.lower()]
 ]
-MCP_HEADERS = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
 
 
 @pytest.fixture(scope="module")
@@ -244,11 +244,6 @@ def test_numbers_are_bounded_as_the_parser_bounds_them(gateway: RunningServer) -
     assert httpx.post(gateway.url + "/v1/systemone", content=inside).status_code == 200
 
 
-def _sse_json(response: httpx.Response) -> Any:
-    data = [line[5:] for line in response.text.splitlines() if line.startswith("data:")]
-    return json.loads(data[0])
-
-
 def test_openapi_and_mcp_state_the_same_bounds(gateway: RunningServer) -> None:
     """Questions, choice options, score levels and temperature: one source, both documents."""
     components = httpx.get(gateway.url + "/openapi.json").json()["components"]["schemas"]
@@ -257,7 +252,7 @@ def test_openapi_and_mcp_state_the_same_bounds(gateway: RunningServer) -> None:
         json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"},
         headers=MCP_HEADERS,
     )
-    tools = {tool["name"]: tool for tool in _sse_json(listing)["result"]["tools"]}
+    tools = {tool["name"]: tool for tool in sse_json(listing)["result"]["tools"]}
     mcp = tools["system_one"]["inputSchema"]
     in_batch = tools["system_one_batch"]["inputSchema"]["$defs"]
 

@@ -1,5 +1,6 @@
-"""MCP clients for tests: the official SDK's client over streamable HTTP and over stdio, and a
-raw stdio speaker for what the SDK will not send (signals, odd lines)."""
+"""MCP clients for tests: the official SDK's client over streamable HTTP and over stdio, a raw
+stdio speaker for what the SDK will not send (signals, odd lines), and the reading of a raw
+`POST /mcp` answer."""
 
 from __future__ import annotations
 
@@ -15,11 +16,21 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import IO, Any
 
+import httpx
 import httpx2
 from mcp import Client, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 
 from tests.support.servers import ROOT
+
+MCP_HEADERS = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
+"""What a raw `POST /mcp` sends: the SDK's transport wants both media types accepted."""
+
+
+def sse_json(response: httpx.Response) -> Any:
+    """The JSON-RPC message a raw `POST /mcp` answered with: its first server-sent event."""
+    data = [line[5:] for line in response.text.splitlines() if line.startswith("data:")]
+    return json.loads(data[0])
 
 
 @asynccontextmanager
