@@ -132,6 +132,12 @@ class ProviderDescriptor(Generic[S]):
     """How a user turns it off, for messages that offer it as a fix."""
     build: Callable[[Settings, S], Provider]
     """The provider, from the settings with every checkpoint setting filled."""
+    off: str = ""
+    """What a message says of it when it is off ("DECIDEALOT_LAYA_ENABLED=false"): a setting
+    that only matters while it is on (a bundle's, or one of `only_while_on`) and is set
+    anyway is refused with `<variable> is set but <off>`."""
+    only_while_on: tuple[str, ...] = ()
+    """Settings besides its bundles' that mean nothing while it is off."""
     local: bool = True
     """Decisions run on this host, in a worker, and take a residency slot."""
     selectors: tuple[ModelInfo, ...] = ()
@@ -143,7 +149,7 @@ class ProviderDescriptor(Generic[S]):
     free_of_lane: Callable[[S], bool] = lambda section: False
     """True where its settings take it off every lane (it then overlaps other models)."""
     check: Callable[[S], None] = lambda section: None
-    """Raises `ConfigError` for settings that each parse but contradict each other."""
+    """Raises `ConfigError` for other settings that each parse but contradict each other."""
     tiny: Tiny | None = None
 
     def of(self, settings: Settings) -> S:
@@ -154,6 +160,14 @@ class ProviderDescriptor(Generic[S]):
         if not isinstance(section, self.settings):
             raise TypeError(f"settings section {self.name!r} is not a {self.settings.__name__}")
         return section
+
+    def refuse_contradictions(self, section: S) -> None:
+        """`ConfigError` for a setting that is set while the provider is off, then `check`."""
+        if not self.enabled(section):
+            for field in (*(b.setting for b in self.bundles), *self.only_while_on):
+                if getattr(section, field) is not None:
+                    raise ConfigError(f"{config.variable(field)} is set but {self.off}")
+        self.check(section)
 
     def lane_for(self, section: S, device: str) -> tuple[str | None, str]:
         """The residency lane and group of this local provider on `device`.
@@ -233,7 +247,7 @@ def from_env(environ: Mapping[str, str] | None = None) -> Settings:
     sections = {d.name: d.settings(**config.read(d.settings, env, known)) for d in registered()}
     config.refuse_unknown(env, known)
     for each in registered():
-        each.check(sections[each.name])
+        each.refuse_contradictions(sections[each.name])
     return Settings(**core, sections=sections)  # type: ignore[arg-type]
 
 

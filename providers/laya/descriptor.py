@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated
 
-from decidealot.config import ConfigError, Section, Settings, boolean, directory, setting, variable
+from decidealot.config import Section, Settings, boolean, directory, setting
 from decidealot.contract import ModelInfo
 from decidealot.protocols import Provider
 from decidealot.providers.gateway.checkpoint_provider import CheckpointProvider
@@ -67,16 +67,6 @@ def _setting(key: str) -> str:
     return f"laya_{key.replace('-', '_')}_checkpoint"
 
 
-def _check(section: LayaSettings) -> None:
-    if section.laya_enabled:
-        return
-    for key in CHECKPOINTS:
-        if section.checkpoint(key) is not None:
-            raise ConfigError(
-                f"{variable(_setting(key))} is set but {variable('laya_enabled')}=false"
-            )
-
-
 def _build(settings: Settings, section: LayaSettings) -> Provider:
     """Nothing is preloaded: the worker loads a checkpoint on its first job, so a deployment
     that only ever routes to one never holds the other two in memory."""
@@ -96,12 +86,12 @@ DESCRIPTOR = ProviderDescriptor(
     settings=LayaSettings,
     enabled=lambda section: section.laya_enabled,
     switch_off="DECIDEALOT_LAYA_ENABLED=false to turn Laya off",
+    off="DECIDEALOT_LAYA_ENABLED=false",
     build=_build,
     selectors=SELECTORS,
     bundles=tuple(
         Bundle(f"laya-{key}", _setting(key), files=FILES, checks=CHECKS) for key in CHECKPOINTS
     ),
     lane_group="models",
-    check=_check,
     tiny=Tiny("decidealot.providers.laya.tiny:write_bundles"),
 )

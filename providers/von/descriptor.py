@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated
 
-from decidealot.config import ConfigError, Section, Settings, boolean, directory, setting
+from decidealot.config import Section, Settings, boolean, directory, setting
 from decidealot.contract import ModelInfo
 from decidealot.protocols import Provider
 from decidealot.providers.gateway.checkpoint_provider import CheckpointProvider, only
@@ -39,11 +39,6 @@ class VonSettings(Section, frozen=True, kw_only=True):
     von_checkpoint: Annotated[Path | None, setting(directory)] = None
 
 
-def _check(section: VonSettings) -> None:
-    if not section.von_enabled and section.von_checkpoint is not None:
-        raise ConfigError("DECIDEALOT_VON_CHECKPOINT is set but DECIDEALOT_VON_ENABLED=false")
-
-
 def _build(settings: Settings, section: VonSettings) -> Provider:
     """Every selector is an alias of the one checkpoint, loaded at worker start."""
     return CheckpointProvider.in_worker(
@@ -63,10 +58,10 @@ DESCRIPTOR = ProviderDescriptor(
     settings=VonSettings,
     enabled=lambda section: section.von_enabled,
     switch_off="DECIDEALOT_VON_ENABLED=false to turn Von off",
+    off="DECIDEALOT_VON_ENABLED=false",
     build=_build,
     selectors=SELECTORS,
     bundles=(Bundle(CHECKPOINT, "von_checkpoint", files=FILES, checks=CHECKS),),
     lane_group="models",
-    check=_check,
     tiny=Tiny("decidealot.providers.von.tiny:write_bundles"),
 )

@@ -55,6 +55,7 @@ def test_models_prints_the_local_catalog() -> None:
     assert names == ["von", "von-latest", "von-1.1", "von-1.1.0"]
 
 
+@pytest.mark.smoke
 def test_serve_runs_until_sigterm() -> None:
     port = _free_port()
     clean = {k: v for k, v in os.environ.items() if not k.startswith("DECIDEALOT_")}

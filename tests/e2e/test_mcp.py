@@ -172,6 +172,7 @@ async def _assert_parity(client: Client, api: httpx.AsyncClient) -> None:
 # -- streamable HTTP ---------------------------------------------------------------------------
 
 
+@pytest.mark.smoke
 @pytest.mark.parametrize("mode", ["legacy", "auto"])
 async def test_http_answers_equal_the_http_api(gateway: RunningServer, mode: str) -> None:
     async with (
@@ -317,6 +318,7 @@ async def test_oversized_arguments_are_413() -> None:
 # -- stdio -------------------------------------------------------------------------------------
 
 
+@pytest.mark.smoke
 async def test_stdio_forwarding_equals_the_http_api(gateway: RunningServer) -> None:
     async with (
         httpx.AsyncClient(base_url=gateway.url, timeout=30) as api,

@@ -159,3 +159,13 @@ ALL_FAKES = {
     "DECIDEALOT_CLM_EMBEDDINGS_URL": "http://127.0.0.1:9/v1",
     "DECIDEALOT_TYPESAFE_API_KEY": "upstream-key",
 }
+
+GATEWAY = {
+    **ALL_FAKES,
+    "DECIDEALOT_MAX_BATCH_REQUESTS": "8",
+    "DECIDEALOT_MAX_BATCH_CONCURRENCY": "2",
+    "DECIDEALOT_MAX_RESIDENT_PROVIDERS": "3",
+}
+"""The shared gateway's settings (conftest's `gateway` server, tests/support/app.py's in-process
+app): Laya, Von, CLM and Jev fakes; batches capped at 8 items, 2 concurrent calls, 3 resident
+providers."""

@@ -1,6 +1,8 @@
-"""POST /v1/systemone/batch over real HTTP: order, lanes, the concurrency cap, all-or-nothing.
+"""POST /v1/systemone/batch through the production app in-process (Litestar's test client):
+order, lanes, the concurrency cap, all-or-nothing.
 
-The session gateway allows 3 resident providers and 2 simultaneous batch provider calls.
+The module's app (tests/support/app.py's GATEWAY settings) allows 3 resident providers and 2
+simultaneous batch provider calls.
 """
 
 from __future__ import annotations
@@ -12,7 +14,9 @@ from typing import Any
 
 import httpx
 
-from tests.support.servers import RunningServer
+from tests.support.app import GATEWAY, InProcessApp, app_fixture
+
+gateway = app_fixture("gateway", **GATEWAY)
 
 
 def item(model: str, tag: str, sleep: float = 0.0, fail: str | None = None) -> dict[str, Any]:
@@ -26,15 +30,15 @@ def item(model: str, tag: str, sleep: float = 0.0, fail: str | None = None) -> d
     }
 
 
-def run(server: RunningServer, items: list[dict[str, Any]]) -> httpx.Response:
-    return httpx.post(server.url + "/v1/systemone/batch", json={"requests": items}, timeout=30)
+def run(app: InProcessApp, items: list[dict[str, Any]]) -> httpx.Response:
+    return app.client.post("/v1/systemone/batch", json={"requests": items})
 
 
-def events_for(server: RunningServer, prefix: str) -> list[dict[str, Any]]:
-    return [e for e in server.events() if str(e["tag"]).startswith(prefix)]
+def events_for(app: InProcessApp, prefix: str) -> list[dict[str, Any]]:
+    return [e for e in app.events() if str(e["tag"]).startswith(prefix)]
 
 
-def test_results_come_back_in_input_order(gateway: RunningServer) -> None:
+def test_results_come_back_in_input_order(gateway: InProcessApp) -> None:
     p = uuid.uuid4().hex
     response = run(gateway, [item("von", p + "slow", 0.4), item("jev-latest", p + "fast")])
     assert response.status_code == 200
@@ -45,7 +49,7 @@ def test_results_come_back_in_input_order(gateway: RunningServer) -> None:
     assert fast["end"] < slow["end"]  # the other model finished first, yet came second
 
 
-def test_items_of_one_model_run_in_input_order(gateway: RunningServer) -> None:
+def test_items_of_one_model_run_in_input_order(gateway: InProcessApp) -> None:
     p = uuid.uuid4().hex
     sleeps = [0.2, 0.0, 0.1, 0.0]
     items = [
@@ -58,7 +62,7 @@ def test_items_of_one_model_run_in_input_order(gateway: RunningServer) -> None:
         assert after["start"] >= before["end"]  # one at a time
 
 
-def test_batch_calls_are_capped(gateway: RunningServer) -> None:
+def test_batch_calls_are_capped(gateway: InProcessApp) -> None:
     p = uuid.uuid4().hex
     items = [item(m, f"{p}{m}", 0.3) for m in ("laya", "von", "clm", "jev-latest")]
     assert run(gateway, items).status_code == 200
@@ -70,7 +74,7 @@ def test_batch_calls_are_capped(gateway: RunningServer) -> None:
     assert overlap == 2  # different models overlap, but never more than the cap
 
 
-def test_a_failure_fails_the_whole_batch(gateway: RunningServer) -> None:
+def test_a_failure_fails_the_whole_batch(gateway: InProcessApp) -> None:
     p = uuid.uuid4().hex
     items = [
         item("von", p + "first"),
@@ -86,7 +90,7 @@ def test_a_failure_fails_the_whole_batch(gateway: RunningServer) -> None:
     assert p + "never" not in ran  # later items of the failed model are not forwarded
 
 
-def test_a_provider_input_error_names_the_item(gateway: RunningServer) -> None:
+def test_a_provider_input_error_names_the_item(gateway: InProcessApp) -> None:
     p = uuid.uuid4().hex
     response = run(gateway, [item("laya", p + "a"), item("von", p + "b", fail="input")])
     assert response.status_code == 422
@@ -100,7 +104,7 @@ def test_a_provider_input_error_names_the_item(gateway: RunningServer) -> None:
     ]
 
 
-def test_the_lowest_failed_index_is_reported(gateway: RunningServer) -> None:
+def test_the_lowest_failed_index_is_reported(gateway: InProcessApp) -> None:
     p = uuid.uuid4().hex
     items = [item("laya", p + "a", 0.2, fail="input"), item("von", p + "b", fail="unavailable")]
     response = run(gateway, items)
@@ -108,14 +112,14 @@ def test_the_lowest_failed_index_is_reported(gateway: RunningServer) -> None:
     assert response.json()["detail"][0]["loc"][:3] == ["body", "requests", 0]
 
 
-def test_one_batch_answers_like_single_requests(gateway: RunningServer) -> None:
+def test_one_batch_answers_like_single_requests(gateway: InProcessApp) -> None:
     items = [item("laya-typed-decisions", "x"), item("clm-latest", "y")]
     batch = run(gateway, items).json()["results"]
-    singles = [httpx.post(gateway.url + "/v1/systemone", json=i).json() for i in items]
+    singles = [gateway.client.post("/v1/systemone", json=i).json() for i in items]
     assert batch == singles
 
 
-def test_the_cap_holds_across_batches(gateway: RunningServer) -> None:
+def test_the_cap_holds_across_batches(gateway: InProcessApp) -> None:
     p = uuid.uuid4().hex
     batches = [
         [item("laya", f"{p}a1", 0.3), item("jev-latest", f"{p}a2", 0.3)],

@@ -477,6 +477,7 @@ def test_damaged_install_is_replaced(hub_repo: TinyHub) -> None:
     assert marker.read_bytes() == hub_repo.von["option_marker.pt"][0]
 
 
+@pytest.mark.slow  # a real worker or command: the full suite, not the quick loop
 def test_killed_mid_download_then_restart_finishes_verified(hub_repo: TinyHub) -> None:
     hub_repo.hub.faults["option_marker.pt"] = "stall"
     code = "from decidealot import cli; cli.main(['prepare'])"
@@ -507,6 +508,7 @@ def test_killed_mid_download_then_restart_finishes_verified(hub_repo: TinyHub) -
     assert not staging.exists()
 
 
+@pytest.mark.slow  # a real worker or command: the full suite, not the quick loop
 def test_run_prepare_exit_codes_and_no_torch(hub_repo: TinyHub) -> None:
     code = (
         "import sys; from decidealot import cli\n"
@@ -604,6 +606,7 @@ def _health(port: int) -> httpx.Response | None:
         return None
 
 
+@pytest.mark.slow  # a real worker or command: the full suite, not the quick loop
 def test_serve_answers_health_only_after_bundles_are_ready(hub_repo: TinyHub) -> None:
     port = _free_port()
     hub_repo.hub.faults["option_marker.pt"] = "stall"
@@ -624,6 +627,7 @@ def test_serve_answers_health_only_after_bundles_are_ready(hub_repo: TinyHub) ->
         server.wait(20)
 
 
+@pytest.mark.slow  # a real worker or command: the full suite, not the quick loop
 def test_serve_exits_before_listening_when_a_bundle_fails(hub_repo: TinyHub) -> None:
     port = _free_port()
     hub_repo.hub.faults["option_marker.pt"] = "missing"

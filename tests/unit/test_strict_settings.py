@@ -100,6 +100,7 @@ def test_every_setting_is_spelled_in_full_in_the_docs() -> None:
     assert sorted(registry.known_variables() - documented) == []
 
 
+@pytest.mark.slow  # a real worker or command: the full suite, not the quick loop
 @pytest.mark.parametrize("command", COMMANDS)
 def test_each_command_stops_on_a_refused_setting_with_its_one_line(command: str) -> None:
     """Over the real command: exit 2, the one line `from_env` refuses with, no traceback, no

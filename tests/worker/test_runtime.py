@@ -470,6 +470,7 @@ asyncio.run(main())
 """
 
 
+@pytest.mark.slow  # a real worker or command: the full suite, not the quick loop
 @pytest.mark.parametrize(
     "kill, state", [(signal.SIGKILL, "idle"), (signal.SIGKILL, "busy"), (signal.SIGTERM, "busy")]
 )
@@ -524,6 +525,7 @@ print(",".join(heavy) or "none")
 """
 
 
+@pytest.mark.slow  # a real worker or command: the full suite, not the quick loop
 def test_the_gateway_never_imports_torch() -> None:
     result = subprocess.run(
         [sys.executable, "-c", NO_TORCH, *GATEWAY_MODULES],
