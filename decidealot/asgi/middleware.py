@@ -23,10 +23,13 @@ from decidealot.service import Service
 log = logging.getLogger("decidealot.http")
 
 PUBLIC_PATHS = frozenset({"/health", "/docs", "/docs/", "/openapi.json"})
-PUBLIC_PREFIXES = ("/docs/assets/",)
+PUBLIC_PREFIXES = ("/docs/assets/", "/.well-known/")
 """The Swagger page, its static assets and the document it loads (no secret in any): a
 browser cannot send a bearer token to open them; Swagger's Authorize button takes the token
-for the calls the page makes (decidealot.http.docs)."""
+for the calls the page makes (decidealot.http.docs). And the well-known paths OAuth clients
+probe after a 401 (`oauth-protected-resource`, `oauth-authorization-server`, ...): there is no
+OAuth here, and their 404 without a key tells a client so, where a 401 sends it on through
+discovery and registration to a dead end."""
 UNADMITTED_PATHS = frozenset({"/metrics"})
 """Behind auth, but answered while draining too: a scrape can watch the drain."""
 _METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
@@ -121,8 +124,9 @@ class Gateway:
                 if path in PUBLIC_PATHS or path.startswith(PUBLIC_PREFIXES):
                     await self._app(scope, receive, send_with_id)
                 elif self._key is not None and not self._authorized(headers):
+                    challenge = _challenge(headers)
                     await send_error(
-                        send_with_id, Unauthorized(), [(b"www-authenticate", b"Bearer")]
+                        send_with_id, Unauthorized(), [(b"www-authenticate", challenge)]
                     )
                 elif path in UNADMITTED_PATHS:
                     await self._app(scope, receive, send_with_id)
@@ -155,3 +159,11 @@ class Gateway:
         scheme, _, token = headers.get(b"authorization", b"").partition(b" ")
         # compare_digest runs in time independent of where the bytes differ
         return scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self._key)
+
+
+def _challenge(headers: dict[bytes, bytes]) -> bytes:
+    """RFC 6750's challenge: bare without credentials, `invalid_token` for a wrong one (or for
+    credentials in another scheme), so a client can tell a missing key from a wrong one."""
+    if b"authorization" not in headers:
+        return b"Bearer"
+    return b'Bearer error="invalid_token", error_description="the bearer token is not valid"'

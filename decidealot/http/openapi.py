@@ -131,15 +131,9 @@ async def accepted_models(catalog: Catalog) -> dict[str, bool] | None:
 def _declare_models(request: dict[str, Any], models: dict[str, bool] | None) -> None:
     """`model` as the enum of accepted names, and `config` by model: a temperature only for
     the selectors that take one, so a schema-valid body is never refused for either."""
-    model = request["properties"]["model"]
+    schema.declare_models(request, None if models is None else list(models), "GET /v1/models")
     if models is None:
-        model["description"] = (
-            "A name from GET /v1/models (the hosted catalog could not be read when this "
-            "document was served, so the names are not listed here)."
-        )
         return
-    model["enum"] = list(models)
-    model["description"] = "A name from GET /v1/models: the catalog when this was served."
     tempered = [name for name, temperature in models.items() if temperature]
     plain = [name for name, temperature in models.items() if not temperature]
     choices = [
@@ -261,8 +255,18 @@ def build(settings: Settings, models: dict[str, bool] | None = None) -> dict[str
                         },
                         "202": {"description": "A notification or response, accepted."},
                         "400": {
-                            "description": "MALFORMED_BODY: not one JSON-RPC 2.0 message.",
-                            "content": {"application/json": {"schema": _ref("ErrorBody")}},
+                            "description": (
+                                "A JSON-RPC error: not JSON (-32700), a batch or not one "
+                                "JSON-RPC 2.0 message (-32600), a protocol version header "
+                                "that disagrees with the body (-32020) or names no version "
+                                "served (-32022); or MALFORMED_BODY, a gzip/zstd body that "
+                                "cannot be decoded."
+                            ),
+                            "content": {
+                                "application/json": {
+                                    "schema": {"anyOf": [_ref("JSONRPCError"), _ref("ErrorBody")]}
+                                }
+                            },
                         },
                         **guarded,
                         "403": _text("The SDK's DNS-rebinding check: an Origin not allowed."),

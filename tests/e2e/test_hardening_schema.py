@@ -165,17 +165,20 @@ def test_mcp_without_a_content_type_gets_our_envelope(gateway: RunningServer) ->
 
 
 def test_mcp_refuses_what_the_document_calls_invalid(gateway: RunningServer) -> None:
-    """The SDK's own parse is lax; a body outside its JSON-RPC schema is our 400, and a valid
-    message still reaches it."""
+    """The SDK's own parse is lax; a body outside its JSON-RPC schema is a JSON-RPC invalid
+    request (400), with the id when it has one, and a valid message still reaches it."""
     invalid = [
-        {"jsonrpc": "2.0", "id": None, "error": {"code": False, "message": ""}},
-        {"jsonrpc": "2.0", "id": 1, "result": []},
-        {"jsonrpc": "1.0", "id": 1, "method": "tools/list"},
+        ({"jsonrpc": "2.0", "id": None, "error": {"code": False, "message": ""}}, None),
+        ({"jsonrpc": "2.0", "id": 1, "result": []}, 1),
+        ({"jsonrpc": "1.0", "id": "a", "method": "tools/list"}, "a"),
     ]
-    for message in invalid:
+    for message, request_id in invalid:
         response = httpx.post(gateway.url + "/mcp", json=message, headers=MCP_HEADERS)
         assert response.status_code == 400, message
-        assert response.json()["code"] == "MALFORMED_BODY"
+        assert response.headers["content-type"] == "application/json"
+        refused = response.json()
+        assert refused["jsonrpc"] == "2.0" and refused["id"] == request_id, refused
+        assert refused["error"]["code"] == -32600, refused
     valid = {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}
     assert httpx.post(gateway.url + "/mcp", json=valid, headers=MCP_HEADERS).status_code == 200
     # a JSON media type the REST API takes reaches the SDK as plain JSON, not its text 400

@@ -1,6 +1,7 @@
 """MCP clients for tests: the official SDK's client over streamable HTTP and over stdio, a raw
-stdio speaker for what the SDK will not send (signals, odd lines), and the reading of a raw
-`POST /mcp` answer."""
+stdio speaker for what the SDK will not send (signals, odd lines), how a tool result reads
+(`tool_outcome`), and the reading of a raw `POST /mcp` answer (`sse_json`). The TypeScript SDK
+and the Inspector are in `tests.support.node_clients`."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import IO, Any
 
@@ -20,6 +21,7 @@ import httpx
 import httpx2
 from mcp import Client, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
+from mcp_types import CallToolResult
 
 from tests.support.servers import ROOT
 
@@ -31,6 +33,26 @@ def sse_json(response: httpx.Response) -> Any:
     """The JSON-RPC message a raw `POST /mcp` answered with: its first server-sent event."""
     data = [line[5:] for line in response.text.splitlines() if line.startswith("data:")]
     return json.loads(data[0])
+
+
+def tool_outcome(result: CallToolResult | dict[str, Any]) -> tuple[bool, Any]:
+    """A `tools/call` result (the SDK's, or as JSON) as (is_error, body): a result's structured
+    content, which its one text block repeats; an error's text block, the envelope, and no
+    structured content (docs/mcp.md says why)."""
+    if not isinstance(result, dict):
+        result = result.model_dump(by_alias=True, mode="json", exclude_none=True)
+    [block] = result["content"]
+    body = json.loads(block["text"])
+    if result.get("isError", False):
+        assert "structuredContent" not in result, result
+        return True, body
+    assert result["structuredContent"] == body, result
+    return False, body
+
+
+def in_tool_terms(envelope: Any) -> Any:
+    """An HTTP API error envelope as an MCP client is told it: routes named as the tools."""
+    return json.loads(json.dumps(envelope).replace("GET /v1/models", "list_models"))
 
 
 @asynccontextmanager
@@ -91,7 +113,7 @@ class StdioServer:
     def call(self, method: str, params: dict[str, Any], timeout: float = 60) -> dict[str, Any]:
         self._next_id += 1
         self.send({"jsonrpc": "2.0", "id": self._next_id, "method": method, "params": params})
-        return self._answer(self._next_id, timeout)
+        return self.answer(self._next_id, timeout)
 
     def call_raw(self, message: bytes, timeout: float = 60) -> dict[str, Any]:
         """Send `message` (one JSON-RPC request, as raw bytes) and return its result."""
@@ -99,28 +121,50 @@ class StdioServer:
         assert self.process.stdin is not None
         self.process.stdin.write(message + b"\n")
         self.process.stdin.flush()
-        answer = self._answer(request_id, timeout)
+        answer = self.answer(request_id, timeout)
         assert "result" in answer, answer
         return answer["result"]
 
-    def _answer(self, request_id: int, timeout: float) -> dict[str, Any]:
+    def send_line(self, line: bytes, timeout: float = 60) -> dict[str, Any]:
+        """Send one raw line; the error answered to it (JSON-RPC's id null: no id was read)."""
+        assert self.process.stdin is not None
+        self.process.stdin.write(line + b"\n")
+        self.process.stdin.flush()
+        return self.answer(None, timeout)
+
+    def answer(self, request_id: int | None, timeout: float = 60) -> dict[str, Any]:
+        """The next answer to `request_id` (None: to a message whose id could not be read)."""
         deadline = time.monotonic() + timeout
         while True:
             answer = json.loads(self._lines.get(timeout=max(deadline - time.monotonic(), 0.01)))
-            if answer.get("id") == request_id:
+            if answer.get("id") == request_id and ("method" not in answer):
                 return answer
 
-    def initialize(self) -> None:
+    def initialize(self, version: str = "2025-06-18") -> None:
         answer = self.call(
             "initialize",
             {
-                "protocolVersion": "2025-06-18",
+                "protocolVersion": version,
                 "capabilities": {},
                 "clientInfo": {"name": "signals-test", "version": "0"},
             },
         )
-        assert "result" in answer, answer
+        assert answer["result"]["protocolVersion"] == version, answer
         self.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
 
     def log(self) -> str:
         return self.stderr.read_text()
+
+
+@contextmanager
+def forwarding(url: str, folder: Path, version: str = "2025-06-18") -> Iterator[StdioServer]:
+    """`decidealot mcp --url <url>` spoken to raw, initialized at `version`; killed after."""
+    server = StdioServer(["--url", url], {}, folder / "stderr.log")
+    try:
+        server.initialize(version)
+        yield server
+    finally:
+        server.process.kill()
+        server.process.wait()
+        if server.process.stdin is not None:
+            server.process.stdin.close()

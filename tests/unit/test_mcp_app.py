@@ -8,6 +8,7 @@ import json
 from typing import Any
 
 from tests.support.app import GATEWAY, InProcessApp, app_fixture
+from tests.support.mcp_clients import in_tool_terms, tool_outcome
 
 HEADERS = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
 DECISION: dict[str, Any] = {
@@ -35,9 +36,8 @@ def test_tools_are_listed_with_their_schemas(gateway: InProcessApp) -> None:
 
 def test_a_decision_equals_the_http_answer(gateway: InProcessApp) -> None:
     result = rpc(gateway, "tools/call", {"name": "system_one", "arguments": DECISION})
-    assert result["isError"] is False
     http = gateway.client.post("/v1/systemone", json=DECISION)
-    assert result["structuredContent"] == http.json()
+    assert tool_outcome(result) == (False, http.json())
 
 
 def test_a_bad_call_is_the_http_apis_422_as_a_tool_error(gateway: InProcessApp) -> None:
@@ -45,8 +45,8 @@ def test_a_bad_call_is_the_http_apis_422_as_a_tool_error(gateway: InProcessApp) 
     result = rpc(gateway, "tools/call", {"name": "system_one", "arguments": arguments})
     http = gateway.client.post("/v1/systemone", json=arguments)
     assert http.status_code == 422
-    assert result["isError"] is True
-    assert json.loads(result["content"][0]["text"]) == http.json()
+    assert tool_outcome(result) == (True, in_tool_terms(http.json()))
+    assert "list_models" in json.loads(result["content"][0]["text"])["detail"][0]["msg"]
 
 
 def test_arguments_pass_the_strict_json_parser(gateway: InProcessApp) -> None:
@@ -58,3 +58,26 @@ def test_arguments_pass_the_strict_json_parser(gateway: InProcessApp) -> None:
     assert result["isError"] is True
     (issue,) = json.loads(result["content"][0]["text"])["detail"]
     assert issue["type"] == "json_invalid" and "duplicate object key 'model'" in issue["msg"]
+
+
+def test_the_model_enum_lists_the_names_now(gateway: InProcessApp) -> None:
+    tools = {tool["name"]: tool for tool in rpc(gateway, "tools/list", {})["tools"]}
+    names = [m["name"] for m in gateway.client.get("/v1/models").json()["models"]]
+    assert tools["system_one"]["inputSchema"]["properties"]["model"]["enum"] == names
+
+
+def test_bodies_that_are_not_one_message_get_json_rpc_errors(gateway: InProcessApp) -> None:
+    meta = {
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {},
+    }
+    modern = {"jsonrpc": "2.0", "id": 3, "method": "tools/list", "params": {"_meta": meta}}
+    for body, headers, code in (
+        (b"{", {}, -32700),
+        (b'[{"jsonrpc": "2.0", "id": 1, "method": "ping"}]', {}, -32600),
+        (json.dumps(modern).encode(), {"MCP-Protocol-Version": "2025-06-18"}, -32020),
+        (b'{"jsonrpc": "2.0", "id": 4, "method": "ping"}', {"MCP-Protocol-Version": "1"}, -32022),
+    ):
+        response = gateway.client.post("/mcp", content=body, headers=HEADERS | headers)
+        assert response.status_code == 400, response.text
+        assert response.json()["error"]["code"] == code, response.text
