@@ -28,7 +28,7 @@ Parse = Callable[[str, str], object]
 """`parse(variable, raw)`: the value of a setting, or `ConfigError`."""
 
 Device = Literal["auto", "cpu", "cuda"]
-LogFormat = Literal["json", "text"]
+LogFormat = Literal["auto", "json", "text"]
 Precision = Literal["fp32", "int8", "bf16", "fp16"]
 
 PREFIX = "DECIDEALOT_"
@@ -219,7 +219,7 @@ class Settings(Section, frozen=True, kw_only=True):
     api_key: Annotated[tuple[str, ...] | None, setting(secrets)] = None
     """The keys any of which opens every route but /health and /docs (rotation: several)."""
     log_level: Annotated[str, setting(choice(("debug", "info", "warning", "error")))] = "info"
-    log_format: Annotated[LogFormat, setting(choice(("json", "text")))] = "json"
+    log_format: Annotated[LogFormat, setting(choice(("auto", "json", "text")))] = "auto"
 
     # Request framing and batch limits.
     max_request_bytes: Annotated[int, setting(integer(low=1024))] = 2 * 1024 * 1024
@@ -319,7 +319,7 @@ def read_core(env: Mapping[str, str], known: set[str]) -> dict[str, object]:
     )
     if problem is not None:
         raise ConfigError(f"DECIDEALOT_PRECISION: {problem}")
-    values["trace_exporters"] = _trace_exporters(env)
+    values["trace_exporters"] = trace_exporters(env)
     return values
 
 
@@ -354,7 +354,7 @@ def _importable(module: str) -> bool:
         return False
 
 
-def _trace_exporters(env: Mapping[str, str]) -> tuple[str, ...]:
+def trace_exporters(env: Mapping[str, str]) -> tuple[str, ...]:
     """Tracing is off unless OTEL_TRACES_EXPORTER names otlp or an OTLP endpoint is set
     (and OTEL_SDK_DISABLED is not true); only OTLP over HTTP (http/protobuf) is supported."""
 

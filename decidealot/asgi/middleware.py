@@ -25,13 +25,14 @@ from decidealot.service import Service
 
 log = logging.getLogger("decidealot.http")
 
-PUBLIC_PATHS = frozenset({"/health", "/docs"})
+PUBLIC_PATHS = frozenset({"/health", "/docs", "/docs/", "/openapi.json"})
 PUBLIC_PREFIXES = ("/docs/assets/", "/.well-known/")
-"""The Swagger page and its static assets: a browser cannot send a bearer token to open
-them; the page itself sends it for /openapi.json and every call (decidealot.http.docs). And
-the well-known paths OAuth clients probe after a 401 (`oauth-protected-resource`,
-`oauth-authorization-server`, ...): there is no OAuth here, and their 404 without a key tells a
-client so, where a 401 sends it on through discovery and registration to a dead end."""
+"""The Swagger page, its static assets and the document it loads (no secret in any): a
+browser cannot send a bearer token to open them; Swagger's Authorize button takes the token
+for the calls the page makes (decidealot.http.docs). And the well-known paths OAuth clients
+probe after a 401 (`oauth-protected-resource`, `oauth-authorization-server`, ...): there is no
+OAuth here, and their 404 without a key tells a client so, where a 401 sends it on through
+discovery and registration to a dead end."""
 UNADMITTED_PATHS = frozenset({"/metrics"})
 """Behind auth, but answered while draining too: a scrape can watch the drain."""
 _CUT = ShuttingDown("the service shut down before this request finished")

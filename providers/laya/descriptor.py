@@ -10,7 +10,7 @@ from decidealot.contract import ModelInfo
 from decidealot.protocols import Provider
 from decidealot.providers.gateway.checkpoint_provider import CheckpointProvider
 from decidealot.providers.laya.gateway.router import checkpoint_for
-from decidealot.registry import Bundle, ProviderDescriptor, Tiny
+from decidealot.registry import Bundle, ProviderDescriptor, Tiny, json_object, safetensors_header
 
 RELEASE = "2026-09-23"
 
@@ -42,6 +42,14 @@ FILES = (
     "tokenizer/tokenizer_config.json",
 )
 """What the Laya engine reads from a checkpoint directory (docs/models.md lists them too)."""
+CHECKS = {
+    "rl_agent_config.json": json_object,
+    "model.safetensors": safetensors_header,
+    "encoder/config.json": json_object,
+    "tokenizer/tokenizer.json": json_object,
+    "tokenizer/tokenizer_config.json": json_object,
+}
+"""How startup reads each of them (a file that would not parse stops `serve`)."""
 
 
 class LayaSettings(Section, frozen=True, kw_only=True):
@@ -81,7 +89,9 @@ DESCRIPTOR = ProviderDescriptor(
     off="DECIDEALOT_LAYA_ENABLED=false",
     build=_build,
     selectors=SELECTORS,
-    bundles=tuple(Bundle(f"laya-{key}", _setting(key), files=FILES) for key in CHECKPOINTS),
+    bundles=tuple(
+        Bundle(f"laya-{key}", _setting(key), files=FILES, checks=CHECKS) for key in CHECKPOINTS
+    ),
     lane_group="models",
     tiny=Tiny("decidealot.providers.laya.tiny:write_bundles"),
 )

@@ -9,7 +9,7 @@ from decidealot.config import Section, Settings, boolean, directory, setting
 from decidealot.contract import ModelInfo
 from decidealot.protocols import Provider
 from decidealot.providers.gateway.checkpoint_provider import CheckpointProvider, only
-from decidealot.registry import Bundle, ProviderDescriptor, Tiny
+from decidealot.registry import Bundle, ProviderDescriptor, Tiny, json_object
 
 CHECKPOINT = "von-1.1"
 """The one checkpoint key; also the bundle name and the `model` every answer reports."""
@@ -30,6 +30,8 @@ FILES = (
     "marker_calibration.json",
 )
 """What the Von engine reads from a checkpoint directory (docs/models.md lists them too)."""
+CHECKS = {name: json_object for name in FILES if name.endswith(".json")}
+"""How startup reads them: every JSON file must parse (option_marker.pt is torch's own)."""
 
 
 class VonSettings(Section, frozen=True, kw_only=True):
@@ -59,7 +61,7 @@ DESCRIPTOR = ProviderDescriptor(
     off="DECIDEALOT_VON_ENABLED=false",
     build=_build,
     selectors=SELECTORS,
-    bundles=(Bundle(CHECKPOINT, "von_checkpoint", files=FILES),),
+    bundles=(Bundle(CHECKPOINT, "von_checkpoint", files=FILES, checks=CHECKS),),
     lane_group="models",
     tiny=Tiny("decidealot.providers.von.tiny:write_bundles"),
 )

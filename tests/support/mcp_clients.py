@@ -1,6 +1,7 @@
 """MCP clients for tests: the official SDK's client over streamable HTTP and over stdio, a raw
-stdio speaker for what the SDK will not send (signals, odd lines), and how a tool result reads
-(`tool_outcome`). The TypeScript SDK and the Inspector are in `tests.support.node_clients`."""
+stdio speaker for what the SDK will not send (signals, odd lines), how a tool result reads
+(`tool_outcome`), and the reading of a raw `POST /mcp` answer (`sse_json`). The TypeScript SDK
+and the Inspector are in `tests.support.node_clients`."""
 
 from __future__ import annotations
 
@@ -17,12 +18,22 @@ from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import IO, Any
 
+import httpx
 import httpx2
 from mcp import Client, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 from mcp_types import CallToolResult
 
 from tests.support.servers import ROOT
+
+MCP_HEADERS = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
+"""What a raw `POST /mcp` sends: the SDK's transport wants both media types accepted."""
+
+
+def sse_json(response: httpx.Response) -> Any:
+    """The JSON-RPC message a raw `POST /mcp` answered with: its first server-sent event."""
+    data = [line[5:] for line in response.text.splitlines() if line.startswith("data:")]
+    return json.loads(data[0])
 
 
 def tool_outcome(result: CallToolResult | dict[str, Any]) -> tuple[bool, Any]:

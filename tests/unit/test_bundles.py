@@ -43,6 +43,17 @@ def _bytes(seed: str, n: int) -> bytes:
     return bytes(out[:n])
 
 
+def _safetensors(seed: str, n: int) -> bytes:
+    """`n` bytes of a safetensors file (one uint8 tensor of `_bytes(seed)`): startup reads its
+    header."""
+    header = b""
+    for _ in range(2):  # the header names the data's length, which depends on the header's
+        data = n - 8 - len(header)
+        tensor = {"dtype": "U8", "shape": [data], "data_offsets": [0, data]}
+        header = json.dumps({"weights": tensor}).encode()
+    return len(header).to_bytes(8, "little") + header + _bytes(seed, n - 8 - len(header))
+
+
 def _entry(path: str, content: bytes | None, *, pin: bool, optional: bool = False) -> dict:
     pinned = pin and content is not None
     entry: dict = {
@@ -65,7 +76,10 @@ class TinyHub:
         self.models = root / "models"
         self.von = {
             "config.json": (b'{"model_type": "modernbert", "hidden_size": 32}', False),
-            "tokenizer.json": (json.dumps({"model": "tiny"}).encode() * 20, False),
+            "tokenizer.json": (
+                json.dumps({"model": "tiny", "vocab": ["tiny"] * 60}).encode(),
+                False,
+            ),
             "tokenizer_config.json": (b'{"mask_token": "[MASK]"}', False),
             "model.safetensors": (_bytes("von weights", 300_000), True),
             "option_marker.pt": (_bytes("von marker", 200_000), True),
@@ -97,7 +111,7 @@ class TinyHub:
             prefix = f"{sub}/" if sub else ""
             files = {
                 "rl_agent_config.json": (json.dumps({"encoder": name}).encode(), False),
-                "model.safetensors": (_bytes(name, 120_000), True),
+                "model.safetensors": (_safetensors(name, 120_000), True),
                 "tokenizer/tokenizer.json": (b'{"version": "1.0"}', False),
                 "tokenizer/tokenizer_config.json": (b'{"mask_token": "[MASK]"}', False),
                 "encoder/config.json": (b'{"hidden_size": 64}', False),

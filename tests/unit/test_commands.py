@@ -73,6 +73,60 @@ def test_a_checkpoint_missing_a_file_stops_prepare_naming_the_setting_and_the_fi
         assert f"{missing} is missing (the Von engine reads it)" in err
 
 
+def test_a_file_its_engine_cannot_parse_stops_prepare_naming_the_setting_and_the_file(
+    environ: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    own = tmp_path / "von"
+    own.mkdir()
+    for name in registry.descriptor("von").bundles[0].files:
+        (own / name).write_text("{}")
+    (own / "marker_calibration.json").write_text("{temperature: 2.2}")
+    (own / "tokenizer.json").write_text('"a string"')
+    for name, value in {"DECIDEALOT_LAYA_ENABLED": "false", "DECIDEALOT_DEVICE": "cpu"}.items():
+        environ.setenv(name, value)
+    environ.setenv("DECIDEALOT_VON_CHECKPOINT", str(own))
+    assert cli.main(["prepare"]) == 1
+    err = capsys.readouterr().err
+    where = f"DECIDEALOT_VON_CHECKPOINT={own}"
+    assert f"{where}: marker_calibration.json is not valid JSON (" in err
+    assert f"{where}: tokenizer.json is not a JSON object (the Von engine reads it)" in err
+    assert err.count("(the Von engine reads it)") == 2  # the sound ones pass
+
+
+@pytest.mark.parametrize(
+    ("content", "problem"),
+    [
+        (b"", "has no safetensors header"),
+        ((2**40).to_bytes(8, "little") + b"{}", "has no safetensors header"),
+        ((4).to_bytes(8, "little") + b"{x}!", "has a safetensors header that does not parse"),
+        ((2).to_bytes(8, "little") + b"[]", "has a safetensors header that is not a JSON object"),
+        ((12).to_bytes(8, "little") + b'{"w":{"a":1}}'[:12], "does not parse"),
+        (b"\x10" + b"\0" * 7 + b'{"w": {"x": 1}} ', "lacking its data offsets"),
+        (
+            b"\x35"
+            + b"\0" * 7
+            + b'{"w":{"dtype":"U8","shape":[9],"data_offsets":[0,9]}}'
+            + b"x" * 8,
+            "is cut short",
+        ),
+        (
+            b"\x35"
+            + b"\0" * 7
+            + b'{"w":{"dtype":"U8","shape":[9],"data_offsets":[0,9]}}'
+            + b"x" * 9,
+            None,
+        ),
+    ],
+)
+def test_a_safetensors_header_is_read_without_the_package(
+    tmp_path: Path, content: bytes, problem: str | None
+) -> None:
+    weights = tmp_path / "model.safetensors"
+    weights.write_bytes(content)
+    found = registry.safetensors_header(weights)
+    assert found == problem if problem is None else problem in str(found)
+
+
 def test_checkpoint_problems_follow_the_descriptors(tmp_path: Path) -> None:
     settings = registry.settings(
         model_dir=tmp_path, clm_embeddings_url="http://127.0.0.1:9/v1", device="cpu"

@@ -307,10 +307,12 @@ async def test_settings_reach_the_worker_but_keys_do_not(runtime, tmp_path, monk
 @pytest.fixture
 def driver_files(tmp_path, monkeypatch):
     device._probe_cuda.cache_clear()
+    device._resolve_auto.cache_clear()
     marker = tmp_path / "nvidia-version"
     monkeypatch.setattr(device, "_NVIDIA_DRIVER_FILES", (marker,))
     yield marker
     device._probe_cuda.cache_clear()
+    device._resolve_auto.cache_clear()
 
 
 def test_an_explicit_device_is_kept() -> None:
