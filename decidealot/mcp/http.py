@@ -49,6 +49,11 @@ LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "[::1]")
 
 _FRAMING_BYTES = 64 * 1024
 """Room for the JSON-RPC envelope around arguments that may be DECIDEALOT_MAX_REQUEST_BYTES."""
+_SCREENED_GROWTH = 4
+"""How many times its size a body can be once screened: refused arguments become their 422
+envelope, which quotes what the parser refused (a duplicate key) JSON-escaped, and an astral
+character, 4 bytes in UTF-8, is a 12-byte pair of escapes. The SDK's own body limit is set past
+that, so a body `read_body` admitted is never the SDK's plain-text 413."""
 
 
 class MethodNotAllowed(DecidealotError):
@@ -99,7 +104,8 @@ def _session_manager(service: Service) -> StreamableHTTPSessionManager:
         app=build_server(ServiceBackend(service)),
         stateless=True,
         security_settings=transport_security(settings.mcp_allowed_hosts),
-        max_request_body_size=settings.max_request_bytes + _FRAMING_BYTES,
+        max_request_body_size=_SCREENED_GROWTH * (settings.max_request_bytes + _FRAMING_BYTES)
+        + _FRAMING_BYTES,
     )
 
 

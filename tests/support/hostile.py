@@ -276,6 +276,31 @@ def bodies(draw: st.DrawFn, routes: tuple[str, ...] = ROUTES) -> Body:
     return Body(route, data, headers, chunked=draw(st.booleans()))
 
 
+def _refused_arguments(arguments: bytes) -> bytes:
+    """A tool call at /mcp's limit whose arguments the strict parser refuses: the screen puts
+    their 422 envelope in their place, which is larger than they are."""
+    head = b'{"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "system_one", '
+    body = head + b'"arguments": ' + arguments + b"}}"
+    return body + b" " * (limit_of("/mcp") - len(body))
+
+
+_MCP = {"content-type": "application/json", "accept": "application/json, text/event-stream"}
+_ASTRAL_KEY = b'"' + "\U0001f600".encode() * ((limit_of("/mcp") - 200) // 8) + b'"'
+FOUND: dict[str, Body] = {
+    "a zstd window past zstd's own maximum": Body(
+        "/v1/systemone", ZSTD_MAGIC + b"\x00\xb0", {"content-encoding": "zstd"}
+    ),
+    "refused arguments at the /mcp limit": Body(
+        "/mcp", _refused_arguments(b"[-" + b"9" * 30 + b"]"), _MCP
+    ),
+    "a duplicate astral key at the /mcp limit": Body(
+        "/mcp", _refused_arguments(b"{" + _ASTRAL_KEY + b": 1, " + _ASTRAL_KEY + b": 2}"), _MCP
+    ),
+}
+"""Bodies these strategies found that once got a 500 or the SDK's plain-text 413, kept as
+fixed cases whatever the strategies draw."""
+
+
 @st.composite
 def stdio_lines(draw: st.DrawFn) -> list[bytes]:
     """What an MCP client might write on `decidealot mcp`'s stdin after initializing: JSON-RPC

@@ -54,6 +54,18 @@ def test_no_body_gets_a_5xx(
     assert records.failures() == [], request
 
 
+@pytest.mark.parametrize("name", list(hostile.FOUND))
+def test_bodies_once_found_get_our_envelope(
+    app: InProcessApp, records: hostile.Records, name: str
+) -> None:
+    request = hostile.FOUND[name]
+    records.records.clear()
+    response = app.client.post(request.route, content=request.content(), headers=request.headers)
+    found = hostile.problem(request.route, response.status_code, response.headers, response.content)
+    assert found is None, found
+    assert records.failures() == []
+
+
 class _Out:
     """The session's stdout: the JSON-RPC lines it writes."""
 
