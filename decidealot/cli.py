@@ -7,6 +7,7 @@ and one line naming the variable. Subcommands import their heavy parts lazily.
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import sys
 from collections.abc import Sequence
@@ -124,6 +125,18 @@ def _models(settings: config.Settings) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command. A reader that leaves early (`decidealot checkpoints tiny DIR | head`)
+    ends it quietly with status 1, as Python's own guidance has it, not with a traceback."""
+    try:
+        status = _main(argv)
+        sys.stdout.flush()  # inside the try: what is still buffered may meet the closed pipe
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error at exit
+        return 1
+    return status
+
+
+def _main(argv: Sequence[str] | None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     if args_list[:1] in (["mcp"], ["encoder"]):
         passthrough = args_list[1:]

@@ -16,6 +16,7 @@ from __future__ import annotations
 import difflib
 import importlib.util
 import math
+import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Annotated, Literal, TypeVar, get_args, get_origin
@@ -27,7 +28,7 @@ Parse = Callable[[str, str], object]
 """`parse(variable, raw)`: the value of a setting, or `ConfigError`."""
 
 Device = Literal["auto", "cpu", "cuda"]
-LogFormat = Literal["json", "text"]
+LogFormat = Literal["auto", "json", "text"]
 Precision = Literal["fp32", "int8", "bf16", "fp16"]
 
 PREFIX = "DECIDEALOT_"
@@ -122,6 +123,23 @@ def secret(name: str, raw: str) -> str:
     return value
 
 
+def secrets(name: str, raw: str) -> tuple[str, ...]:
+    """Several keys, one per line or comma-separated, so a key can be rotated: the new one is
+    added, clients move to it, the old one is removed, and no client is refused meanwhile."""
+    keys = tuple(dict.fromkeys(key.strip() for key in re.split(r"[,\n]", raw) if key.strip()))
+    if not keys:
+        raise ConfigError(f"{name}: expected one or more keys, one per line or comma-separated")
+    for key in keys:
+        secret(name, key)
+    return keys
+
+
+SECRETS: tuple[Parse, ...] = (secret, secrets)
+"""The parsers of secret settings: masked in a settings repr, and each setting read by one
+of them may instead be read from a file named by its `_FILE` twin (see `read`)."""
+FILE_SUFFIX = "_FILE"
+
+
 def choice(options: tuple[str, ...]) -> Callable[[str, str], str]:
     def parse(name: str, raw: str) -> str:
         value = raw.strip().lower()
@@ -185,7 +203,7 @@ class Section(msgspec.Struct, frozen=True, kw_only=True):
         for field in msgspec.structs.fields(self):
             value = getattr(self, field.name)
             if field.name != "sections":
-                masked = value is not None and _parser(field.type) is secret
+                masked = value is not None and _parser(field.type) in SECRETS
                 shown.append(f"{field.name}={'***' if masked else repr(value)}")
         return f"{type(self).__name__}({', '.join(shown)})"
 
@@ -198,9 +216,10 @@ class Settings(Section, frozen=True, kw_only=True):
 
     host: Annotated[str, setting(text)] = "127.0.0.1"
     port: Annotated[int, setting(integer(low=1, high=65535))] = 8080
-    api_key: Annotated[str | None, setting(secret)] = None
+    api_key: Annotated[tuple[str, ...] | None, setting(secrets)] = None
+    """The keys any of which opens every route but /health and /docs (rotation: several)."""
     log_level: Annotated[str, setting(choice(("debug", "info", "warning", "error")))] = "info"
-    log_format: Annotated[LogFormat, setting(choice(("json", "text")))] = "json"
+    log_format: Annotated[LogFormat, setting(choice(("auto", "json", "text")))] = "auto"
 
     # Request framing and batch limits.
     max_request_bytes: Annotated[int, setting(integer(low=1024))] = 2 * 1024 * 1024
@@ -217,6 +236,8 @@ class Settings(Section, frozen=True, kw_only=True):
     provider_idle_unload_seconds: Annotated[float, setting(seconds(allow_zero=True))] = 900.0
     provider_timeout_seconds: Annotated[float, setting(seconds())] = 120.0
     provider_start_timeout_seconds: Annotated[float, setting(seconds())] = 600.0
+    drain_seconds: Annotated[float, setting(seconds(allow_zero=True))] = 120.0
+    """How long SIGTERM lets admitted requests run before it answers the rest 503."""
     device: Annotated[Device, setting(choice(("auto", "cpu", "cuda")))] = "auto"
     torch_threads: Annotated[int, setting(integer(low=0, high=1024))] = 0  # 0: torch's default
     precision: Annotated[Precision, setting(choice(tuple(PRECISION_DEVICES)))] = "fp32"
@@ -240,7 +261,11 @@ def read(
     struct: type[msgspec.Struct], env: Mapping[str, str], known: set[str]
 ) -> dict[str, object]:
     """The settings of `struct` present in `env`, parsed; every variable it declares goes into
-    `known` (empty values count as unset)."""
+    `known` (empty values count as unset).
+
+    A secret setting (`SECRETS`) is also read from the file its `_FILE` twin names, the
+    convention of container images and of Kubernetes Secrets mounted as volumes, so the key
+    never sits in the environment; setting both is refused, naming both."""
     values: dict[str, object] = {}
     for field in msgspec.structs.fields(struct):
         parse = _parser(field.type)
@@ -249,9 +274,31 @@ def read(
         name = variable(field.name)
         known.add(name)
         raw = env.get(name)
+        if parse in SECRETS:
+            twin = name + FILE_SUFFIX
+            known.add(twin)
+            path = env.get(twin)
+            if path is not None and path.strip():
+                if raw is not None and raw.strip():
+                    raise ConfigError(f"{name} and {twin} are both set: set one of them")
+                name, raw = twin, _secret_file(twin, path)
         if raw is not None and raw.strip():
             values[field.name] = parse(name, raw)
     return values
+
+
+def _secret_file(name: str, raw: str) -> str:
+    """The text of the file setting `name` names (the path is not secret; its text is)."""
+    path = Path(raw.strip()).expanduser()
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{name}: cannot read {str(path)!r}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{name}: {str(path)!r} is not UTF-8 text") from None
+    if not text.strip():
+        raise ConfigError(f"{name}: {str(path)!r} is empty")
+    return text
 
 
 def _parser(annotation: object) -> Parse | None:
@@ -272,7 +319,7 @@ def read_core(env: Mapping[str, str], known: set[str]) -> dict[str, object]:
     )
     if problem is not None:
         raise ConfigError(f"DECIDEALOT_PRECISION: {problem}")
-    values["trace_exporters"] = _trace_exporters(env)
+    values["trace_exporters"] = trace_exporters(env)
     return values
 
 
@@ -307,7 +354,7 @@ def _importable(module: str) -> bool:
         return False
 
 
-def _trace_exporters(env: Mapping[str, str]) -> tuple[str, ...]:
+def trace_exporters(env: Mapping[str, str]) -> tuple[str, ...]:
     """Tracing is off unless OTEL_TRACES_EXPORTER names otlp or an OTLP endpoint is set
     (and OTEL_SDK_DISABLED is not true); only OTLP over HTTP (http/protobuf) is supported."""
 

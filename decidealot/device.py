@@ -92,7 +92,13 @@ def resolve_device(settings: Settings) -> str:
     """
     if settings.device != "auto":
         return settings.device
-    device = _probe_cuda(settings.worker_python or sys.executable)
+    return _resolve_auto(settings.worker_python or sys.executable)
+
+
+@functools.cache
+def _resolve_auto(python: str) -> str:
+    """Told once per process: every local provider's runtime asks."""
+    device = _probe_cuda(python)
     log.info("DECIDEALOT_DEVICE=auto resolved to %s", device)
     return device
 

@@ -66,6 +66,13 @@ class ProviderUnavailable(DecidealotError):
     status, code, message = 503, "PROVIDER_UNAVAILABLE", "the selected provider is unavailable"
 
 
+class ShuttingDown(ProviderUnavailable):
+    """The service is draining (SIGTERM): this replica takes nothing new, another one will."""
+
+    message = "the service is shutting down"
+    headers = {"Retry-After": "1"}  # noqa: RUF012 (a retry reaches another replica)
+
+
 class ProviderOverloaded(ProviderUnavailable):
     """`DECIDEALOT_MAX_PENDING_REQUESTS` decisions are already admitted: come back shortly."""
 

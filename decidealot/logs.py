@@ -2,7 +2,12 @@
 
 The request id lives in a context variable that the HTTP layer sets per request, so any log
 line written while serving a request (executor, providers, residency) carries it without
-passing it around. Log lines never carry state contents or keys: callers log names and sizes.
+passing it around; with tracing on, a line written inside a span carries its `trace_id` and
+`span_id` too, so a log search finds the trace and the trace view finds its lines. Log lines
+never carry state contents or keys: callers log names and sizes.
+
+`DECIDEALOT_LOG_FORMAT=auto` (the default) writes text to a terminal and JSON otherwise (a
+container's log collector, a file, a pipe).
 """
 
 from __future__ import annotations
@@ -15,12 +20,20 @@ import traceback
 
 import msgspec
 
+from decidealot import tracing
+
 request_id: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="-")
 
 
-class _RequestIdFilter(logging.Filter):
+class _ContextFilter(logging.Filter):
+    """Stamps each record with the request id and, inside a span, the trace and span ids."""
+
     def filter(self, record: logging.LogRecord) -> bool:
         record.request_id = request_id.get()
+        span = tracing.current()
+        record.trace_id = format(span.trace_id, "032x") if span is not None else ""
+        record.span_id = format(span.span_id, "016x") if span is not None else ""
+        record.trace = f" trace_id={record.trace_id} span_id={record.span_id}" if span else ""
         return True
 
 
@@ -34,18 +47,24 @@ class _JsonFormatter(logging.Formatter):
             "request_id": getattr(record, "request_id", "-"),
             "message": record.getMessage(),
         }
+        if getattr(record, "trace_id", ""):
+            line["trace_id"] = record.trace_id
+            line["span_id"] = record.span_id
         if record.exc_info:
             line["exception"] = self.formatException(record.exc_info)
         return msgspec.json.encode(line).decode()
 
 
-_TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s [%(request_id)s] %(message)s"
+_TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s [%(request_id)s%(trace)s] %(message)s"
 
 
-def configure(level: str = "info", fmt: str = "json") -> None:
-    """Install the one stderr handler; granian's own loggers go through it too."""
+def configure(level: str = "info", fmt: str = "auto") -> None:
+    """Install the one stderr handler; granian's own loggers go through it too. `fmt` is
+    `json`, `text`, or `auto`: text when stderr is a terminal, JSON otherwise."""
+    if fmt == "auto":
+        fmt = "text" if sys.stderr.isatty() else "json"
     handler = logging.StreamHandler(sys.stderr)
-    handler.addFilter(_RequestIdFilter())
+    handler.addFilter(_ContextFilter())
     handler.setFormatter(_JsonFormatter() if fmt == "json" else logging.Formatter(_TEXT_FORMAT))
     root = logging.getLogger()
     root.handlers[:] = [handler]

@@ -1,9 +1,10 @@
 """Checks `serve` and `prepare` run before anything listens: device, bundles, checkpoint files.
 
-A checkpoint directory that lacks a file its engine reads would otherwise start, and fail every
-request to it with a worker traceback; `DECIDEALOT_DEVICE=cuda` on a machine where torch sees no
-GPU would start a worker that fails every pass. Both are told here, in one message naming the
-setting (or bundle) and the file. Nothing here imports torch.
+A checkpoint directory that lacks a file its engine reads, or holds one its engine cannot parse
+(each bundle declares how its files are read: `decidealot.registry.Bundle.checks`), would
+otherwise start, and fail every request to it with a worker traceback; `DECIDEALOT_DEVICE=cuda`
+on a machine where torch sees no GPU would start a worker that fails every pass. Both are told
+here, in one message naming the setting (or bundle) and the file. Nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from decidealot.checkpoints.manifest import BundleError
 from decidealot.checkpoints.paths import Placed, enabled_bundles
 from decidealot.config import ConfigError, Settings
 from decidealot.device import check_cuda
+from decidealot.registry import FileCheck
 
 log = logging.getLogger("decidealot.preflight")
 
@@ -27,17 +29,31 @@ class CheckpointError(Exception):
 
 def _problems(path: Path, placed: Placed) -> list[str]:
     bundle = placed.bundle
+    engine = placed.provider.name.capitalize()
     if bundle.entry:
         if not path.is_file():
             return [f"the {bundle.entry_is} is missing"]
         if path.stat().st_size == 0:
             return [f"the {bundle.entry_is} is empty"]
-        return []
+        return _contents(bundle.checks.get(bundle.entry), path, f"the {bundle.entry_is}", engine)
     if not path.is_dir():
         return ["the directory is missing"]
-    engine = placed.provider.name.capitalize()
-    missing = [name for name in bundle.files if not (path / name).is_file()]
-    return [f"{name} is missing (the {engine} engine reads it)" for name in missing]
+    problems = []
+    for name in bundle.files:
+        if not (path / name).is_file():
+            problems.append(f"{name} is missing (the {engine} engine reads it)")
+        else:
+            problems += _contents(bundle.checks.get(name), path / name, name, engine)
+    return problems
+
+
+def _contents(check: FileCheck | None, path: Path, what: str, engine: str) -> list[str]:
+    """What the bundle's own check of this file finds wrong in its contents."""
+    try:
+        problem = check(path) if check is not None else None
+    except OSError as exc:
+        problem = f"cannot be read ({exc.strerror or type(exc).__name__})"
+    return [] if problem is None else [f"{what} {problem} (the {engine} engine reads it)"]
 
 
 def checkpoint_problems(settings: Settings, *, overrides_only: bool = False) -> list[str]:

@@ -14,8 +14,9 @@ import functools
 import importlib.metadata
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib.resources.abc import Traversable
+from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 import msgspec
@@ -28,6 +29,54 @@ from decidealot.protocols import Provider
 ENTRY_POINTS = "decidealot.providers"
 
 S = TypeVar("S", bound=msgspec.Struct)
+
+
+FileCheck = Callable[[Path], "str | None"]
+"""Reads one file of a checkpoint the way its engine will: what is wrong with it, or None."""
+
+_MAX_SAFETENSORS_HEADER = 100_000_000
+"""The safetensors format's own bound on its JSON header."""
+
+
+def json_object(path: Path) -> str | None:
+    """A JSON file the engine reads as an object (configs, tokenizers, calibration)."""
+    try:
+        value = msgspec.json.decode(path.read_bytes())
+    except msgspec.DecodeError as exc:
+        return f"is not valid JSON ({exc})"
+    return None if isinstance(value, dict) else "is not a JSON object"
+
+
+def safetensors_header(path: Path) -> str | None:
+    """A safetensors file: its 8-byte length, its JSON header, and data that covers every
+    tensor the header places; read without the safetensors package (the gateway has none)."""
+    size = path.stat().st_size
+    with path.open("rb") as stream:
+        prefix = stream.read(8)
+        length = int.from_bytes(prefix, "little") if len(prefix) == 8 else -1
+        if not 0 < length <= min(_MAX_SAFETENSORS_HEADER, size - 8):
+            return "has no safetensors header (its first 8 bytes give no length that fits)"
+        raw = stream.read(length)
+    try:
+        header = msgspec.json.decode(raw)
+    except msgspec.DecodeError as exc:
+        return f"has a safetensors header that does not parse ({exc})"
+    if not isinstance(header, dict):
+        return "has a safetensors header that is not a JSON object"
+    ends = [
+        entry["data_offsets"][1]
+        for name, entry in header.items()
+        if name != "__metadata__"
+        and isinstance(entry, dict)
+        and isinstance(entry.get("data_offsets"), list)
+        and len(entry["data_offsets"]) == 2
+        and isinstance(entry["data_offsets"][1], int)
+    ]
+    if len(ends) != len(header) - ("__metadata__" in header):
+        return "has a safetensors header with a tensor entry lacking its data offsets"
+    if ends and max(ends) > size - 8 - length:
+        return f"is cut short: its header places {max(ends)} bytes of tensors, it holds fewer"
+    return None
 
 
 @dataclass(frozen=True)
@@ -44,6 +93,9 @@ class Bundle:
     """What messages call that one file."""
     files: tuple[str, ...] = ()
     """Files a checkpoint directory must hold: the ones the engine reads."""
+    checks: Mapping[str, FileCheck] = field(default_factory=dict, hash=False)
+    """How the startup checks read a file's contents, by its name in `files` (or `entry`):
+    a file the engine would fail to parse stops startup as a missing one does."""
     manifests: Traversable | None = None
     """Where its manifest lies; None: the manifests shipped in `decidealot.bundles`."""
 
@@ -80,6 +132,12 @@ class ProviderDescriptor(Generic[S]):
     """How a user turns it off, for messages that offer it as a fix."""
     build: Callable[[Settings, S], Provider]
     """The provider, from the settings with every checkpoint setting filled."""
+    off: str = ""
+    """What a message says of it when it is off ("DECIDEALOT_LAYA_ENABLED=false"): a setting
+    that only matters while it is on (a bundle's, or one of `only_while_on`) and is set
+    anyway is refused with `<variable> is set but <off>`."""
+    only_while_on: tuple[str, ...] = ()
+    """Settings besides its bundles' that mean nothing while it is off."""
     local: bool = True
     """Decisions run on this host, in a worker, and take a residency slot."""
     selectors: tuple[ModelInfo, ...] = ()
@@ -91,7 +149,7 @@ class ProviderDescriptor(Generic[S]):
     free_of_lane: Callable[[S], bool] = lambda section: False
     """True where its settings take it off every lane (it then overlaps other models)."""
     check: Callable[[S], None] = lambda section: None
-    """Raises `ConfigError` for settings that each parse but contradict each other."""
+    """Raises `ConfigError` for other settings that each parse but contradict each other."""
     tiny: Tiny | None = None
 
     def of(self, settings: Settings) -> S:
@@ -102,6 +160,14 @@ class ProviderDescriptor(Generic[S]):
         if not isinstance(section, self.settings):
             raise TypeError(f"settings section {self.name!r} is not a {self.settings.__name__}")
         return section
+
+    def refuse_contradictions(self, section: S) -> None:
+        """`ConfigError` for a setting that is set while the provider is off, then `check`."""
+        if not self.enabled(section):
+            for field in (*(b.setting for b in self.bundles), *self.only_while_on):
+                if getattr(section, field) is not None:
+                    raise ConfigError(f"{config.variable(field)} is set but {self.off}")
+        self.check(section)
 
     def lane_for(self, section: S, device: str) -> tuple[str | None, str]:
         """The residency lane and group of this local provider on `device`.
@@ -181,7 +247,7 @@ def from_env(environ: Mapping[str, str] | None = None) -> Settings:
     sections = {d.name: d.settings(**config.read(d.settings, env, known)) for d in registered()}
     config.refuse_unknown(env, known)
     for each in registered():
-        each.check(sections[each.name])
+        each.refuse_contradictions(sections[each.name])
     return Settings(**core, sections=sections)  # type: ignore[arg-type]
 
 

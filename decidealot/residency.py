@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from decidealot import metrics, tracing
 from decidealot.config import Settings
 from decidealot.contract import UnloadedProvider
-from decidealot.errors import ProviderBusy, ProviderUnavailable
+from decidealot.errors import ProviderBusy, ProviderUnavailable, ShuttingDown
 from decidealot.protocols import LocalRuntime
 
 log = logging.getLogger("decidealot.residency")
@@ -145,7 +145,7 @@ class Residency:
         while self._queue:
             _, future = self._queue.popleft()
             if not future.done():
-                future.set_exception(ProviderUnavailable("the service is shutting down"))
+                future.set_exception(ShuttingDown())
         transitions = [s.transition for s in self._slots.values() if s.transition is not None]
         await asyncio.gather(*transitions, return_exceptions=True)
         for slot in self._slots.values():
@@ -191,7 +191,7 @@ class Residency:
 
     async def _admit(self, slot: _Slot) -> None:
         if self._closed:
-            raise ProviderUnavailable("the service is shutting down")
+            raise ShuttingDown()
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._queue.append((slot, future))
         self._pump()

@@ -118,3 +118,19 @@ def request_components(ref_template: str, *, json_values: bool = False) -> dict[
     batch["additionalProperties"] = False
     batch["properties"]["requests"]["minItems"] = 1
     return components
+
+
+def declare_models(request: dict[str, Any], names: list[str] | None, listing: str) -> None:
+    """`model` of a `SystemOneRequest` schema as the enum of `names`, the catalog now, so the
+    schema names every model a call may use; `listing` is where a caller reads them (the
+    OpenAPI document says `GET /v1/models`, the MCP tools `list_models`). With no names (a
+    hosted catalog that could not be read) `model` stays open and its description says so."""
+    model = request["properties"]["model"]
+    if names is None:
+        model["description"] = (
+            f"A name from {listing} (the hosted catalog could not be read when this schema "
+            "was served, so the names are not listed here)."
+        )
+        return
+    model["enum"] = names
+    model["description"] = f"A name from {listing}: the catalog when this schema was served."

@@ -10,9 +10,10 @@ and MCP both drive one `Service`; it knows nothing about either transport.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Sequence
-from typing import cast
+from typing import Any, cast
 
 from decidealot import logs, registry
 from decidealot.catalog import Catalog
@@ -24,6 +25,9 @@ from decidealot.protocols import LocalProvider, LocalRuntime, Provider
 from decidealot.residency import Residency
 
 log = logging.getLogger("decidealot.service")
+
+_UNWIND_SECONDS = 5.0
+"""How long requests cancelled at the end of a drain get to unwind and answer."""
 
 
 def build_providers(settings: Settings) -> list[Provider]:
@@ -71,6 +75,8 @@ class Service:
         self._in_flight = 0
         self._idle = asyncio.Event()
         self._idle.set()
+        self._requests: set[asyncio.Task[Any]] = set()
+        self._cut: set[asyncio.Task[Any]] = set()
         self.draining = False
 
     async def start(self) -> None:
@@ -95,27 +101,49 @@ class Service:
     async def models(self) -> ModelList:
         return ModelList(await self.catalog.models())
 
-    # -- admission (SIGTERM: stop admitting, let in-flight requests finish) --------------------
+    # -- admission (SIGTERM: stop admitting, let admitted requests finish) --------------------
 
-    def enter(self) -> bool:
-        """Admit one request; False once the service is draining."""
+    def enter(self, task: asyncio.Task[Any] | None = None) -> bool:
+        """Admit one request; False once the service is draining. `task` is the request's
+        own: a drain that runs out cancels it (see `drain`)."""
         if self.draining:
             return False
         self._in_flight += 1
         self._idle.clear()
+        if task is not None:
+            self._requests.add(task)
         return True
 
-    def leave(self) -> None:
+    def leave(self, task: asyncio.Task[Any] | None = None) -> None:
+        if task is not None:
+            self._requests.discard(task)
+            self._cut.discard(task)
         self._in_flight -= 1
         if self._in_flight == 0:
             self._idle.set()
 
-    async def drain(self, timeout: float) -> None:
-        """Refuse new requests and wait (up to `timeout`) for admitted ones to finish."""
+    def was_cut(self, task: asyncio.Task[Any]) -> bool:
+        """Whether the drain cancelled `task` (then its request is answered `ShuttingDown`)."""
+        return task in self._cut
+
+    async def drain(self, seconds: float) -> None:
+        """Refuse new requests (503 `ShuttingDown`) and let the admitted ones run for up to
+        `seconds` (DECIDEALOT_DRAIN_SECONDS); then cancel the ones still running, whose
+        requests the gateway answers 503, and wait briefly for them to unwind."""
         self.draining = True
-        try:
-            await asyncio.wait_for(self._idle.wait(), timeout)
-        except TimeoutError:
-            log.warning(
-                "%d requests still running after %.0f s of draining", self._in_flight, timeout
-            )
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._idle.wait(), seconds)
+            return
+        log.warning(
+            "%d requests still running after %g s of draining (DECIDEALOT_DRAIN_SECONDS): "
+            "answering them 503",
+            self._in_flight,
+            seconds,
+        )
+        self._cut = set(self._requests)
+        for task in self._cut:
+            task.cancel()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._idle.wait(), _UNWIND_SECONDS)
+            return
+        log.warning("%d requests did not unwind after the drain", self._in_flight)

@@ -3,7 +3,8 @@
 The suite is grouped by what a test needs: `unit/` (in-process, no model, no socket),
 `worker/` (engines and worker hosts on tiny checkpoints), `parity/` (against the upstream
 packages), `e2e/` (real servers and commands), `deploy/` (packaging and manifests). Each test
-gets its folder's marker; `slow` marks e2e/, parity/ and deploy/ except the `smoke` tests, so
+gets its folder's marker; `slow` marks e2e/, parity/ and deploy/ except the `smoke` tests, and
+the tests in unit/ and worker/ that start a real command or a model's worker process, so
 `pytest -m "not slow"` is the quick loop.
 """
 
@@ -27,7 +28,7 @@ from pathlib import Path  # noqa: E402
 import pytest  # noqa: E402
 
 from tests.support.checkpoints import TinyCheckpoints  # noqa: E402
-from tests.support.servers import ALL_FAKES, RunningServer, start_server  # noqa: E402
+from tests.support.servers import GATEWAY, RunningServer, start_server  # noqa: E402
 
 FOLDERS = ("unit", "worker", "parity", "e2e", "deploy")
 SLOW_FOLDERS = ("parity", "e2e", "deploy")
@@ -51,13 +52,7 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> TinyCheckpoints:
 @pytest.fixture(scope="session")
 def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     """Laya, Von, CLM and Jev fakes; batches capped at 8 items, 2 concurrent calls."""
-    server = start_server(
-        tmp_path_factory.mktemp("gateway"),
-        **ALL_FAKES,
-        DECIDEALOT_MAX_BATCH_REQUESTS="8",
-        DECIDEALOT_MAX_BATCH_CONCURRENCY="2",
-        DECIDEALOT_MAX_RESIDENT_PROVIDERS="3",
-    )
+    server = start_server(tmp_path_factory.mktemp("gateway"), **GATEWAY)
     yield server
     assert server.stop() == 0
 

@@ -5,16 +5,21 @@ as soon as they pass it) and again to the decoded bytes, which are produced in b
 so neither a huge upload nor a zip bomb is ever held in memory. A zstd frame may also declare
 the window its decoder must hold (up to 128 MiB by zstd's default); the window is bounded by the
 body limit too, so decoding memory never depends on what a frame declares.
+
+An answer given before the body has all arrived (413 up front, 415) is followed by reading and
+dropping the rest (`Incoming.discard`, bounded): a client that writes its whole body before it
+reads, as httpx does, would otherwise find the connection reset and lose the answer.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import zlib
 
 import zstandard
-from litestar.types import Receive
+from litestar.types import Message, Receive
 
 from decidealot.config import Settings
 from decidealot.errors import (
@@ -32,6 +37,39 @@ _ZSTD_WINDOW_TOO_LARGE = "Frame requires too much memory"
 """zstd's text for frameParameter_windowTooLarge, the one ZstdError that is not corruption."""
 
 Headers = dict[bytes, bytes]
+
+_DISCARD_LIMITS = 8
+"""`Incoming.discard` drops up to this many body limits; past that the connection just closes."""
+
+
+class Incoming:
+    """A request's `receive` that remembers whether the body has arrived to its end."""
+
+    def __init__(self, receive: Receive) -> None:
+        self._receive = receive
+        self.complete = False
+
+    async def __call__(self) -> Message:
+        message = await self._receive()
+        if message["type"] != "http.request" or not message.get("more_body", False):
+            self.complete = True
+        return message
+
+    def unread_after(self, error: Exception) -> bool:
+        """Whether the body is still on its way after `error` answered the request early; a body
+        that timed out is not waited for again."""
+        return not self.complete and not isinstance(error, RequestTimeout)
+
+    async def discard(self, settings: Settings) -> None:
+        """After an early answer, read and drop what is left of the body (for at most the read
+        timeout and `_DISCARD_LIMITS` body limits), so the server does not close the connection
+        on unread bytes: the reset that would follow can destroy the answer before a client that
+        is still writing reads it."""
+        left = _DISCARD_LIMITS * settings.max_request_bytes
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(settings.request_read_timeout_seconds):
+                while not self.complete and left > 0:
+                    left -= len((await self()).get("body", b""))
 
 
 _FORM = b"application/x-www-form-urlencoded"
@@ -164,8 +202,12 @@ def _unzstd(data: bytes, limit: int) -> bytes:
 
 def _window_refusal(data: bytes, window: int) -> RequestTooLarge:
     """A frame of known size declares that size as its window: then the body itself is too
-    large. Otherwise the compressor chose a window the limit does not allow."""
-    declared = zstandard.get_frame_parameters(data).content_size  # the first frame's
+    large. Otherwise the compressor chose a window the limit does not allow, perhaps one past
+    zstd's own maximum, whose header zstd then refuses to read at all."""
+    try:
+        declared = zstandard.get_frame_parameters(data).content_size  # the first frame's
+    except zstandard.ZstdError:  # a window beyond ZSTD_WINDOWLOG_MAX: nothing more to read
+        declared = zstandard.CONTENTSIZE_UNKNOWN
     if declared != zstandard.CONTENTSIZE_UNKNOWN and declared > window:
         return RequestTooLarge("the decoded request body exceeds the size limit")
     return RequestTooLarge(

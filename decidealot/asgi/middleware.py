@@ -1,10 +1,13 @@
 """The ASGI layer in front of every route (404s and mounted apps such as /mcp included):
 request ids, bearer auth, admission while draining, an access line, a last-resort 500, and the
-request's trace span (continuing the caller's `traceparent`).
+request's trace span (continuing the caller's `traceparent`). A request still running when the
+drain runs out is cancelled by it (`Service.drain`) and answered 503 here, never cut off.
 """
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
 import hmac
 import logging
 import re
@@ -17,17 +20,22 @@ from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
 from decidealot import logs, metrics, tracing
 from decidealot.contract import ErrorBody
-from decidealot.errors import DecidealotError, ProviderUnavailable, Unauthorized
+from decidealot.errors import DecidealotError, ShuttingDown, Unauthorized
 from decidealot.service import Service
 
 log = logging.getLogger("decidealot.http")
 
-PUBLIC_PATHS = frozenset({"/health", "/docs"})
-PUBLIC_PREFIXES = ("/docs/assets/",)
-"""The Swagger page and its static assets: a browser cannot send a bearer token to open
-them; the page itself sends it for /openapi.json and every call (decidealot.http.docs)."""
+PUBLIC_PATHS = frozenset({"/health", "/docs", "/docs/", "/openapi.json"})
+PUBLIC_PREFIXES = ("/docs/assets/", "/.well-known/")
+"""The Swagger page, its static assets and the document it loads (no secret in any): a
+browser cannot send a bearer token to open them; Swagger's Authorize button takes the token
+for the calls the page makes (decidealot.http.docs). And the well-known paths OAuth clients
+probe after a 401 (`oauth-protected-resource`, `oauth-authorization-server`, ...): there is no
+OAuth here, and their 404 without a key tells a client so, where a 401 sends it on through
+discovery and registration to a dead end."""
 UNADMITTED_PATHS = frozenset({"/metrics"})
 """Behind auth, but answered while draining too: a scrape can watch the drain."""
+_CUT = ShuttingDown("the service shut down before this request finished")
 _METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 _REQUEST_ID = re.compile(
     r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
@@ -53,6 +61,7 @@ async def send_error(send: Send, error: DecidealotError, extra: list[tuple[bytes
     headers = [
         (b"content-type", b"application/json"),
         (b"content-length", str(len(body)).encode()),
+        *((name.lower().encode(), value.encode()) for name, value in error.headers.items()),
         *extra,
     ]
     await send({"type": "http.response.start", "status": error.status, "headers": headers})
@@ -72,8 +81,8 @@ class Gateway:
         """`routes` and `mounts` (path prefixes) are the metrics' `route` label values."""
         self._app = app
         self._service = service
-        key = service.settings.api_key
-        self._key = key.encode() if key is not None else None
+        keys = service.settings.api_key
+        self._keys = None if keys is None else {key.encode(): key_id(key) for key in keys}
         self._routes = frozenset(routes)
         self._mounts = tuple(mounts)
 
@@ -96,13 +105,17 @@ class Gateway:
         stamp = request_id.encode()
         id_headers = [(b"x-request-id", stamp), (b"x-typesafe-request-id", stamp)]
         status = 0
+        answered = False  # the response's last body message has been sent
         started = time.perf_counter()
+        by = ""  # the access line's ` key <id>`: which key authenticated the request
 
         async def send_with_id(message: Message) -> None:
-            nonlocal status
+            nonlocal status, answered
             if message["type"] == "http.response.start":
                 status = message["status"]
                 message = {**message, "headers": [*message.get("headers", ()), *id_headers]}
+            elif not message.get("more_body", False):
+                answered = True
             await send(message)
 
         path = scope["path"]
@@ -119,28 +132,35 @@ class Gateway:
             try:
                 if path in PUBLIC_PATHS or path.startswith(PUBLIC_PREFIXES):
                     await self._app(scope, receive, send_with_id)
-                elif self._key is not None and not self._authorized(headers):
+                elif self._keys is not None and not (by := self._authorized(headers)):
+                    challenge = _challenge(headers)
                     await send_error(
-                        send_with_id, Unauthorized(), [(b"www-authenticate", b"Bearer")]
+                        send_with_id, Unauthorized(), [(b"www-authenticate", challenge)]
                     )
                 elif path in UNADMITTED_PATHS:
                     await self._app(scope, receive, send_with_id)
-                elif not self._service.enter():
-                    await send_error(
-                        send_with_id, ProviderUnavailable("the service is shutting down"), []
-                    )
+                elif not self._service.enter(task := asyncio.current_task()):
+                    await send_error(send_with_id, ShuttingDown(), [])
                 else:
                     try:
                         await self._app(scope, receive, send_with_id)
+                    except asyncio.CancelledError:
+                        if task is None or not self._service.was_cut(task):
+                            raise
+                        task.uncancel()  # the drain ran out: answer, never cut the connection
+                        if not status:
+                            await send_error(send_with_id, _CUT, [])
+                        elif not answered:
+                            await send_with_id({"type": "http.response.body", "body": b""})
                     finally:
-                        self._service.leave()
+                        self._service.leave(task)
             except Exception as exc:
                 logs.log_failure(log, exc, path)
                 if not status:
                     await send_error(send_with_id, DecidealotError(), [])
             finally:
                 seconds = time.perf_counter() - started
-                log.info("%s %s %d %.1fms", scope["method"], path, status, seconds * 1000)
+                log.info("%s %s %d %.1fms%s", scope["method"], path, status, seconds * 1000, by)
                 span.set({"http.response.status_code": status})
                 if status >= 500:
                     span.fail(str(status))
@@ -149,8 +169,28 @@ class Gateway:
                 metrics.HTTP_DURATION.observe(seconds, route=route)
                 logs.request_id.reset(token)
 
-    def _authorized(self, headers: dict[bytes, bytes]) -> bool:
-        assert self._key is not None
+    def _authorized(self, headers: dict[bytes, bytes]) -> str:
+        """` key <id>` of the key the request's bearer token matches; "" when none does."""
+        assert self._keys is not None
         scheme, _, token = headers.get(b"authorization", b"").partition(b" ")
-        # compare_digest runs in time independent of where the bytes differ
-        return scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self._key)
+        token = token.strip()
+        matched = ""
+        for key, ident in self._keys.items():  # every key, so the time does not tell which
+            # compare_digest runs in time independent of where the bytes differ
+            if hmac.compare_digest(token, key):
+                matched = f" key {ident}"
+        return matched if scheme.lower() == b"bearer" else ""
+
+
+def key_id(key: str) -> str:
+    """A key's short name for logs: the first 8 hex digits of its SHA-256, which say which key
+    a client used without saying anything of a random key (`printf %s "$KEY" | sha256sum`)."""
+    return hashlib.sha256(key.encode()).hexdigest()[:8]
+
+
+def _challenge(headers: dict[bytes, bytes]) -> bytes:
+    """RFC 6750's challenge: bare without credentials, `invalid_token` for a wrong one (or for
+    credentials in another scheme), so a client can tell a missing key from a wrong one."""
+    if b"authorization" not in headers:
+        return b"Bearer"
+    return b'Bearer error="invalid_token", error_description="the bearer token is not valid"'

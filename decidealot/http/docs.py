@@ -1,18 +1,23 @@
 """`GET /docs`: Swagger UI served by the service itself, so it works where no CDN is reachable.
 
 The assets come from the `swagger-ui-bundle-v2` package (Swagger UI 5, which reads OpenAPI
-3.1), read once when the app is built. The page and its assets are static and public, like
-`/health`; the document they load (`/openapi.json`) is not when DECIDEALOT_API_KEY is set, so
-the page asks for the bearer token, sends it with every request it makes, the document's
-included, and keeps it only in the tab's session storage.
+3.1), read once when the app is built. The page, its assets and the document it loads
+(`/openapi.json`, which holds no secret) are public, like `/health`, so the page opens on the
+operations at once; when DECIDEALOT_API_KEY is set the document declares bearer security and
+Swagger's own Authorize button takes the token for every call the page makes (kept in the
+page's memory only: a reload forgets it). `/docs/` redirects to `/docs`, whose relative URLs
+then resolve.
 """
 
 from __future__ import annotations
 
-from litestar import Response, get
+from typing import Any
+
+from litestar import Request, Response, get
 from litestar.exceptions import NotFoundException
 from litestar.handlers import HTTPRouteHandler
 from litestar.params import FromPath
+from litestar.response import Redirect
 from swagger_ui_bundle import swagger_ui_path
 
 DOCS_PATH = "/docs"
@@ -30,36 +35,11 @@ PAGE = """<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>Decidealot API</title>
 <link rel="stylesheet" href="docs/assets/swagger-ui.css">
 <link rel="icon" type="image/png" href="docs/assets/favicon-32x32.png">
-<style>#token{font-family:sans-serif;padding:8px 20px;background:#f0f0f0}</style>
 </head><body>
-<form id="token"><label>Bearer token (when DECIDEALOT_API_KEY is set):
-<input id="key" type="password" autocomplete="off" size="40"></label>
-<button type="submit">Use</button></form>
 <div id="ui"></div>
 <script src="docs/assets/swagger-ui-bundle.js"></script>
 <script>
-const STORE = "decidealot-token";
-function load() {
-  const token = sessionStorage.getItem(STORE);
-  window.ui = SwaggerUIBundle({
-    url: "openapi.json",
-    dom_id: "#ui",
-    validatorUrl: null,
-    requestInterceptor: (request) => {
-      if (token && !request.headers.Authorization) {
-        request.headers.Authorization = "Bearer " + token;
-      }
-      return request;
-    },
-    onComplete: () => { if (token) window.ui.preauthorizeApiKey("bearer", token); },
-  });
-}
-document.getElementById("token").addEventListener("submit", (event) => {
-  event.preventDefault();
-  sessionStorage.setItem(STORE, document.getElementById("key").value);
-  load();
-});
-load();
+window.ui = SwaggerUIBundle({ url: "openapi.json", dom_id: "#ui", validatorUrl: null });
 </script></body></html>"""
 
 
@@ -71,7 +51,10 @@ def route_handlers() -> list[HTTPRouteHandler]:
     }
 
     @get(DOCS_PATH, sync_to_thread=False)
-    def page() -> Response[str]:
+    def page(request: Request[Any, Any, Any]) -> Response[str] | Redirect:
+        # the router takes /docs/ for /docs (and its `path` for the route's); the raw one tells
+        if (request.scope.get("raw_path") or b"").endswith(b"/"):
+            return Redirect("../docs", status_code=308)  # relative: a proxy's prefix is kept
         return Response(PAGE, media_type="text/html")
 
     @get(ASSETS_PATH + "/{name:str}", sync_to_thread=False)

@@ -12,7 +12,7 @@ from typing import Any
 import msgspec
 from mcp.server.streamable_http import jsonrpc_message_adapter
 
-from decidealot import schema
+from decidealot import registry, schema
 from decidealot.catalog import Catalog
 from decidealot.config import Settings
 from decidealot.contract import (
@@ -25,6 +25,8 @@ from decidealot.contract import (
     ValidationErrorBody,
 )
 from decidealot.errors import ProviderUnavailable
+from decidealot.http import examples
+from decidealot.http.examples import Example
 
 _REF = "#/components/schemas/{name}"
 
@@ -33,16 +35,44 @@ def _ref(name: str) -> dict[str, str]:
     return {"$ref": _REF.format(name=name)}
 
 
-def _json(name: str, description: str) -> dict[str, Any]:
-    return {"description": description, "content": {"application/json": {"schema": _ref(name)}}}
+def _json(name: str, description: str, examples: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A JSON response of schema `name`, with `examples` (name -> value) when given."""
+    media: dict[str, Any] = {"schema": _ref(name)}
+    if examples:
+        media["examples"] = _named(examples)
+    return {"description": description, "content": {"application/json": media}}
+
+
+def _named(values: dict[str, Any]) -> dict[str, Any]:
+    """OpenAPI's named examples: an `Example` shows its summary, a plain value its name."""
+    return {
+        name: {"summary": value.summary, "value": value.request}
+        if isinstance(value, Example)
+        else {"value": value}
+        for name, value in values.items()
+    }
+
+
+def _answers(shown: dict[str, Example]) -> dict[str, Any]:
+    """Each request example's answer, under the request's name, so Swagger UI shows the two
+    together."""
+    return {name: {"summary": e.summary, "value": e.response} for name, e in shown.items()}
 
 
 _ERRORS = {
-    "401": _json("ErrorBody", "UNAUTHORIZED: DECIDEALOT_API_KEY is set and the token is wrong."),
+    "401": _json(
+        "ErrorBody",
+        "UNAUTHORIZED: DECIDEALOT_API_KEY is set and the token is wrong.",
+        {"unauthorized": examples.UNAUTHORIZED},
+    ),
     "408": _json("ErrorBody", "REQUEST_TIMEOUT: the body did not arrive in time."),
     "413": _json("ErrorBody", "REQUEST_TOO_LARGE: the (decoded) body exceeds the limit."),
     "415": _json("ErrorBody", "Not JSON, multipart assets, or an unsupported Content-Encoding."),
-    "422": _json("ValidationErrorBody", "TypeSafe validation envelope; every issue, with loc."),
+    "422": _json(
+        "ValidationErrorBody",
+        "TypeSafe validation envelope; every issue, with loc.",
+        {"unknown-model": examples.UNKNOWN_MODEL},
+    ),
     "503": _json("ErrorBody", "PROVIDER_UNAVAILABLE."),
 }
 
@@ -101,15 +131,9 @@ async def accepted_models(catalog: Catalog) -> dict[str, bool] | None:
 def _declare_models(request: dict[str, Any], models: dict[str, bool] | None) -> None:
     """`model` as the enum of accepted names, and `config` by model: a temperature only for
     the selectors that take one, so a schema-valid body is never refused for either."""
-    model = request["properties"]["model"]
+    schema.declare_models(request, None if models is None else list(models), "GET /v1/models")
     if models is None:
-        model["description"] = (
-            "A name from GET /v1/models (the hosted catalog could not be read when this "
-            "document was served, so the names are not listed here)."
-        )
         return
-    model["enum"] = list(models)
-    model["description"] = "A name from GET /v1/models: the catalog when this was served."
     tempered = [name for name, temperature in models.items() if temperature]
     plain = [name for name, temperature in models.items() if not temperature]
     choices = [
@@ -121,22 +145,48 @@ def _declare_models(request: dict[str, Any], models: dict[str, bool] | None) -> 
         request["anyOf"] = choices
 
 
+def _accepted(settings: Settings, models: dict[str, bool] | None) -> set[str]:
+    """The names an example may use: the catalog's, or (while a hosted catalog cannot be read)
+    every enabled local provider's, which never depend on it."""
+    if models is not None:
+        return set(models)
+    return {info.name for d in registry.enabled_local(settings) for info in d.selectors}
+
+
 def build(settings: Settings, models: dict[str, bool] | None = None) -> dict[str, Any]:
     """The document; `models` (from `accepted_models`) lists the names `model` accepts."""
     secured = settings.api_key is not None
     guarded = {"401": _ERRORS["401"]} if secured else {}
     body_errors = {k: _ERRORS[k] for k in ("408", "413", "415", "422", "503")}
+    accepted = _accepted(settings, models)
 
-    def decision(request: str, response: str, summary: str) -> dict[str, Any]:
+    def decision(
+        request: str, response: str, summary: str, named: dict[str, Example]
+    ) -> dict[str, Any]:
+        shown = examples.shown(named, accepted)
+        body: dict[str, Any] = {"schema": _ref(request)}
+        answers = _json(response, "The answers.")
+        if shown:
+            body["examples"] = _named(shown)
+            answers["content"]["application/json"]["examples"] = _answers(shown)
         return {
             "post": {
                 "summary": summary,
-                "requestBody": {
-                    "required": True,
-                    "content": {"application/json": {"schema": _ref(request)}},
-                },
-                "responses": {"200": _json(response, "The answers."), **guarded, **body_errors},
+                "requestBody": {"required": True, "content": {"application/json": body}},
+                "responses": {"200": answers, **guarded, **body_errors},
             }
+        }
+
+    mcp_examples: dict[str, Any] = {
+        "tools-list": {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}
+    }
+    if examples.NOUL.models <= accepted:
+        call = {"name": "system_one", "arguments": examples.NOUL.request}
+        mcp_examples["system-one"] = {
+            "jsonrpc": "2.0",
+            "id": 2,
+            "method": "tools/call",
+            "params": call,
         }
 
     document: dict[str, Any] = {
@@ -163,15 +213,24 @@ def build(settings: Settings, models: dict[str, bool] | None = None) -> dict[str
                     },
                 }
             },
-            "/v1/systemone": decision("SystemOneRequest", "SystemOneResponse", "One decision"),
+            "/v1/systemone": decision(
+                "SystemOneRequest", "SystemOneResponse", "One decision", examples.DECISIONS
+            ),
             "/v1/systemone/batch": decision(
-                "BatchRequest", "BatchResponse", "Independent decisions, all or nothing"
+                "BatchRequest",
+                "BatchResponse",
+                "Independent decisions, all or nothing",
+                examples.BATCHES,
             ),
             "/v1/models/unload": {
                 "post": {
                     "summary": "Unload every loaded local provider (idempotent)",
                     "responses": {
-                        "200": _json("UnloadResponse", "What was loaded before."),
+                        "200": _json(
+                            "UnloadResponse",
+                            "What was loaded before.",
+                            {"unloaded": examples.UNLOADED},
+                        ),
                         **guarded,
                         "409": _json("ErrorBody", "PROVIDER_BUSY: a decision is running."),
                     },
@@ -182,7 +241,12 @@ def build(settings: Settings, models: dict[str, bool] | None = None) -> dict[str
                     "summary": "MCP over streamable HTTP (stateless JSON-RPC); see docs/mcp.md",
                     "requestBody": {
                         "required": True,
-                        "content": {"application/json": {"schema": _JSON_RPC_MESSAGE}},
+                        "content": {
+                            "application/json": {
+                                "schema": _JSON_RPC_MESSAGE,
+                                "examples": _named(mcp_examples),
+                            }
+                        },
                     },
                     "responses": {
                         "200": {
@@ -191,8 +255,18 @@ def build(settings: Settings, models: dict[str, bool] | None = None) -> dict[str
                         },
                         "202": {"description": "A notification or response, accepted."},
                         "400": {
-                            "description": "MALFORMED_BODY: not one JSON-RPC 2.0 message.",
-                            "content": {"application/json": {"schema": _ref("ErrorBody")}},
+                            "description": (
+                                "A JSON-RPC error: not JSON (-32700), a batch or not one "
+                                "JSON-RPC 2.0 message (-32600), a protocol version header "
+                                "that disagrees with the body (-32020) or names no version "
+                                "served (-32022); or MALFORMED_BODY, a gzip/zstd body that "
+                                "cannot be decoded."
+                            ),
+                            "content": {
+                                "application/json": {
+                                    "schema": {"anyOf": [_ref("JSONRPCError"), _ref("ErrorBody")]}
+                                }
+                            },
                         },
                         **guarded,
                         "403": _text("The SDK's DNS-rebinding check: an Origin not allowed."),

@@ -1,8 +1,9 @@
 """Runs the app on granian (embedded, one worker, in this process) and owns SIGTERM.
 
 Embedding keeps providers, residency and the settings checked at startup in one process, and
-lets shutdown be ordered: stop admitting (new requests and /health get 503), let in-flight
-requests finish, stop the server, then the lifespan shutdown stops provider workers.
+lets shutdown be ordered: stop admitting (new requests and /health get 503), let admitted
+requests finish for up to DECIDEALOT_DRAIN_SECONDS and answer the rest 503, stop the server,
+then the lifespan shutdown stops provider workers.
 """
 
 from __future__ import annotations
@@ -40,8 +41,10 @@ async def serve(service: Service) -> int:
     stopping: list[asyncio.Task[None]] = []
 
     async def shut_down() -> None:
-        log.info("shutting down: draining in-flight requests")
-        await service.drain(settings.provider_timeout_seconds)
+        log.info(
+            "shutting down: draining in-flight requests for up to %g s", settings.drain_seconds
+        )
+        await service.drain(settings.drain_seconds)
         server.stop()
 
     def on_signal() -> None:

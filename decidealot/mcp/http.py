@@ -7,9 +7,11 @@ load balancer need no session affinity (the tools never call back into the clien
 
 POST bodies are read under the REST API's rules before the SDK sees them (read timeout, size
 limit on the wire and decoded, gzip and zstd, JSON media type, here required), with the same
-error envelopes; the SDK then gets the decoded JSON as a plain body, its tool-call arguments
-screened by the REST API's strict JSON parser (`decidealot.mcp.strict`). Other methods get
-the same envelope in a 405 that names POST in `Allow`.
+error envelopes; other methods get the same envelope in a 405 that names POST in `Allow`. A
+body that is read but is not one JSON-RPC message (not JSON, a batch, outside the SDK's schema)
+gets a JSON-RPC error, as does a request whose protocol version the SDK would route wrongly
+(`_misrouted`). The SDK then gets the decoded JSON as a plain body, its tool-call arguments
+screened by the REST API's strict JSON parser (`decidealot.mcp.strict`).
 """
 
 from __future__ import annotations
@@ -20,16 +22,24 @@ from contextlib import AbstractAsyncContextManager
 import msgspec
 from litestar import asgi
 from litestar.types import Message, Receive, Scope, Send
-from mcp.server.streamable_http import jsonrpc_message_adapter
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
+from mcp.shared.inbound import (
+    ERROR_CODE_HTTP_STATUS,
+    MCP_PROTOCOL_VERSION_HEADER,
+    InboundLadderRejection,
+    classify_inbound_request,
+)
+from mcp_types import UNSUPPORTED_PROTOCOL_VERSION, JSONRPCMessage, JSONRPCRequest
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
-from decidealot.asgi.body import read_body
+from decidealot.asgi.body import Incoming, read_body
 from decidealot.asgi.middleware import send_error
 from decidealot.config import Settings
-from decidealot.errors import DecidealotError, MalformedBody, UnsupportedMediaType
+from decidealot.errors import DecidealotError, UnsupportedMediaType
 from decidealot.mcp.server import ServiceBackend, build_server
-from decidealot.mcp.strict import screen
+from decidealot.mcp.strict import JsonRpcRefusal, checked
+from decidealot.mcp.versions import SERVED_VERSIONS, modern_version, unsupported_version
 from decidealot.service import Service
 
 MCP_PATH = "/mcp"
@@ -39,6 +49,11 @@ LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "[::1]")
 
 _FRAMING_BYTES = 64 * 1024
 """Room for the JSON-RPC envelope around arguments that may be DECIDEALOT_MAX_REQUEST_BYTES."""
+_SCREENED_GROWTH = 4
+"""How many times its size a body can be once screened: refused arguments become their 422
+envelope, which quotes what the parser refused (a duplicate key) JSON-escaped, and an astral
+character, 4 bytes in UTF-8, is a 12-byte pair of escapes. The SDK's own body limit is set past
+that, so a body `read_body` admitted is never the SDK's plain-text 413."""
 
 
 class MethodNotAllowed(DecidealotError):
@@ -89,7 +104,8 @@ def _session_manager(service: Service) -> StreamableHTTPSessionManager:
         app=build_server(ServiceBackend(service)),
         stateless=True,
         security_settings=transport_security(settings.mcp_allowed_hosts),
-        max_request_body_size=settings.max_request_bytes + _FRAMING_BYTES,
+        max_request_body_size=_SCREENED_GROWTH * (settings.max_request_bytes + _FRAMING_BYTES)
+        + _FRAMING_BYTES,
     )
 
 
@@ -114,17 +130,45 @@ def _plain(scope: Scope, receive: Receive, body: bytes) -> tuple[Scope, Receive]
     return {**scope, "headers": headers}, replay
 
 
-def _screened(body: bytes) -> bytes:
-    """The body with its tool-call arguments screened (`decidealot.mcp.strict`), if it is one
-    JSON-RPC message exactly as the SDK's schema (in the OpenAPI document) states it: the
-    SDK's own parse is lax (`"code": true` passes as an integer) and answers plain JSON-RPC
-    errors, so a body the document calls invalid gets our 400 envelope first."""
-    screened = screen(body)
-    try:
-        jsonrpc_message_adapter.validate_json(screened, strict=True)
-    except ValueError:  # pydantic's ValidationError, and invalid JSON
-        raise MalformedBody("the body is not one JSON-RPC 2.0 message") from None
-    return screened
+def _misrouted(message: JSONRPCMessage, headers: dict[bytes, bytes]) -> JsonRpcRefusal | None:
+    """The SDK routes a POST by its MCP-Protocol-Version header alone: a 2025 version (or none)
+    to the handshake era, anything else to the 2026-07-28 entry. Two cases it gets wrong:
+
+    - a 2026-07-28 request (its `_meta` names a version) whose header is a 2025 version or
+      absent would be served as a legacy request; the 2026 ladder's verdict (400 HeaderMismatch,
+      -32020) is answered instead, as is any -32022 it gives, with every served version;
+    - any other message whose header names no version served is told -32022, not the 2026
+      entry's complaint about a missing `_meta`.
+    """
+    raw = headers.get(MCP_PROTOCOL_VERSION_HEADER.encode())
+    header = raw.decode("latin-1") if raw is not None else None
+    request_id = message.id if isinstance(message, JSONRPCRequest) else None
+    version = modern_version(message)
+    if version is not None:
+        if header in MODERN_PROTOCOL_VERSIONS:
+            return None  # the SDK's 2026 entry checks the rest
+        verdict = classify_inbound_request(
+            message.model_dump(by_alias=True, mode="json"),
+            headers={
+                name.decode("latin-1"): value.decode("latin-1") for name, value in headers.items()
+            },
+        )
+        if not isinstance(verdict, InboundLadderRejection):
+            return None
+        if verdict.code == UNSUPPORTED_PROTOCOL_VERSION:
+            return unsupported_version(str(version), request_id)
+        return JsonRpcRefusal(verdict.code, verdict.message, verdict.data, request_id)
+    if header is not None and header not in SERVED_VERSIONS:
+        return unsupported_version(header, request_id)
+    return None
+
+
+async def send_refusal(send: Send, refusal: JsonRpcRefusal) -> None:
+    body = refusal.body()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    status = ERROR_CODE_HTTP_STATUS.get(refusal.code, 400)
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
 
 
 class McpEndpoint:
@@ -151,13 +195,21 @@ class McpEndpoint:
                 await send_error(send, MethodNotAllowed(), [(b"allow", b"POST")])
                 return
             headers = dict(scope["headers"])
+            incoming = Incoming(receive)
             try:
                 if b"content-type" not in headers:
                     raise UnsupportedMediaType("send the JSON-RPC message as application/json")
-                body = await read_body(receive, headers, body_settings)
-                screened = await asyncio.to_thread(_screened, body)  # parses: off the loop
+                body = await read_body(incoming, headers, body_settings)
+                screened, message = await asyncio.to_thread(checked, body)  # off the loop
+                if (misrouted := _misrouted(message, headers)) is not None:
+                    raise misrouted
             except DecidealotError as error:  # 400, 408, 413 or 415, as the REST API
                 await send_error(send, error, [])
+                if incoming.unread_after(error):
+                    await incoming.discard(body_settings)
+                return
+            except JsonRpcRefusal as refusal:
+                await send_refusal(send, refusal)
                 return
             scope, receive = _plain(scope, receive, screened)
             await manager.handle_request(scope, receive, send)  # type: ignore[arg-type]

@@ -1,9 +1,12 @@
 """The MCP server: the HTTP API's four operations as tools, over any `Backend`.
 
 A tool call returns exactly what the HTTP API returns, as structured content (plus the same
-JSON as text for clients that read only text). A failure is a tool error (`isError`) carrying
-the HTTP API's envelope: `{"detail": [...]}` for 422, `{"code", "message", "details"}` for the
-rest. Arguments reach the tools only after the HTTP API's strict JSON parse
+JSON as text for clients that read only text). A failure is a tool error (`isError`) whose one
+text block is the HTTP API's envelope as JSON, `{"detail": [...]}` for 422, `{"code",
+"message", "details"}` for the rest, its messages naming tools where they name HTTP routes; it
+has no structured content, since that would have to match the tool's output schema (the
+TypeScript SDK and the Inspector check it even on errors; docs/mcp.md). Arguments reach the
+tools only after the HTTP API's strict JSON parse
 (`decidealot.mcp.strict`, applied by both transports). The server itself holds no state;
 `ServiceBackend` runs decisions in this process, and `decidealot.mcp.forward.ForwardingBackend`
 sends them to a running Decidealot.
@@ -24,23 +27,28 @@ from mcp_types import (
     INVALID_PARAMS,
     CallToolRequestParams,
     CallToolResult,
+    DiscoverResult,
     ListToolsResult,
     PaginatedRequestParams,
+    RequestParams,
     TextContent,
 )
 
 from decidealot import __version__, logs, tracing
 from decidealot.contract import ErrorBody, Json, ValidationErrorBody, ValidationIssue
-from decidealot.errors import DecidealotError, ProviderUnavailable, RequestInvalid, RequestTooLarge
+from decidealot.errors import DecidealotError, RequestInvalid, RequestTooLarge, ShuttingDown
 from decidealot.mcp.strict import rejection
 from decidealot.mcp.tools import (
+    HTTP_ROUTES,
     INSTRUCTIONS,
     LIST_MODELS,
     SYSTEM_ONE,
     SYSTEM_ONE_BATCH,
     TOOLS,
     UNLOAD_MODELS,
+    listing,
 )
+from decidealot.mcp.versions import SERVED_VERSIONS
 from decidealot.service import Service
 from decidealot.validation.requests import validate_batch, validate_request
 
@@ -134,7 +142,7 @@ class ServiceBackend:
     async def _admitted(self) -> AsyncIterator[None]:
         """Admission as for HTTP requests; every error becomes the HTTP API's envelope."""
         if not self._service.enter():
-            raise failure_of(ProviderUnavailable("the service is shutting down"))
+            raise failure_of(ShuttingDown())
         try:
             yield
         except DecidealotError as error:
@@ -161,7 +169,11 @@ def build_server(backend: Backend) -> Server[Any]:
     async def list_tools(
         ctx: ServerRequestContext[Any], params: PaginatedRequestParams | None
     ) -> ListToolsResult:
-        return ListToolsResult(tools=list(TOOLS.values()))
+        try:
+            names = _names(await backend.list_models())
+        except ToolFailure:  # a hosted catalog that cannot be read: `model` stays open
+            names = None
+        return ListToolsResult(tools=listing(names))
 
     async def call_tool(
         ctx: ServerRequestContext[Any], params: CallToolRequestParams
@@ -187,7 +199,7 @@ def build_server(backend: Backend) -> Server[Any]:
         tool = TOOLS.get(name)
         return tool.input_schema if tool is not None else None
 
-    return Server(
+    server: Server[Any] = Server(
         "decidealot",
         version=__version__,
         title="Decidealot",
@@ -196,6 +208,17 @@ def build_server(backend: Backend) -> Server[Any]:
         on_list_tools=list_tools,
         on_call_tool=call_tool,
     )
+
+    async def discover(ctx: ServerRequestContext[Any], params: RequestParams) -> DiscoverResult:
+        """The SDK's own answer, naming every version served (it names the 2026 one only)."""
+        return DiscoverResult(
+            supported_versions=list(SERVED_VERSIONS),
+            capabilities=server.get_capabilities(protocol_version=ctx.protocol_version),
+            instructions=INSTRUCTIONS,
+        )
+
+    server.add_request_handler("server/discover", RequestParams, discover)
+    return server
 
 
 def _quiet_sdk_logs() -> None:
@@ -214,8 +237,43 @@ def _without_arguments(
     return call
 
 
+def _names(models: Json) -> list[str] | None:
+    """The names in a list_models result."""
+    listed = models.get("models") if isinstance(models, dict) else None
+    if not isinstance(listed, list):
+        return None
+    return [m["name"] for m in listed if isinstance(m, dict) and isinstance(m.get("name"), str)]
+
+
 def _tool_result(body: Json, *, is_error: bool) -> CallToolResult:
+    """A result, or an error without structured content: the envelope as text, in tool terms."""
+    if is_error:
+        text = msgspec.json.encode(in_tool_terms(body)).decode()
+        return CallToolResult(content=[TextContent(text=text)], is_error=True)
     text = msgspec.json.encode(body).decode()
-    return CallToolResult(
-        content=[TextContent(text=text)], structured_content=body, is_error=is_error
-    )
+    return CallToolResult(content=[TextContent(text=text)], structured_content=body)
+
+
+def in_tool_terms(envelope: Json) -> Json:
+    """An error envelope whose messages name the tools where they name HTTP routes ("use a
+    name returned by list_models", not "GET /v1/models"): an agent sees only tools. Forwarded
+    envelopes are renamed too; nothing else in them changes."""
+    if not isinstance(envelope, dict):
+        return envelope
+    renamed = dict(envelope)
+    if isinstance(message := envelope.get("message"), str):
+        renamed["message"] = _renamed(message)
+    if isinstance(detail := envelope.get("detail"), list):
+        renamed["detail"] = [
+            {**issue, "msg": _renamed(issue["msg"])}
+            if isinstance(issue, dict) and isinstance(issue.get("msg"), str)
+            else issue
+            for issue in detail
+        ]
+    return renamed
+
+
+def _renamed(text: str) -> str:
+    for tool, route in HTTP_ROUTES:
+        text = text.replace(route, tool)
+    return text

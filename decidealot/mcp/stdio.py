@@ -16,18 +16,22 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Sequence
 from typing import Any, NoReturn
 
 import anyio
 import httpx
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from mcp.server.stdio import stdio_server
+from mcp.shared.message import SessionMessage
+from mcp_types import ErrorData, JSONRPCError
 
 from decidealot import logs, tracing
 from decidealot.config import ConfigError, Settings
 from decidealot.mcp.forward import ForwardingBackend
 from decidealot.mcp.server import Backend, ServiceBackend, build_server
-from decidealot.mcp.strict import screen
+from decidealot.mcp.strict import JsonRpcRefusal, checked
+from decidealot.mcp.versions import SERVED_VERSIONS, modern_version, unsupported_version
 from decidealot.registry import from_env
 from decidealot.service import Service
 
@@ -107,7 +111,8 @@ async def _serve(settings: Settings, url: str | None) -> None:
 async def _backend(settings: Settings, url: str | None) -> AsyncIterator[Backend]:
     """The tools' backend, closed on the way out (provider workers stopped)."""
     if url is not None:
-        forwarding = ForwardingBackend(url, settings.api_key, _forward_timeout(settings))
+        key = settings.api_key[0] if settings.api_key else None  # the first of several
+        forwarding = ForwardingBackend(url, key, _forward_timeout(settings))
         log.info("MCP over stdio, forwarding to %s", url)
         try:
             yield forwarding
@@ -143,11 +148,36 @@ async def _run(backend: Backend, stop: asyncio.Event) -> bool:
     return True
 
 
-async def _session(backend: Backend) -> None:
+async def _session(
+    backend: Backend, wire: AsyncIterable[bytes] | None = None, stdout: Any = None
+) -> None:
+    """One MCP session over `wire` (the client's lines; None: this process's stdin) and
+    `stdout` (None: this process's)."""
     server = build_server(backend)
-    stdin: Any = _ScreenedStdin(_claim_stdin())  # the SDK only iterates its lines
-    async with stdio_server(stdin=stdin) as (read_stream, write_stream):
+    refusals, to_answer = anyio.create_memory_object_stream[JsonRpcRefusal](float("inf"))
+    lines = _claim_stdin() if wire is None else wire
+    stdin: Any = _ScreenedStdin(lines, refusals)  # the SDK only iterates its lines
+    async with (
+        stdio_server(stdin=stdin, stdout=stdout) as (read_stream, write_stream),
+        anyio.create_task_group() as answering,
+    ):
+        answering.start_soon(_answer_refusals, to_answer, write_stream)
         await server.run(read_stream, write_stream, server.create_initialization_options())
+        answering.cancel_scope.cancel()
+
+
+async def _answer_refusals(
+    refusals: MemoryObjectReceiveStream[JsonRpcRefusal],
+    write_stream: MemoryObjectSendStream[SessionMessage],
+) -> None:
+    """Each line `_ScreenedStdin` kept from the SDK gets its JSON-RPC error on stdout, written
+    by the SDK's own writer so that no two messages share a line."""
+    async for refusal in refusals:
+        error = ErrorData(code=refusal.code, message=refusal.message)
+        if refusal.data is not None:
+            error.data = refusal.data
+        reply = JSONRPCError(jsonrpc="2.0", id=refusal.request_id, error=error)
+        await write_stream.send(SessionMessage(reply))
 
 
 def _claim_stdin() -> anyio.AsyncFile[bytes]:
@@ -163,14 +193,30 @@ def _claim_stdin() -> anyio.AsyncFile[bytes]:
 
 class _ScreenedStdin:
     """stdin as the SDK reads it (UTF-8 lines, undecodable bytes replaced), each line screened
-    by the HTTP API's strict parser first (`decidealot.mcp.strict`)."""
+    by the HTTP API's strict parser first and held to the SDK's schema
+    (`decidealot.mcp.strict.checked`): a line that is not one JSON-RPC message (not JSON, a
+    batch) never reaches the SDK, which would answer it nothing, and its refusal goes to
+    `refusals` instead; so does a 2026-07-28 request naming a version not served, whose -32022
+    names every version served (the SDK's names one). Blank lines are skipped."""
 
-    def __init__(self, wire: anyio.AsyncFile[bytes]) -> None:
+    def __init__(
+        self, wire: AsyncIterable[bytes], refusals: MemoryObjectSendStream[JsonRpcRefusal]
+    ) -> None:
         self._wire = wire
+        self._refusals = refusals
 
     async def __aiter__(self) -> AsyncIterator[str]:
         async for line in self._wire:
-            screened = await asyncio.to_thread(screen, line)  # a parse: off the loop
+            if not line.strip():
+                continue
+            try:
+                screened, message = await asyncio.to_thread(checked, line)  # off the loop
+                version = modern_version(message)
+                if version is not None and version not in SERVED_VERSIONS:
+                    raise unsupported_version(str(version), getattr(message, "id", None))
+            except JsonRpcRefusal as refusal:
+                self._refusals.send_nowait(refusal)
+                continue
             yield screened.decode("utf-8", errors="replace")
 
 

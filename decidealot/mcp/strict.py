@@ -1,4 +1,5 @@
-"""Tool-call arguments under the HTTP API's strict JSON rules, before the SDK parses them.
+"""Tool-call arguments under the HTTP API's strict JSON rules, before the SDK parses them; and
+every message under the SDK's own schema, strictly, with a JSON-RPC error for one outside it.
 
 The SDK parses each JSON-RPC message itself, leniently: a duplicate key keeps its last value,
 `10**30` and `NaN` are numbers, a lone surrogate is a string. Both transports (streamable HTTP and
@@ -6,16 +7,19 @@ stdio) pass every incoming message through `screen` first. A `tools/call` whose 
 `decidealot.validation.strict_json.parse_json` gets them replaced by a marker holding the HTTP API's
 422 envelope, and the tool handler answers the marker (`rejection`) with that envelope as a tool
 error: the same issues, at the same positions, as the same bytes sent as an HTTP body. Arguments
-that pass are left byte for byte as the client sent them; a message that is not JSON at all is left
-for the SDK to refuse.
+that pass are left byte for byte as the client sent them. `checked` then holds the whole message
+to the SDK's schema, strictly: one that is not JSON gets a JSON-RPC parse error (-32700), a batch
+or anything else outside the schema an invalid-request error (-32600), on both transports.
 """
 
 from __future__ import annotations
 
 import json
 import secrets
+from typing import Any
 
 import msgspec
+from mcp_types import INVALID_REQUEST, PARSE_ERROR, JSONRPCMessage, jsonrpc_message_adapter
 
 from decidealot.contract import Json, ValidationErrorBody
 from decidealot.errors import RequestInvalid
@@ -53,6 +57,61 @@ def screen(message: bytes) -> bytes:
         spliced = text[:start] + json.dumps(marker) + text[end:]
         return spliced.encode("utf-8", errors="surrogateescape")
     return message
+
+
+BATCH_REFUSED = (
+    "Invalid Request: JSON-RPC batches are not accepted; send each message on its own "
+    "(MCP versions after 2025-03-26 have no batches, and this server takes none in 2025-03-26)"
+)
+"""What a batch is told, on both transports (docs/mcp.md says why)."""
+
+
+class JsonRpcRefusal(Exception):
+    """A message refused before the SDK sees it, answered as a JSON-RPC error."""
+
+    def __init__(
+        self, code: int, message: str, data: Any = None, request_id: str | int | None = None
+    ) -> None:
+        super().__init__(message)
+        self.code, self.message, self.data, self.request_id = code, message, data, request_id
+
+    def body(self) -> bytes:
+        error: dict[str, Any] = {"code": self.code, "message": self.message}
+        if self.data is not None:
+            error["data"] = self.data
+        return msgspec.json.encode({"jsonrpc": "2.0", "id": self.request_id, "error": error})
+
+
+def refusal_of(message: bytes) -> JsonRpcRefusal:
+    """What a message the SDK's strict schema refuses is told: a parse error, a refused batch,
+    or an invalid request (with its id when it has a usable one)."""
+    try:
+        decoded = json.loads(message)
+    except (ValueError, RecursionError):
+        return JsonRpcRefusal(PARSE_ERROR, "Parse error: the message is not JSON")
+    if isinstance(decoded, list):
+        return JsonRpcRefusal(INVALID_REQUEST, BATCH_REFUSED)
+    request_id = decoded.get("id") if isinstance(decoded, dict) else None
+    if isinstance(request_id, bool) or not isinstance(request_id, str | int):
+        request_id = None
+    return JsonRpcRefusal(
+        INVALID_REQUEST,
+        "Invalid Request: not one JSON-RPC 2.0 message as the MCP schema states it",
+        request_id=request_id,
+    )
+
+
+def checked(raw: bytes) -> tuple[bytes, JSONRPCMessage]:
+    """`raw` screened, and as the SDK will read it, if it is one JSON-RPC message exactly as
+    the SDK's schema (in the OpenAPI document) states it; else the `JsonRpcRefusal` to answer.
+    The SDK's own parse is lax (`"code": true` passes as an integer) and, on stdio, answers
+    nothing to a line it cannot read."""
+    screened = screen(raw)
+    try:
+        message = jsonrpc_message_adapter.validate_json(screened, strict=True)
+    except ValueError:  # pydantic's ValidationError, and invalid JSON
+        raise refusal_of(screened) from None
+    return screened, message
 
 
 def rejection(arguments: dict[str, Json]) -> Json:

@@ -9,18 +9,27 @@ document's.
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import msgspec
 from mcp_types import Tool, ToolAnnotations
 
 from decidealot.contract import BatchResponse, ModelList, SystemOneResponse, UnloadResponse
-from decidealot.schema import CONFIG_DESCRIPTION, request_components
+from decidealot.schema import CONFIG_DESCRIPTION, declare_models, request_components
 
 SYSTEM_ONE = "system_one"
 SYSTEM_ONE_BATCH = "system_one_batch"
 LIST_MODELS = "list_models"
 UNLOAD_MODELS = "unload_models"
+
+HTTP_ROUTES = (
+    (SYSTEM_ONE_BATCH, "POST /v1/systemone/batch"),
+    (SYSTEM_ONE, "POST /v1/systemone"),
+    (UNLOAD_MODELS, "POST /v1/models/unload"),
+    (LIST_MODELS, "GET /v1/models"),
+)
+"""The HTTP operation each tool is, longest route first (one route may start another)."""
 
 INSTRUCTIONS = (
     "Decidealot answers typed questions about a state with a System One decision model: "
@@ -45,9 +54,9 @@ probabilities are model output, not a policy: choose thresholds yourself.
 
 Arguments are the HTTP body: `model` (a name from list_models), `state` (string, object or \
 array), `questions` (name -> question) and optional `config` (CLM selectors accept \
-{"temperature": t}; other models take none). Invalid input fails with the HTTP API's 422 \
-envelope {"detail": [{"loc", "msg", "type", "input"}]}; other failures with \
-{"code", "message", "details"}."""
+{"temperature": t}; other models take none). A failed call is a tool error whose text is \
+the HTTP API's envelope as JSON: {"detail": [{"loc", "msg", "type", "input"}]} for invalid \
+input (each issue names its field in `loc`), {"code", "message", "details"} otherwise."""
 
 _SYSTEM_ONE_BATCH_DESCRIPTION = """\
 Run several independent System One decisions in one call, exactly like \
@@ -192,3 +201,19 @@ TOOLS: dict[str, Tool] = {
     )
 }
 """Every tool, by name, in the order `tools/list` shows them."""
+
+
+def listing(names: list[str] | None) -> list[Tool]:
+    """Every tool as `tools/list` shows it now: `model` in the input schemas lists `names`, the
+    names list_models returns (None when they cannot be read), as the OpenAPI document lists
+    them (`decidealot.schema.declare_models`). Only `model` changes: an `anyOf` at the root of
+    an input schema, as the document splits `config` by model, is refused by some hosts."""
+    system_one = copy.deepcopy(TOOLS[SYSTEM_ONE].input_schema)
+    declare_models(system_one, names, LIST_MODELS)
+    batch = copy.deepcopy(TOOLS[SYSTEM_ONE_BATCH].input_schema)
+    declare_models(batch["$defs"]["SystemOneRequest"], names, LIST_MODELS)
+    schemas = {SYSTEM_ONE: system_one, SYSTEM_ONE_BATCH: batch}
+    return [
+        tool.model_copy(update={"input_schema": schemas[name]}) if name in schemas else tool
+        for name, tool in TOOLS.items()
+    ]

@@ -17,7 +17,6 @@ from decidealot.config import (
     setting,
     text,
     url,
-    variable,
 )
 from decidealot.contract import ModelInfo
 from decidealot.device import request_token_limit
@@ -58,17 +57,6 @@ class ClmSettings(Section, frozen=True, kw_only=True):
     clm_parallel_with_local_models: Annotated[bool, setting(boolean)] = False
     clm_encoder_timeout_seconds: Annotated[float, setting(seconds())] = 30.0
     clm_encoder_retry_seconds: Annotated[float, setting(seconds(allow_zero=True))] = 10.0
-
-
-def _check(section: ClmSettings) -> None:
-    if section.clm_embeddings_url is not None:
-        return
-    for field in ("clm_head", "clm_embeddings_api_key"):
-        if getattr(section, field) is not None:
-            raise ConfigError(
-                f"{variable(field)} is set but CLM is off: it needs "
-                f"{variable('clm_embeddings_url')}"
-            )
 
 
 def _free_of_lane(section: ClmSettings) -> bool:
@@ -115,12 +103,13 @@ DESCRIPTOR = ProviderDescriptor(
     settings=ClmSettings,
     enabled=lambda section: section.clm_embeddings_url is not None,
     switch_off="unset DECIDEALOT_CLM_EMBEDDINGS_URL to turn CLM off",
+    off="CLM is off: it needs DECIDEALOT_CLM_EMBEDDINGS_URL",
+    only_while_on=("clm_embeddings_api_key",),
     build=_build,
     selectors=SELECTORS,
     bundles=(Bundle(CHECKPOINT, "clm_head", entry=HEAD_FILE, entry_is="head file"),),
     lane_group="clm",
     free_of_lane=_free_of_lane,
-    check=_check,
     tiny=Tiny(
         "decidealot.providers.clm.tiny:write_bundles",
         needs="CLM's head, for use with DECIDEALOT_CLM_EMBEDDINGS_URL (4096-float vectors)",

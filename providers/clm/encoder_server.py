@@ -8,6 +8,10 @@ float32); `usage.prompt_tokens` counts the tokens each input actually used. Inpu
 bounds texts in bytes before it ever calls. Requests naming another model get 404.
 
 Importing this module is cheap and torch-free: the model loads inside the server's worker.
+With tracing configured by the standard OTEL_* variables (as for `decidealot serve`), each
+embeddings request is a server span continuing the caller's `traceparent` (the CLM gateway
+sends one), so the encoder's time shows inside the decision's trace; spans carry counts, never
+the texts.
 """
 
 from __future__ import annotations
@@ -15,13 +19,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import os
+import sys
 from functools import partial
 from typing import TYPE_CHECKING, Any, Literal
 
 import msgspec
-from litestar import Litestar, get, post
+from litestar import Litestar, Request, get, post
 from litestar.datastructures import State
 from litestar.response import Response
+
+from decidealot import config, tracing
 
 if TYPE_CHECKING:
     import numpy as np
@@ -98,7 +106,24 @@ def _error(status: int, message: str, kind: str) -> Response[dict[str, Any]]:
 
 
 @post("/v1/embeddings", status_code=200)
-async def embeddings(data: EmbeddingsRequest, state: State) -> Response[dict[str, Any]]:
+async def embeddings(
+    data: EmbeddingsRequest, state: State, request: Request[Any, Any, Any]
+) -> Response[dict[str, Any]]:
+    with tracing.span(
+        "POST /v1/embeddings",
+        kind="server",
+        parent=tracing.extract(dict(request.scope["headers"])),
+        attributes={"http.request.method": "POST", "http.route": "/v1/embeddings"},
+    ) as span:
+        response = await _embeddings(data, state)
+        status = response.status_code or 200  # unset: the route's own
+        span.set({"http.response.status_code": status})
+        if status >= 400:
+            span.fail(str(status))
+        return response
+
+
+async def _embeddings(data: EmbeddingsRequest, state: State) -> Response[dict[str, Any]]:
     encoder: LastTokenEncoder = state.encoder
     served: str = state.served_name
     if data.model is not None and data.model != served:
@@ -109,7 +134,9 @@ async def embeddings(data: EmbeddingsRequest, state: State) -> Response[dict[str
     if not texts:
         return _error(400, "input must not be empty", "BadRequest")
     async with state.lock:  # one forward pass at a time
-        vectors, tokens = await asyncio.to_thread(encoder.encode, texts)
+        with tracing.span("encode", texts=len(texts)) as span:
+            vectors, tokens = await asyncio.to_thread(encoder.encode, texts)
+            span.set(tokens=sum(tokens))
     items = []
     for index, vector in enumerate(vectors):
         if data.encoding_format == "base64":
@@ -140,10 +167,12 @@ async def health() -> dict[str, str]:
 
 
 def create_app(options: EncoderOptions) -> Litestar:
-    """Load the model, then build the app (called in the server's worker process)."""
+    """Load the model, then build the app (called in the server's worker process, where the
+    tracer provider must live)."""
+    tracing.setup(config.Settings(trace_exporters=config.trace_exporters(os.environ)))
     encoder = LastTokenEncoder(options)
     state = State({"encoder": encoder, "served_name": options.served_name, "lock": asyncio.Lock()})
-    return Litestar([embeddings, models, health], state=state)
+    return Litestar([embeddings, models, health], state=state, on_shutdown=[tracing.shutdown])
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -170,6 +199,11 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    try:  # checked here, before the worker starts, so a bad value is one line
+        config.trace_exporters(os.environ)
+    except config.ConfigError as exc:
+        print(f"decidealot encoder: {exc}", file=sys.stderr)
+        return 2
     options = EncoderOptions(
         model=args.model,
         served_name=args.served_model_name,

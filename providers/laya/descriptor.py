@@ -5,12 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated
 
-from decidealot.config import ConfigError, Section, Settings, boolean, directory, setting, variable
+from decidealot.config import Section, Settings, boolean, directory, setting
 from decidealot.contract import ModelInfo
 from decidealot.protocols import Provider
 from decidealot.providers.gateway.checkpoint_provider import CheckpointProvider
 from decidealot.providers.laya.gateway.router import checkpoint_for
-from decidealot.registry import Bundle, ProviderDescriptor, Tiny
+from decidealot.registry import Bundle, ProviderDescriptor, Tiny, json_object, safetensors_header
 
 RELEASE = "2026-09-23"
 
@@ -42,6 +42,14 @@ FILES = (
     "tokenizer/tokenizer_config.json",
 )
 """What the Laya engine reads from a checkpoint directory (docs/models.md lists them too)."""
+CHECKS = {
+    "rl_agent_config.json": json_object,
+    "model.safetensors": safetensors_header,
+    "encoder/config.json": json_object,
+    "tokenizer/tokenizer.json": json_object,
+    "tokenizer/tokenizer_config.json": json_object,
+}
+"""How startup reads each of them (a file that would not parse stops `serve`)."""
 
 
 class LayaSettings(Section, frozen=True, kw_only=True):
@@ -57,16 +65,6 @@ class LayaSettings(Section, frozen=True, kw_only=True):
 
 def _setting(key: str) -> str:
     return f"laya_{key.replace('-', '_')}_checkpoint"
-
-
-def _check(section: LayaSettings) -> None:
-    if section.laya_enabled:
-        return
-    for key in CHECKPOINTS:
-        if section.checkpoint(key) is not None:
-            raise ConfigError(
-                f"{variable(_setting(key))} is set but {variable('laya_enabled')}=false"
-            )
 
 
 def _build(settings: Settings, section: LayaSettings) -> Provider:
@@ -88,10 +86,12 @@ DESCRIPTOR = ProviderDescriptor(
     settings=LayaSettings,
     enabled=lambda section: section.laya_enabled,
     switch_off="DECIDEALOT_LAYA_ENABLED=false to turn Laya off",
+    off="DECIDEALOT_LAYA_ENABLED=false",
     build=_build,
     selectors=SELECTORS,
-    bundles=tuple(Bundle(f"laya-{key}", _setting(key), files=FILES) for key in CHECKPOINTS),
+    bundles=tuple(
+        Bundle(f"laya-{key}", _setting(key), files=FILES, checks=CHECKS) for key in CHECKPOINTS
+    ),
     lane_group="models",
-    check=_check,
     tiny=Tiny("decidealot.providers.laya.tiny:write_bundles"),
 )

@@ -5,11 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated
 
-from decidealot.config import ConfigError, Section, Settings, boolean, directory, setting
+from decidealot.config import Section, Settings, boolean, directory, setting
 from decidealot.contract import ModelInfo
 from decidealot.protocols import Provider
 from decidealot.providers.gateway.checkpoint_provider import CheckpointProvider, only
-from decidealot.registry import Bundle, ProviderDescriptor, Tiny
+from decidealot.registry import Bundle, ProviderDescriptor, Tiny, json_object
 
 CHECKPOINT = "von-1.1"
 """The one checkpoint key; also the bundle name and the `model` every answer reports."""
@@ -30,16 +30,13 @@ FILES = (
     "marker_calibration.json",
 )
 """What the Von engine reads from a checkpoint directory (docs/models.md lists them too)."""
+CHECKS = {name: json_object for name in FILES if name.endswith(".json")}
+"""How startup reads them: every JSON file must parse (option_marker.pt is torch's own)."""
 
 
 class VonSettings(Section, frozen=True, kw_only=True):
     von_enabled: Annotated[bool, setting(boolean)] = True
     von_checkpoint: Annotated[Path | None, setting(directory)] = None
-
-
-def _check(section: VonSettings) -> None:
-    if not section.von_enabled and section.von_checkpoint is not None:
-        raise ConfigError("DECIDEALOT_VON_CHECKPOINT is set but DECIDEALOT_VON_ENABLED=false")
 
 
 def _build(settings: Settings, section: VonSettings) -> Provider:
@@ -61,10 +58,10 @@ DESCRIPTOR = ProviderDescriptor(
     settings=VonSettings,
     enabled=lambda section: section.von_enabled,
     switch_off="DECIDEALOT_VON_ENABLED=false to turn Von off",
+    off="DECIDEALOT_VON_ENABLED=false",
     build=_build,
     selectors=SELECTORS,
-    bundles=(Bundle(CHECKPOINT, "von_checkpoint", files=FILES),),
+    bundles=(Bundle(CHECKPOINT, "von_checkpoint", files=FILES, checks=CHECKS),),
     lane_group="models",
-    check=_check,
     tiny=Tiny("decidealot.providers.von.tiny:write_bundles"),
 )

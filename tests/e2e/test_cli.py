@@ -55,6 +55,7 @@ def test_models_prints_the_local_catalog() -> None:
     assert names == ["von", "von-latest", "von-1.1", "von-1.1.0"]
 
 
+@pytest.mark.smoke
 def test_serve_runs_until_sigterm() -> None:
     port = _free_port()
     clean = {k: v for k, v in os.environ.items() if not k.startswith("DECIDEALOT_")}
@@ -120,3 +121,22 @@ def test_the_gateway_never_imports_torch() -> None:
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert "torch" not in result.stdout and "transformers" not in result.stdout
+
+
+@pytest.mark.parametrize("command", ["checkpoints tiny {dir}", "models"])
+def test_a_reader_that_leaves_early_gets_no_traceback(tmp_path: Path, command: str) -> None:
+    """`decidealot checkpoints tiny DIR | head`: a pipe closed before the output is written
+    ends the command quietly (status 1, nothing on stderr about it)."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("DECIDEALOT_")}
+    line = f"{sys.executable} -m decidealot {command.format(dir=tmp_path / 'tiny')} | head -n 0"
+    done = subprocess.run(
+        ["bash", "-c", f"set -o pipefail; {line}"],
+        cwd=ROOT,
+        env=clean | {"OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 1, done.stderr
+    for needle in ("Traceback", "BrokenPipe", "Exception ignored"):
+        assert needle not in done.stderr, done.stderr

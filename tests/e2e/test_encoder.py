@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -29,6 +30,7 @@ from decidealot.providers.clm.gateway.provider import ClmProvider
 from decidealot.providers.clm.tiny import build_clm_head
 from tests.support.clm_runner import clm_runtime
 from tests.support.decide import Deciding
+from tests.support.otlp_receiver import OtlpReceiver
 
 WIDTH = 384
 SERVED = "minilm"
@@ -42,7 +44,15 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def encoder_url() -> Iterator[str]:
+def receiver() -> Iterator[OtlpReceiver]:
+    """Where the encoder's spans go (every test here runs with tracing on)."""
+    running = OtlpReceiver().start()
+    yield running
+    running.stop()
+
+
+@pytest.fixture(scope="module")
+def encoder_url(receiver: OtlpReceiver) -> Iterator[str]:
     port = _free_port()
     command = [
         sys.executable,
@@ -65,7 +75,12 @@ def encoder_url() -> Iterator[str]:
         cwd=Path(__file__).parents[2],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        env={
+            **os.environ,
+            "OMP_NUM_THREADS": "1",
+            "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url,
+            "OTEL_BSP_SCHEDULE_DELAY": "50",
+        },
     )
     url = f"http://127.0.0.1:{port}"
     try:
@@ -142,6 +157,36 @@ def test_long_inputs_keep_their_tail(encoder_url: str) -> None:
         _embed(encoder_url, ["filler " * 200 + tail], "float")["data"][0]["embedding"]
     )
     assert float(truncated @ ending) > 0.99
+
+
+def test_an_embeddings_request_continues_the_callers_trace(
+    encoder_url: str, receiver: OtlpReceiver
+) -> None:
+    """The CLM gateway's `traceparent` (tests/e2e/test_tracing.py checks it is sent) makes the
+    encoder's own span a child of its call; the span holds counts, not texts."""
+    trace_id, parent_id = secrets.token_hex(16), secrets.token_hex(8)
+    marker = "encoder-text-marker-Zt5Kq1"
+    response = httpx.post(
+        f"{encoder_url}/v1/embeddings",
+        json={"model": SERVED, "input": [marker, "second"]},
+        headers={"traceparent": f"00-{trace_id}-{parent_id}-01"},
+        timeout=60,
+    )
+    assert response.status_code == 200, response.text
+
+    def arrived(spans: list) -> bool:
+        return {"POST /v1/embeddings", "encode"} <= {
+            s.name for s in spans if s.trace_id == trace_id
+        }
+
+    spans = [s for s in receiver.wait_for(arrived) if s.trace_id == trace_id]
+    (server,) = [s for s in spans if s.name == "POST /v1/embeddings"]
+    (encode,) = [s for s in spans if s.name == "encode"]
+    assert server.parent_id == parent_id and server.kind == 2  # SERVER
+    assert server.attributes["http.response.status_code"] == 200
+    assert encode.parent_id == server.span_id and encode.attributes["decidealot.texts"] == 2
+    assert encode.attributes["decidealot.tokens"] == response.json()["usage"]["prompt_tokens"]
+    assert all(marker.encode() not in body for body in receiver.bodies)
 
 
 def test_requests_for_another_model_or_encoding_are_refused(encoder_url: str) -> None:

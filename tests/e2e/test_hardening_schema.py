@@ -34,6 +34,7 @@ from swagger_ui_bundle import swagger_ui_path
 from decidealot import registry
 from decidealot.http import openapi
 from decidealot.validation import requests as validation
+from tests.support.mcp_clients import MCP_HEADERS, sse_json
 from tests.support.servers import ALL_FAKES, RunningServer, start_server
 
 load_all_checks()
@@ -50,7 +51,6 @@ CASES = [
     # negative cases need an input to break; operations without one have none
     if mode == GenerationMode.POSITIVE or "requestBody" in _PATHS[path][method.lower()]
 ]
-MCP_HEADERS = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
 
 
 @pytest.fixture(scope="module")
@@ -165,17 +165,20 @@ def test_mcp_without_a_content_type_gets_our_envelope(gateway: RunningServer) ->
 
 
 def test_mcp_refuses_what_the_document_calls_invalid(gateway: RunningServer) -> None:
-    """The SDK's own parse is lax; a body outside its JSON-RPC schema is our 400, and a valid
-    message still reaches it."""
+    """The SDK's own parse is lax; a body outside its JSON-RPC schema is a JSON-RPC invalid
+    request (400), with the id when it has one, and a valid message still reaches it."""
     invalid = [
-        {"jsonrpc": "2.0", "id": None, "error": {"code": False, "message": ""}},
-        {"jsonrpc": "2.0", "id": 1, "result": []},
-        {"jsonrpc": "1.0", "id": 1, "method": "tools/list"},
+        ({"jsonrpc": "2.0", "id": None, "error": {"code": False, "message": ""}}, None),
+        ({"jsonrpc": "2.0", "id": 1, "result": []}, 1),
+        ({"jsonrpc": "1.0", "id": "a", "method": "tools/list"}, "a"),
     ]
-    for message in invalid:
+    for message, request_id in invalid:
         response = httpx.post(gateway.url + "/mcp", json=message, headers=MCP_HEADERS)
         assert response.status_code == 400, message
-        assert response.json()["code"] == "MALFORMED_BODY"
+        assert response.headers["content-type"] == "application/json"
+        refused = response.json()
+        assert refused["jsonrpc"] == "2.0" and refused["id"] == request_id, refused
+        assert refused["error"]["code"] == -32600, refused
     valid = {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}
     assert httpx.post(gateway.url + "/mcp", json=valid, headers=MCP_HEADERS).status_code == 200
     # a JSON media type the REST API takes reaches the SDK as plain JSON, not its text 400
@@ -244,11 +247,6 @@ def test_numbers_are_bounded_as_the_parser_bounds_them(gateway: RunningServer) -
     assert httpx.post(gateway.url + "/v1/systemone", content=inside).status_code == 200
 
 
-def _sse_json(response: httpx.Response) -> Any:
-    data = [line[5:] for line in response.text.splitlines() if line.startswith("data:")]
-    return json.loads(data[0])
-
-
 def test_openapi_and_mcp_state_the_same_bounds(gateway: RunningServer) -> None:
     """Questions, choice options, score levels and temperature: one source, both documents."""
     components = httpx.get(gateway.url + "/openapi.json").json()["components"]["schemas"]
@@ -257,7 +255,7 @@ def test_openapi_and_mcp_state_the_same_bounds(gateway: RunningServer) -> None:
         json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"},
         headers=MCP_HEADERS,
     )
-    tools = {tool["name"]: tool for tool in _sse_json(listing)["result"]["tools"]}
+    tools = {tool["name"]: tool for tool in sse_json(listing)["result"]["tools"]}
     mcp = tools["system_one"]["inputSchema"]
     in_batch = tools["system_one_batch"]["inputSchema"]["$defs"]
 
@@ -294,7 +292,8 @@ _LINKS = re.compile(r'(?:src|href)="([^"]+)"')
 def test_docs_and_their_assets_are_served_offline_and_public(secured: RunningServer) -> None:
     """Every asset the page loads is a relative URL this service answers, from the
     swagger-ui-bundle package (nothing reaches a CDN or the hub, which are unreachable here);
-    the page and assets need no key, the document it loads does, and the page sends it."""
+    the page, its assets and the document it loads need no key; the document declares bearer
+    security, so Swagger's Authorize button takes the key (tests/e2e/test_docs_page.py)."""
     page = httpx.get(secured.url + "/docs")
     assert page.status_code == 200
     assert page.headers["content-type"].startswith("text/html")
@@ -307,11 +306,13 @@ def test_docs_and_their_assets_are_served_offline_and_public(secured: RunningSer
         assert asset.content == (swagger_ui_path / link.rsplit("/", 1)[1]).read_bytes()
         assert asset.headers["cache-control"] == "max-age=86400"
     assert 'url: "openapi.json"' in page.text and "validatorUrl: null" in page.text
-    assert '"Bearer " + token' in page.text
+    assert "<input" not in page.text  # one token control: Swagger's own Authorize
 
     assert httpx.get(secured.url + "/docs/assets/index.html").status_code == 404
-    assert httpx.get(secured.url + "/openapi.json").status_code == 401
+    public = httpx.get(secured.url + "/openapi.json")
+    assert public.status_code == 200 and KEY not in public.text
     document = httpx.get(secured.url + "/openapi.json", headers=BEARER).json()
+    assert document == public.json()
     assert document["components"]["securitySchemes"]["bearer"] == {
         "type": "http",
         "scheme": "bearer",

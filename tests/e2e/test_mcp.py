@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,8 +31,8 @@ from decidealot.mcp.stdio import main
 from decidealot.mcp.tools import TOOLS
 from decidealot.service import Service
 from tests.support.fake_typesafe import FakeTypeSafe, serve
-from tests.support.mcp_clients import over_http, over_stdio
-from tests.support.servers import RunningServer, start_server
+from tests.support.mcp_clients import in_tool_terms, over_http, over_stdio, tool_outcome
+from tests.support.servers import ALL_FAKES, RunningServer, start_server
 
 ROOT = Path(__file__).resolve().parents[2]
 API_KEY = "mcp-Test-k3y"
@@ -126,9 +126,12 @@ async def _http(api: httpx.AsyncClient, path: str, body: Any = None) -> tuple[in
 
 
 async def _tool(client: Client, name: str, arguments: dict[str, Any]) -> tuple[bool, Any]:
-    result = await client.call_tool(name, arguments)
-    assert result.structured_content == json.loads(result.content[0].text)  # type: ignore[union-attr]
-    return result.is_error, result.structured_content
+    return tool_outcome(await client.call_tool(name, arguments))
+
+
+def _failed(envelope: Any) -> tuple[bool, Any]:
+    """The tool error an HTTP error body comes back as."""
+    return True, in_tool_terms(envelope)
 
 
 async def _assert_parity(client: Client, api: httpx.AsyncClient) -> None:
@@ -146,15 +149,15 @@ async def _assert_parity(client: Client, api: httpx.AsyncClient) -> None:
     for body in INVALID_REQUESTS:
         status, expected = await _http(api, "/v1/systemone", body)
         assert status == 422 and expected["detail"], expected
-        assert await _tool(client, "system_one", body) == (True, expected)
+        assert await _tool(client, "system_one", body) == _failed(expected)
     for body in INVALID_BATCHES:
         status, expected = await _http(api, "/v1/systemone/batch", body)
         assert status == 422 and expected["detail"], expected
-        assert await _tool(client, "system_one_batch", body) == (True, expected)
+        assert await _tool(client, "system_one_batch", body) == _failed(expected)
     for body in FAILING_REQUESTS:
         status, expected = await _http(api, "/v1/systemone", body)
         assert status == 503 and expected["code"] == "PROVIDER_UNAVAILABLE", expected
-        assert await _tool(client, "system_one", body) == (True, expected)
+        assert await _tool(client, "system_one", body) == _failed(expected)
 
     status, expected = await _http(api, "/v1/models")
     assert status == 200, expected
@@ -172,6 +175,7 @@ async def _assert_parity(client: Client, api: httpx.AsyncClient) -> None:
 # -- streamable HTTP ---------------------------------------------------------------------------
 
 
+@pytest.mark.smoke
 @pytest.mark.parametrize("mode", ["legacy", "auto"])
 async def test_http_answers_equal_the_http_api(gateway: RunningServer, mode: str) -> None:
     async with (
@@ -216,6 +220,39 @@ async def test_tools_publish_the_http_schemas(gateway: RunningServer) -> None:
         jsonschema.validate(unloaded, tools["unload_models"].output_schema)
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate({"model": "x", "answers": {}}, tools["system_one"].output_schema)
+
+
+async def test_tools_list_the_model_names_now(launch: Callable[..., RunningServer]) -> None:
+    """`model` in both input schemas is the enum of list_models' names as the catalog is when
+    the tools are listed, hosted names included, as the OpenAPI document lists them; with the
+    hosted catalog down it stays open and says so."""
+    server = launch(**ALL_FAKES)
+
+    async def model_properties() -> list[dict[str, Any]]:
+        async with over_http(server.url) as client:
+            tools = {tool.name: tool for tool in (await client.list_tools()).tools}
+        batch = tools["system_one_batch"].input_schema["$defs"]["SystemOneRequest"]
+        return [
+            tools["system_one"].input_schema["properties"]["model"],
+            batch["properties"]["model"],
+        ]
+
+    async with httpx.AsyncClient(base_url=server.url) as api:
+        names = [m["name"] for m in (await api.get("/v1/models")).json()["models"]]
+        document = (await api.get("/openapi.json")).json()
+    assert {"laya", "von-1.1", "clm", "jev-latest"} <= set(names)
+    assert (
+        document["components"]["schemas"]["SystemOneRequest"]["properties"]["model"]["enum"]
+        == names
+    )
+    for model in await model_properties():
+        assert model["enum"] == names and "list_models" in model["description"]
+
+    server.jev_catalog.write_text(json.dumps(["jev-9.9"]))
+    assert all("jev-9.9" in model["enum"] for model in await model_properties())
+    server.jev_catalog.write_text('"fail"')
+    for model in await model_properties():
+        assert "enum" not in model and "list_models" in model["description"]
 
 
 async def test_http_needs_the_key(keyed: RunningServer) -> None:
@@ -317,6 +354,7 @@ async def test_oversized_arguments_are_413() -> None:
 # -- stdio -------------------------------------------------------------------------------------
 
 
+@pytest.mark.smoke
 async def test_stdio_forwarding_equals_the_http_api(gateway: RunningServer) -> None:
     async with (
         httpx.AsyncClient(base_url=gateway.url, timeout=30) as api,
@@ -388,7 +426,7 @@ async def test_stdio_runs_providers_itself(typesafe: FakeTypeSafe, tmp_path: Pat
             for body in INVALID_REQUESTS[:4]:
                 status, expected = await _http(api, "/v1/systemone", body)
                 assert status == 422, expected
-                assert await _tool(client, "system_one", body) == (True, expected)
+                assert await _tool(client, "system_one", body) == _failed(expected)
             status, expected = await _http(api, "/v1/systemone/batch", batch)
             assert status == 200
             assert await _tool(client, "system_one_batch", batch) == (False, expected)

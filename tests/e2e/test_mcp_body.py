@@ -23,6 +23,7 @@ import zstandard
 
 from decidealot.mcp.http import _FRAMING_BYTES
 from decidealot.mcp.tools import TOOLS
+from tests.support.mcp_clients import tool_outcome
 from tests.support.servers import RunningServer, start_server
 
 LIMIT = 16 * 1024
@@ -136,8 +137,8 @@ def test_arguments_up_to_the_limit_fit_in_the_framing(
     over = answer(
         client.post("/mcp", content=call("system_one", padded(LIMIT + 1)), headers=HEADERS)
     )
-    assert over["result"]["isError"] is True
-    assert over["result"]["structuredContent"]["code"] == "REQUEST_TOO_LARGE"
+    failed, envelope = tool_outcome(over["result"])
+    assert failed and envelope["code"] == "REQUEST_TOO_LARGE"
     assert "x" * 64 not in server.log_file.read_text()  # no log line holds the state
 
 

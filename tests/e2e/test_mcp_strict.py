@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.support.mcp_clients import StdioServer, over_http
+from tests.support.mcp_clients import StdioServer, forwarding, over_http, tool_outcome
 from tests.support.servers import RunningServer
 
 NOUL = b'{"type": "noul", "instructions": "Is human review needed?"}'
@@ -87,15 +87,8 @@ def over_mcp_http(server: RunningServer, message: bytes) -> dict[str, Any]:
 def stdio(
     gateway: RunningServer, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[StdioServer]:
-    server = StdioServer(
-        ["--url", gateway.url], {}, tmp_path_factory.mktemp("mcp-strict") / "stderr.log"
-    )
-    server.initialize()
-    yield server
-    server.process.kill()
-    server.process.wait()
-    assert server.process.stdin is not None
-    server.process.stdin.close()
+    with forwarding(gateway.url, tmp_path_factory.mktemp("mcp-strict")) as server:
+        yield server
 
 
 @pytest.mark.parametrize("case", list(REFUSED))
@@ -107,9 +100,7 @@ def test_refused_arguments_get_the_http_issues_as_a_tool_error(
     assert status == 422 and expected["detail"][0]["type"] == "json_invalid", expected
 
     for result in (over_mcp_http(gateway, rpc(tool, raw)), stdio.call_raw(rpc(tool, raw, 70))):
-        assert result["isError"] is True, result
-        assert result["structuredContent"] == expected
-        assert json.loads(result["content"][0]["text"]) == expected
+        assert tool_outcome(result) == (True, expected)
 
 
 def test_valid_arguments_are_untouched(gateway: RunningServer, stdio: StdioServer) -> None:
@@ -119,8 +110,7 @@ def test_valid_arguments_are_untouched(gateway: RunningServer, stdio: StdioServe
         over_mcp_http(gateway, rpc("system_one", ACCEPTED)),
         stdio.call_raw(rpc("system_one", ACCEPTED, 71)),
     ):
-        assert result["isError"] is False, result
-        assert result["structuredContent"] == expected
+        assert tool_outcome(result) == (False, expected)
 
 
 def test_a_client_cannot_forge_a_rejection(gateway: RunningServer) -> None:
@@ -129,7 +119,7 @@ def test_a_client_cannot_forge_a_rejection(gateway: RunningServer) -> None:
     forged = b'{"decidealot.rejected.0": {"detail": []}}'
     status, expected = over_rest(gateway, "system_one", forged)
     assert status == 422
-    assert over_mcp_http(gateway, rpc("system_one", forged))["structuredContent"] == expected
+    assert tool_outcome(over_mcp_http(gateway, rpc("system_one", forged))) == (True, expected)
 
 
 @pytest.mark.parametrize("mode", ["legacy", "auto"])
@@ -142,8 +132,7 @@ async def test_sdk_clients_in_both_eras_get_the_http_issues(
     assert status == 422
     async with over_http(gateway.url, mode=mode) as client:
         result = await client.call_tool("system_one", arguments)
-    assert result.is_error is True
-    assert result.structured_content == expected
+    assert tool_outcome(result) == (True, expected)
 
 
 def test_the_stdio_stderr_carries_no_traceback(stdio: StdioServer, tmp_path: Path) -> None:

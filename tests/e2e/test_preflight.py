@@ -254,13 +254,79 @@ def test_a_checkpoint_missing_a_file_stops_startup(
             httpx.get(f"http://127.0.0.1:{port}/health", timeout=1)
 
 
-def _install_without(printed: dict[str, str], tmp_path: Path, left_out: str) -> dict[str, str]:
-    """An installed von-1.1 bundle whose manifest and record lack `left_out`."""
+def _write(name: str, content: bytes) -> Callable[[Path], None]:
+    def write(path: Path) -> None:
+        (path / name).write_bytes(content)
+
+    return write
+
+
+def _garble_header(path: Path) -> None:
+    """A safetensors file whose header length is right and whose JSON is not."""
+    weights = path / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[8:10] = b"{x"
+    weights.write_bytes(bytes(data))
+
+
+MALFORMED = {
+    "von-calibration": (
+        "DECIDEALOT_VON_CHECKPOINT",
+        _write("marker_calibration.json", b"{temperature: 2.2}"),
+        "marker_calibration.json is not valid JSON",
+    ),
+    "laya-agent-config": (
+        "DECIDEALOT_LAYA_ENGLISH_CHECKPOINT",
+        _write("rl_agent_config.json", b'{"encoder": "tiny"'),
+        "rl_agent_config.json is not valid JSON",
+    ),
+    "laya-tokenizer": (
+        "DECIDEALOT_LAYA_ENGLISH_CHECKPOINT",
+        _write("tokenizer/tokenizer.json", b'["not", "a", "tokenizer"]'),
+        "tokenizer/tokenizer.json is not a JSON object",
+    ),
+    "laya-safetensors-header": (
+        "DECIDEALOT_LAYA_MULTILINGUAL_CHECKPOINT",
+        _garble_header,
+        "model.safetensors has a safetensors header that does not parse",
+    ),
+    "laya-safetensors-cut": (
+        "DECIDEALOT_LAYA_TYPED_DECISIONS_CHECKPOINT",
+        lambda path: (path / "model.safetensors").write_bytes(
+            (path / "model.safetensors").read_bytes()[:-100]
+        ),
+        "model.safetensors is cut short",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(MALFORMED))
+def test_a_checkpoint_file_that_does_not_parse_stops_startup(
+    printed: dict[str, str], tmp_path: Path, case: str
+) -> None:
+    """Read as its engine will read it, before listening: not a worker traceback at the
+    first request."""
+    variable, damage, needle = MALFORMED[case]
+    broken = _copy(printed, variable, tmp_path)
+    damage(broken)
+    port = _free_port()
+    laya_and_von = {k: v for k, v in printed.items() if k != "DECIDEALOT_CLM_HEAD"}
+    env = {**laya_and_von, variable: str(broken), "DECIDEALOT_PORT": str(port)}
+    result = cli("serve", **env, DECIDEALOT_MODEL_DIR=str(tmp_path / "models"))
+    _assert_refused(result, f"{variable}={broken}: {needle}", "the ", " engine reads it")
+    with pytest.raises(httpx.TransportError):
+        httpx.get(f"http://127.0.0.1:{port}/health", timeout=1)
+
+
+def _install(
+    printed: dict[str, str], tmp_path: Path, damage: Callable[[Path], None]
+) -> dict[str, str]:
+    """An installed von-1.1 bundle, damaged, with a manifest and record of what is left."""
     source = Path(printed["DECIDEALOT_VON_CHECKPOINT"])
     models, manifests = tmp_path / "models", tmp_path / "manifests"
     target = models / "von-1.1"
     shutil.copytree(source, target)
-    (target / left_out).unlink()
+    damage(target)
     files = [
         RecordFile(p.name, p.stat().st_size, hashlib.sha256(p.read_bytes()).hexdigest(), "manifest")
         for p in sorted(target.iterdir())
@@ -286,9 +352,17 @@ def _install_without(printed: dict[str, str], tmp_path: Path, left_out: str) -> 
 def test_an_installed_bundle_missing_a_file_stops_startup(
     printed: dict[str, str], tmp_path: Path, command: str
 ) -> None:
-    env = _install_without(printed, tmp_path, "marker_calibration.json")
+    env = _install(printed, tmp_path, _remove("marker_calibration.json"))
     result = cli(command, **env)
     _assert_refused(result, "bundle von-1.1", "marker_calibration.json is missing")
+
+
+def test_an_installed_bundle_holding_a_file_that_does_not_parse_stops_startup(
+    printed: dict[str, str], tmp_path: Path
+) -> None:
+    env = _install(printed, tmp_path, _write("marker_calibration.json", b"[0.5, "))
+    result = cli("serve", **env)
+    _assert_refused(result, "bundle von-1.1 (installed at ", "marker_calibration.json is not valid")
 
 
 def test_prepare_prints_where_each_checkpoint_is(printed: dict[str, str], tmp_path: Path) -> None:
@@ -333,6 +407,31 @@ def test_offline_names_every_missing_bundle_and_its_replacement(
     for bundle, needles in expected.items():
         (line,) = [line for line in lines if f"bundle {bundle}:" in line]
         assert all(needle in line for needle in needles), line
+
+
+def test_troubleshooting_shows_what_a_fresh_machine_without_the_hub_prints(
+    tmp_path: Path,
+) -> None:
+    """docs/troubleshooting.md's sample is the real message, word for word: default settings,
+    an empty model directory, a hub that cannot be reached (here a closed local port, shown as
+    the default endpoint)."""
+    endpoint = f"http://127.0.0.1:{_free_port()}"
+    result = run_cli(
+        "serve",
+        clear=("DECIDEALOT_", "HF_", "TRANSFORMERS_OFFLINE"),  # huggingface_hub reads both
+        HF_ENDPOINT=endpoint,
+        DECIDEALOT_MODEL_DIR=str(tmp_path / "models"),
+        DECIDEALOT_DEVICE="cpu",
+        DECIDEALOT_PORT=str(_free_port()),
+    )
+    assert result.returncode == 1, result.stderr
+    printed = result.stderr[result.stderr.index("decidealot: ") :].rstrip("\n")
+    printed = printed.replace(endpoint, "https://huggingface.co")
+    page = (ROOT / "docs" / "troubleshooting.md").read_text()
+    samples = [
+        block for block in page.split("```") if "enabled bundles cannot be prepared" in block
+    ]
+    assert [sample.strip("\n") for sample in samples] == [printed]
 
 
 def test_offline_the_printed_lines_are_enough_to_start(

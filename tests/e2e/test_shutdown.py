@@ -10,11 +10,12 @@ from __future__ import annotations
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sized
 from pathlib import Path
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support import ops_launcher as ops_server
 from tests.support.servers import RunningServer
@@ -50,6 +51,22 @@ def start(servers: list[RunningServer], folder: Path, **env: str) -> RunningServ
     server = ops_server.start(folder, **env)
     servers.append(server)
     return server
+
+
+def wait_in_flight(server: RunningServer, count: int, answered: Sized) -> None:
+    """Wait until `count` requests have reached the server: being served (besides the scrape
+    asking), or already `answered`."""
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        text = httpx.get(server.url + "/metrics", timeout=10).text
+        (family,) = (f for f in text_string_to_metric_families(text) if f.name == GAUGE)
+        if family.samples[0].value - 1 + len(answered) >= count:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"never {count} requests in flight")
+
+
+GAUGE = "decidealot_http_requests_in_flight"
 
 
 def load_workers(server: RunningServer, models: tuple[str, ...]) -> set[int]:
@@ -118,7 +135,10 @@ def test_sigterm_under_load_answers_admitted_requests_and_ends_every_worker(
     # connection (status 0) is allowed only for a request sent as the server stopped
     assert all(status == 200 for sent, _, status, _ in outcomes if sent < terminated_at - 0.05)
     in_flight = [s for sent, done, s, _ in outcomes if sent < terminated_at < done]
-    assert in_flight and set(in_flight) == {200}
+    assert in_flight and set(in_flight) == {200}, [
+        (round(s - terminated_at, 2), round(d - terminated_at, 2), st, c)
+        for s, d, st, c in outcomes
+    ]
     assert any(status == 503 for *_, status, _ in outcomes)
     log = server.log_file.read_text()
     assert "Traceback" not in log
@@ -154,3 +174,82 @@ def test_a_killed_gateway_leaves_no_workers(servers: list[RunningServer], tmp_pa
     server.process.kill()
     server.process.wait(10)
     assert wait_gone(workers) == set()
+
+
+def test_the_drain_finishes_what_it_admitted_and_answers_the_rest_503(
+    servers: list[RunningServer], tmp_path: Path
+) -> None:
+    """DECIDEALOT_DRAIN_SECONDS, not the pass timeout, bounds a drain: a request of many passes
+    (longer than DECIDEALOT_PROVIDER_TIMEOUT_SECONDS) and one queued behind it finish; one that
+    would run past the bound and one waiting for the provider slot get a clean 503 when it
+    ends; requests sent meanwhile get 503 at once; the workers end and the exit status is 0."""
+    drain = 6.0
+    server = start(
+        servers,
+        tmp_path,
+        DECIDEALOT_DRAIN_SECONDS=str(drain),
+        DECIDEALOT_PROVIDER_TIMEOUT_SECONDS="1",
+        DECIDEALOT_WORKER_PASSES="1",
+        DECIDEALOT_BATCH_TOKEN_BUDGET="512",  # one row a pass
+    )  # one resident provider: von waits for laya's slot
+    workers = load_workers(server, ("laya",))
+    row = {"cost": 512, "sleep": 0.25}
+    requests = {
+        "many passes": decision("laya", rows=8, **row),  # 2 s, a quarter second a pass
+        "queued": decision("laya", rows=3, **row),  # goes first: shortest work first
+        "past the bound": decision("laya", rows=60, **row),  # 15 s
+        "waiting for the slot": decision("von"),
+    }
+    answers: dict[str, tuple[float, httpx.Response | Exception]] = {}
+
+    def send(name: str) -> None:
+        try:
+            response = httpx.post(server.url + "/v1/systemone", json=requests[name], timeout=60)
+        except httpx.HTTPError as exc:  # a cut connection: what must never happen
+            answers[name] = (time.monotonic(), exc)
+        else:
+            answers[name] = (time.monotonic(), response)
+
+    threads = {name: threading.Thread(target=send, args=(name,)) for name in requests}
+    for name, thread in threads.items():
+        thread.start()
+        if name == "past the bound":  # laya's requests hold its slot before von asks for one
+            wait_in_flight(server, 3, answers)
+    wait_in_flight(server, 4, answers)
+    terminated_at = time.monotonic()
+    server.process.send_signal(signal.SIGTERM)
+    time.sleep(0.3)
+    health = httpx.get(server.url + "/health", timeout=10)
+    late = httpx.post(server.url + "/v1/systemone", json=decision("laya"), timeout=10)
+    for thread in threads.values():
+        thread.join(drain + 20)
+    assert server.process.wait(20) == 0
+    assert wait_gone(workers) == set()
+
+    for response in (health, late):
+        assert response.status_code == 503
+        assert response.headers["retry-after"] == "1"
+        assert response.json()["message"] == "the service is shutting down"
+    statuses = {
+        name: getattr(answer, "status_code", answer) for name, (_, answer) in answers.items()
+    }
+    assert statuses == {
+        "many passes": 200,
+        "queued": 200,
+        "past the bound": 503,
+        "waiting for the slot": 503,
+    }
+    assert answers["many passes"][0] - terminated_at > 0.5  # it ran on after SIGTERM
+    for name in ("past the bound", "waiting for the slot"):
+        answered_at, response = answers[name]
+        assert isinstance(response, httpx.Response)
+        assert response.headers["retry-after"] == "1"
+        assert response.json() == {
+            "code": "PROVIDER_UNAVAILABLE",
+            "message": "the service shut down before this request finished",
+            "details": {},
+        }
+        assert drain - 0.5 < answered_at - terminated_at < drain + 5
+    log = server.log_file.read_text()
+    assert "2 requests still running after 6 s of draining" in log
+    assert "Traceback" not in log

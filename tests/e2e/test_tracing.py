@@ -159,6 +159,27 @@ def test_an_http_request_continues_the_callers_trace(
     assert_clean(receiver, API_KEY)
 
 
+def test_log_lines_written_inside_a_span_carry_its_trace_and_span(
+    traced: RunningServer, receiver: OtlpReceiver
+) -> None:
+    """A log search finds the trace, and the trace view finds its lines: every line a request
+    writes names its trace and the span it was written in; lines outside any span name none."""
+    trace_id, _, header = caller()
+    response = post(traced, "/v1/systemone", decision("laya"), traceparent=header)
+    assert response.status_code == 200, response.text
+    spans = in_trace(receiver, trace_id, "POST /v1/systemone", "forward_pass")
+    request = one(spans, "POST /v1/systemone")
+    lines = [json.loads(line) for line in traced.log_lines() if line.strip()]
+    mine = [line for line in lines if line["request_id"] == response.headers["x-request-id"]]
+    access = [line for line in mine if line["message"].startswith("POST /v1/systemone 200")]
+    assert len(access) == 1
+    assert (access[0]["trace_id"], access[0]["span_id"]) == (trace_id, request.span_id)
+    ids = {span.span_id for span in spans}
+    assert all(line["trace_id"] == trace_id and line["span_id"] in ids for line in mine)
+    (started,) = [line for line in lines if line["message"].startswith("starting on http://")]
+    assert "trace_id" not in started and "span_id" not in started
+
+
 def test_each_batch_item_is_a_decision_with_its_forward_pass(
     traced: RunningServer, receiver: OtlpReceiver
 ) -> None:

@@ -4,6 +4,13 @@ Both sides embed through the same deterministic HTTP endpoint: upstream's own `E
 its `requests` embedder, and our provider with the in-process engine. The encoder inputs must
 be identical call for call, and the answers must agree to 1e-5. On CUDA (skipped without a GPU)
 both heads run there, in fp32 as upstream runs them, to the same tolerance.
+
+A choice is the most probable option, the first in input order on an exact tie, on both sides
+(upstream's rule: `clm.schema.answer_from_probs`). The two sides' float32 matrix products sum
+in orders that depend on the CPU's kernels, so two options tied to the last bit on one side may
+differ in the last bit on the other (on an AMD EPYC, 4e-10 apart): then, and only then, the
+choices may differ, and only between options whose probabilities are within the tolerance of
+each other on both sides.
 """
 
 from __future__ import annotations
@@ -19,7 +26,7 @@ import pytest
 import torch
 from clm.embedder import Embedder
 from clm.engine import Engine as UpstreamEngine
-from clm.schema import build_pairs
+from clm.schema import answer_from_probs, build_pairs
 
 from decidealot.contract import (
     ChoiceQuestion,
@@ -35,8 +42,9 @@ from decidealot.providers.clm.gateway.encoder_client import EncoderClient
 from decidealot.providers.clm.gateway.provider import ClmProvider
 from decidealot.providers.clm.render import render_question
 from decidealot.providers.clm.tiny import build_clm_head
-from decidealot.providers.clm.worker.engine import create
+from decidealot.providers.clm.worker.engine import confidence, create
 from decidealot.providers.clm.worker.head import HeadFileError
+from decidealot.providers.worker.answers import answer
 from decidealot.providers.worker.passes import run_together
 from tests.support.clm_runner import clm_runtime
 from tests.support.decide import Deciding
@@ -151,13 +159,31 @@ def _upstream_questions(request: SystemOneRequest) -> dict[str, dict[str, Json]]
     return {name: msgspec.to_builtins(q) for name, q in request.questions.items()}
 
 
+def _first_most_probable(probabilities: dict[str, float]) -> str:
+    """Upstream's choice: the most probable option, the first in input order on a tie."""
+    return max(probabilities, key=probabilities.__getitem__)
+
+
+def _assert_same_choice(ours: dict[str, Json], theirs: dict[str, Json]) -> None:
+    """Each side chose by the rule on its own probabilities; where the choices differ, the two
+    options are a tie within float noise on both sides, not a different answer."""
+    for side in (ours, theirs):
+        assert side["choice"] == _first_most_probable(side["probabilities"])
+    if ours["choice"] != theirs["choice"]:
+        for side in (ours, theirs):
+            p = side["probabilities"]
+            assert abs(p[ours["choice"]] - p[theirs["choice"]]) <= TOLERANCE, (ours, theirs)
+
+
 def _assert_close(ours: dict[str, Json], theirs: dict[str, Json]) -> None:
     assert ours.keys() == theirs.keys()
     for name, mine in ours.items():
         other = theirs[name]
         assert mine.keys() == other.keys(), name
         for key, value in mine.items():
-            if isinstance(value, float):
+            if key == "choice":
+                _assert_same_choice(mine, other)
+            elif isinstance(value, float):
                 assert value == pytest.approx(other[key], abs=TOLERANCE), (name, key)
             elif key == "probabilities":
                 assert value.keys() == other[key].keys()
@@ -181,6 +207,18 @@ def test_rendering_matches_upstream_build_pairs() -> None:
             assert rendered.state_text == expected_state
             assert rendered.keys == expected_keys
             assert [c.text for c in rendered.candidates] == expected_texts
+
+
+@pytest.mark.parametrize(
+    "probabilities",
+    [[0.5, 0.5], [0.25, 0.375, 0.375], [0.2] * 5, [0.375, 0.25, 0.375], [0.1, 0.2, 0.3, 0.4]],
+)
+def test_exact_ties_go_to_the_first_option_as_upstream(probabilities: list[float]) -> None:
+    labels = ["x", "Refund", "billing", "tech", "other"][: len(probabilities)]
+    question = ChoiceQuestion(criteria=dict.fromkeys(labels, "criterion"))
+    ours = answer(question, probabilities, confidence, true_index=1)
+    theirs = answer_from_probs(msgspec.to_builtins(question), labels, probabilities)
+    assert msgspec.to_builtins(ours) == theirs
 
 
 @pytest.mark.parametrize("device", DEVICES)

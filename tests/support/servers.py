@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import pty
 import signal
 import socket
 import subprocess
@@ -53,17 +54,35 @@ class RunningServer:
         return self.process.wait(timeout)
 
 
+def _copy_terminal(terminal: int, log: Path) -> None:
+    """What the server writes to its terminal, appended to `log` until the terminal closes."""
+    with log.open("ab") as out:
+        while True:
+            try:
+                chunk = os.read(terminal, 65536)
+            except OSError:  # EIO: every process holding the terminal is gone
+                chunk = b""
+            if not chunk:
+                break
+            out.write(chunk)
+            out.flush()
+    os.close(terminal)
+
+
 def start_server(
     folder: Path,
     *,
     launcher: str = "tests.support.launcher",
     args: tuple[str, ...] = (),
     hosted: tuple[str, ...] = ("jev-latest", "jev-1.13.0", "von"),
+    terminal: bool = False,
     **env: str,
 ) -> RunningServer:
     """Start `python -m <launcher> <args>` (the production server over test providers; or
     `decidealot`, `("serve",)` for the real one) with DECIDEALOT_* overrides in `env` and the
-    fake TypeSafe catalog `hosted`; waits for /health."""
+    fake TypeSafe catalog `hosted`; waits for /health. Its log lines are JSON (the default
+    format off a terminal); with `terminal`, its stdout and stderr are a pseudo-terminal (as
+    when a person runs it), copied to the log file."""
     folder.mkdir(parents=True, exist_ok=True)
     port = free_port()
     events, catalog, log = folder / "events.jsonl", folder / "jev.json", folder / "server.log"
@@ -74,17 +93,20 @@ def start_server(
         "DECIDEALOT_PORT": str(port),
         **(fakes if launcher.startswith("tests.") else {}),  # `decidealot` refuses them
         "DECIDEALOT_MODEL_DIR": str(folder / "models"),
-        "DECIDEALOT_LOG_FORMAT": "json",
         **env,
     }
-    with log.open("wb") as log_out:
-        process = subprocess.Popen(
-            [sys.executable, "-m", launcher, *args],
-            cwd=ROOT,
-            env=full_env,
-            stdout=log_out,
-            stderr=subprocess.STDOUT,
-        )
+    command = [sys.executable, "-m", launcher, *args]
+    if terminal:
+        log.touch()
+        screen, tty = pty.openpty()
+        process = subprocess.Popen(command, cwd=ROOT, env=full_env, stdout=tty, stderr=tty)
+        os.close(tty)
+        threading.Thread(target=_copy_terminal, args=(screen, log), daemon=True).start()
+    else:
+        with log.open("wb") as log_out:
+            process = subprocess.Popen(
+                command, cwd=ROOT, env=full_env, stdout=log_out, stderr=subprocess.STDOUT
+            )
     server = RunningServer(f"http://127.0.0.1:{port}", process, events, catalog, log)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
@@ -137,3 +159,13 @@ ALL_FAKES = {
     "DECIDEALOT_CLM_EMBEDDINGS_URL": "http://127.0.0.1:9/v1",
     "DECIDEALOT_TYPESAFE_API_KEY": "upstream-key",
 }
+
+GATEWAY = {
+    **ALL_FAKES,
+    "DECIDEALOT_MAX_BATCH_REQUESTS": "8",
+    "DECIDEALOT_MAX_BATCH_CONCURRENCY": "2",
+    "DECIDEALOT_MAX_RESIDENT_PROVIDERS": "3",
+}
+"""The shared gateway's settings (conftest's `gateway` server, tests/support/app.py's in-process
+app): Laya, Von, CLM and Jev fakes; batches capped at 8 items, 2 concurrent calls, 3 resident
+providers."""

@@ -1,79 +1,141 @@
-"""Admission over real HTTP: `DECIDEALOT_MAX_PENDING_REQUESTS` bounds what local providers hold.
+"""Admission through the production app in-process (Litestar's test client, requests sent from
+threads): `DECIDEALOT_MAX_PENDING_REQUESTS` bounds what local providers hold.
 
-The production server over the test providers (`tests/server.py`): requests steer the fakes to
-sleep, so the admitted ones are still running when the next arrives.
+A request marked `held` is held right after admission (in its fake provider's `prepare`, before
+residency) until the test releases it, so the admitted requests are provably still running when
+the next arrive, with no sleep to guess when they got there; unmarked requests run at once, so a
+broken bound shows as a wrong answer, not a hang.
 """
 
 from __future__ import annotations
 
+import asyncio
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
 
 import httpx
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.support.servers import ALL_FAKES, RunningServer
+from decidealot.contract import SystemOneRequest
+from tests.support.app import InProcessApp, in_process
+from tests.support.servers import ALL_FAKES
 
 
-def request(model: str, sleep: float = 0.0, tag: str = "") -> dict[str, object]:
+def request(model: str, tag: str = "", held: bool = False) -> dict[str, object]:
     return {
         "model": model,
-        "state": {"fake": {"sleep": sleep, "tag": tag}},
+        "state": {"fake": {"tag": tag, "held": held}},
         "questions": {"q": {"type": "noul", "instructions": "Is it?"}},
     }
 
 
-def post(server: RunningServer, path: str, body: object) -> httpx.Response:
-    return httpx.post(server.url + path, json=body, timeout=30)
+def post(app: InProcessApp, path: str, body: object) -> httpx.Response:
+    return app.client.post(path, json=body)
+
+
+def scraped(app: InProcessApp) -> dict[str, float]:
+    return {
+        sample.name: sample.value
+        for family in text_string_to_metric_families(app.client.get("/metrics").text)
+        for sample in family.samples
+    }
+
+
+class Hold:
+    """Holds `app`'s local requests marked `held` once admitted, until `release` (or the end
+    of its `with` block, so that a failed assertion cannot leave them hanging);
+    `wait_admitted(n)` returns once `n` of them are held (a batch is held at its first item)."""
+
+    def __init__(self, app: InProcessApp, monkeypatch: pytest.MonkeyPatch) -> None:
+        self._arrived = threading.Semaphore(0)
+        self._released = asyncio.Event()
+        self._portal = app.client.blocking_portal
+        for provider in app.service.providers:
+            if provider.local:
+                monkeypatch.setattr(provider, "prepare", self._held(provider.prepare))
+
+    def _held(self, prepare: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+        async def held(selector: str, request: SystemOneRequest) -> Any:
+            if request.state["fake"]["held"]:
+                self._arrived.release()
+                await self._released.wait()
+            return await prepare(selector, request)
+
+        return held
+
+    def wait_admitted(self, count: int) -> None:
+        for _ in range(count):
+            assert self._arrived.acquire(timeout=30), "a request was never admitted"
+
+    def release(self) -> None:
+        self._portal.call(self._released.set)
+
+    def __enter__(self) -> Hold:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
 
 
 def test_requests_over_the_pending_bound_get_503_with_retry_after_at_once(
-    launch: Callable[..., RunningServer],
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    server = launch(**ALL_FAKES, DECIDEALOT_MAX_PENDING_REQUESTS="3")
-    with ThreadPoolExecutor(4) as pool:
+    with (
+        in_process(tmp_path, **ALL_FAKES, DECIDEALOT_MAX_PENDING_REQUESTS="3") as app,
+        ThreadPoolExecutor(4) as pool,
+        Hold(app, monkeypatch) as hold,
+    ):
+        rejected_before = scraped(app).get("decidealot_admission_rejected_total", 0)
         admitted = [
-            pool.submit(post, server, "/v1/systemone", request("laya", 2.0, f"slow {n}"))
+            pool.submit(post, app, "/v1/systemone", request("laya", f"slow {n}", held=True))
             for n in range(2)
         ]
         batch = pool.submit(
             post,
-            server,
+            app,
             "/v1/systemone/batch",
-            {"requests": [request("von", 1.0, f"item {n}") for n in range(4)]},
+            {"requests": [request("von", f"item {n}", held=True) for n in range(4)]},
         )  # four items, admitted as one request: they wait their turn inside it
-        time.sleep(0.5)
+        hold.wait_admitted(3)
         started = time.monotonic()
-        refused = post(server, "/v1/systemone", request("clm"))
-        refused_batch = post(server, "/v1/systemone/batch", {"requests": [request("laya")]})
+        refused = post(app, "/v1/systemone", request("clm"))
+        refused_batch = post(app, "/v1/systemone/batch", {"requests": [request("laya")]})
         waited = time.monotonic() - started
-        hosted = post(server, "/v1/systemone", request("jev-latest"))  # hosted: not counted
-        results = [each.result() for each in [*admitted, batch]]
-    assert waited < 2  # answered at once, not after the slow ones
-    for response in (refused, refused_batch):
-        assert response.status_code == 503
-        assert response.headers["retry-after"] == "1"
-        assert response.json()["code"] == "PROVIDER_UNAVAILABLE"
-    assert hosted.status_code == 200
-    assert [r.status_code for r in results] == [200, 200, 200]
-    assert len(results[2].json()["results"]) == 4
-    assert post(server, "/v1/systemone", request("laya")).status_code == 200  # room again
-    samples = {
-        sample.name: sample.value
-        for family in text_string_to_metric_families(httpx.get(server.url + "/metrics").text)
-        for sample in family.samples
-    }
-    assert samples["decidealot_admission_rejected_total"] == 2
+        hosted = post(app, "/v1/systemone", request("jev-latest"))  # hosted: not counted
+        assert not any(each.done() for each in [*admitted, batch])  # all three still held
+        hold.release()
+        results = [each.result(timeout=30) for each in [*admitted, batch]]
+        assert waited < 2  # answered at once, not after the slow ones
+        for response in (refused, refused_batch):
+            assert response.status_code == 503
+            assert response.headers["retry-after"] == "1"
+            assert response.json()["code"] == "PROVIDER_UNAVAILABLE"
+        assert hosted.status_code == 200
+        assert [r.status_code for r in results] == [200, 200, 200]
+        assert len(results[2].json()["results"]) == 4
+        assert post(app, "/v1/systemone", request("laya")).status_code == 200  # room again
+        samples = scraped(app)
+    # the counter is the process's, shared with every app of the session: count this one's
+    assert samples["decidealot_admission_rejected_total"] - rejected_before == 2
     assert samples["decidealot_pending_requests"] == 0
 
 
-def test_zero_turns_the_pending_bound_off(launch: Callable[..., RunningServer]) -> None:
-    server = launch(**ALL_FAKES, DECIDEALOT_MAX_PENDING_REQUESTS="0")
-    with ThreadPoolExecutor(8) as pool:
-        responses = list(
-            pool.map(
-                lambda n: post(server, "/v1/systemone", request("laya", 0.5, f"r{n}")), range(8)
-            )
-        )
+def test_zero_turns_the_pending_bound_off(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with (
+        in_process(tmp_path, **ALL_FAKES, DECIDEALOT_MAX_PENDING_REQUESTS="0") as app,
+        ThreadPoolExecutor(8) as pool,
+        Hold(app, monkeypatch) as hold,
+    ):
+        sent = [
+            pool.submit(post, app, "/v1/systemone", request("laya", f"r{n}", held=True))
+            for n in range(8)
+        ]
+        hold.wait_admitted(8)  # all eight admitted at once
+        hold.release()
+        responses = [each.result(timeout=30) for each in sent]
     assert [r.status_code for r in responses] == [200] * 8

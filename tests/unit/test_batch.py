@@ -1,20 +1,24 @@
-"""POST /v1/systemone/batch over real HTTP: order, lanes, the concurrency cap, all-or-nothing.
+"""POST /v1/systemone/batch through the production app in-process (Litestar's test client):
+order, lanes, the concurrency cap, all-or-nothing.
 
-The session gateway allows 3 resident providers and 2 simultaneous batch provider calls.
+The module's app (tests/support/app.py's GATEWAY settings) allows 3 resident providers and 2
+simultaneous batch provider calls.
 """
 
 from __future__ import annotations
 
 import itertools
 import uuid
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.support.servers import ALL_FAKES, RunningServer
+from tests.support.app import GATEWAY, InProcessApp, app_fixture, in_process
+
+gateway = app_fixture("gateway", **GATEWAY)
 
 
 def item(model: str, tag: str, sleep: float = 0.0, fail: str | None = None) -> dict[str, Any]:
@@ -28,15 +32,15 @@ def item(model: str, tag: str, sleep: float = 0.0, fail: str | None = None) -> d
     }
 
 
-def run(server: RunningServer, items: list[dict[str, Any]]) -> httpx.Response:
-    return httpx.post(server.url + "/v1/systemone/batch", json={"requests": items}, timeout=30)
+def run(app: InProcessApp, items: list[dict[str, Any]]) -> httpx.Response:
+    return app.client.post("/v1/systemone/batch", json={"requests": items})
 
 
-def events_for(server: RunningServer, prefix: str) -> list[dict[str, Any]]:
-    return [e for e in server.events() if str(e["tag"]).startswith(prefix)]
+def events_for(app: InProcessApp, prefix: str) -> list[dict[str, Any]]:
+    return [e for e in app.events() if str(e["tag"]).startswith(prefix)]
 
 
-def test_results_come_back_in_input_order(gateway: RunningServer) -> None:
+def test_results_come_back_in_input_order(gateway: InProcessApp) -> None:
     p = uuid.uuid4().hex
     response = run(gateway, [item("von", p + "slow", 0.4), item("jev-latest", p + "fast")])
     assert response.status_code == 200
@@ -47,7 +51,7 @@ def test_results_come_back_in_input_order(gateway: RunningServer) -> None:
     assert fast["end"] < slow["end"]  # the other model finished first, yet came second
 
 
-def test_items_of_one_model_run_in_input_order(gateway: RunningServer) -> None:
+def test_items_of_one_model_run_in_input_order(gateway: InProcessApp) -> None:
     p = uuid.uuid4().hex
     sleeps = [0.2, 0.0, 0.1, 0.0]
     items = [
@@ -60,7 +64,7 @@ def test_items_of_one_model_run_in_input_order(gateway: RunningServer) -> None:
         assert after["start"] >= before["end"]  # one at a time
 
 
-def test_batch_calls_are_capped(gateway: RunningServer) -> None:
+def test_batch_calls_are_capped(gateway: InProcessApp) -> None:
     p = uuid.uuid4().hex
     items = [item(m, f"{p}{m}", 0.3) for m in ("laya", "von", "clm", "jev-latest")]
     assert run(gateway, items).status_code == 200
@@ -72,7 +76,7 @@ def test_batch_calls_are_capped(gateway: RunningServer) -> None:
     assert overlap == 2  # different models overlap, but never more than the cap
 
 
-def test_a_failure_fails_the_whole_batch(gateway: RunningServer) -> None:
+def test_a_failure_fails_the_whole_batch(gateway: InProcessApp) -> None:
     p = uuid.uuid4().hex
     items = [
         item("von", p + "first"),
@@ -88,7 +92,7 @@ def test_a_failure_fails_the_whole_batch(gateway: RunningServer) -> None:
     assert p + "never" not in ran  # later items of the failed model are not forwarded
 
 
-def test_a_provider_input_error_names_the_item(gateway: RunningServer) -> None:
+def test_a_provider_input_error_names_the_item(gateway: InProcessApp) -> None:
     p = uuid.uuid4().hex
     response = run(gateway, [item("laya", p + "a"), item("von", p + "b", fail="input")])
     assert response.status_code == 422
@@ -102,7 +106,7 @@ def test_a_provider_input_error_names_the_item(gateway: RunningServer) -> None:
     ]
 
 
-def test_the_lowest_failed_index_is_reported(gateway: RunningServer) -> None:
+def test_the_lowest_failed_index_is_reported(gateway: InProcessApp) -> None:
     p = uuid.uuid4().hex
     items = [item("laya", p + "a", 0.2, fail="input"), item("von", p + "b", fail="unavailable")]
     response = run(gateway, items)
@@ -110,14 +114,14 @@ def test_the_lowest_failed_index_is_reported(gateway: RunningServer) -> None:
     assert response.json()["detail"][0]["loc"][:3] == ["body", "requests", 0]
 
 
-def test_one_batch_answers_like_single_requests(gateway: RunningServer) -> None:
+def test_one_batch_answers_like_single_requests(gateway: InProcessApp) -> None:
     items = [item("laya-typed-decisions", "x"), item("clm-latest", "y")]
     batch = run(gateway, items).json()["results"]
-    singles = [httpx.post(gateway.url + "/v1/systemone", json=i).json() for i in items]
+    singles = [gateway.client.post("/v1/systemone", json=i).json() for i in items]
     assert batch == singles
 
 
-def test_the_cap_holds_across_batches(gateway: RunningServer) -> None:
+def test_the_cap_holds_across_batches(gateway: InProcessApp) -> None:
     p = uuid.uuid4().hex
     batches = [
         [item("laya", f"{p}a1", 0.3), item("jev-latest", f"{p}a2", 0.3)],
@@ -134,9 +138,9 @@ def test_the_cap_holds_across_batches(gateway: RunningServer) -> None:
     assert overlap <= 2
 
 
-def loads(server: RunningServer) -> dict[str, float]:
+def loads(app: InProcessApp) -> dict[str, float]:
     """`decidealot_provider_loads_total{result="ok"}` per provider, from /metrics."""
-    text = httpx.get(server.url + "/metrics").text
+    text = app.client.get("/metrics").text
     return {
         sample.labels["provider"]: sample.value
         for family in text_string_to_metric_families(text)
@@ -146,21 +150,29 @@ def loads(server: RunningServer) -> dict[str, float]:
 
 
 def test_a_batch_switches_at_most_once_per_model_starting_with_the_resident_one(
-    launch: Callable[..., RunningServer],
+    tmp_path: Path,
 ) -> None:
     """One slot, Laya resident: a batch alternating Von and Laya runs the Laya items first,
     then switches to Von once, and still answers in input order."""
-    server = launch(**ALL_FAKES, DECIDEALOT_MAX_RESIDENT_PROVIDERS="1")
-    assert run(server, [item("laya", "warm")]).status_code == 200
-    assert loads(server) == {"laya": 1}
-    p = uuid.uuid4().hex
-    models = ["von", "laya", "von-1.1", "laya-english", "jev-latest"]
-    response = run(server, [item(m, f"{p}{i}", 0.05) for i, m in enumerate(models)])
-    assert response.status_code == 200
-    answered = [r["model"] for r in response.json()["results"]]
-    assert answered == ["von-1.1", "laya-english", "von-1.1", "laya-english", "jev-latest"]
-    assert loads(server) == {"laya": 1, "von": 1}  # no switch back to Laya
-    local = [e for e in events_for(server, p) if e["provider"] != "jev"]
-    assert [e["provider"] for e in local] == ["laya", "laya", "von", "von"]
-    assert run(server, [item("laya", "x"), item("von", "y")]).status_code == 200
-    assert loads(server) == {"laya": 2, "von": 1}  # Von resident: Von's item, then Laya's
+    with in_process(tmp_path, **{**GATEWAY, "DECIDEALOT_MAX_RESIDENT_PROVIDERS": "1"}) as app:
+        before = loads(app)  # the registry is the process's: other apps' loads count there too
+
+        def loaded() -> dict[str, float]:
+            now = loads(app)
+            return {
+                name: n - before.get(name, 0) for name, n in now.items() if n > before.get(name, 0)
+            }
+
+        assert run(app, [item("laya", "warm")]).status_code == 200
+        assert loaded() == {"laya": 1}
+        p = uuid.uuid4().hex
+        models = ["von", "laya", "von-1.1", "laya-english", "jev-latest"]
+        response = run(app, [item(m, f"{p}{i}", 0.05) for i, m in enumerate(models)])
+        assert response.status_code == 200
+        answered = [r["model"] for r in response.json()["results"]]
+        assert answered == ["von-1.1", "laya-english", "von-1.1", "laya-english", "jev-latest"]
+        assert loaded() == {"laya": 1, "von": 1}  # no switch back to Laya
+        local = [e for e in events_for(app, p) if e["provider"] != "jev"]
+        assert [e["provider"] for e in local] == ["laya", "laya", "von", "von"]
+        assert run(app, [item("laya", "x"), item("von", "y")]).status_code == 200
+        assert loaded() == {"laya": 2, "von": 1}  # Von resident: Von's item, then Laya's

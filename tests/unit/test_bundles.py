@@ -43,6 +43,17 @@ def _bytes(seed: str, n: int) -> bytes:
     return bytes(out[:n])
 
 
+def _safetensors(seed: str, n: int) -> bytes:
+    """`n` bytes of a safetensors file (one uint8 tensor of `_bytes(seed)`): startup reads its
+    header."""
+    header = b""
+    for _ in range(2):  # the header names the data's length, which depends on the header's
+        data = n - 8 - len(header)
+        tensor = {"dtype": "U8", "shape": [data], "data_offsets": [0, data]}
+        header = json.dumps({"weights": tensor}).encode()
+    return len(header).to_bytes(8, "little") + header + _bytes(seed, n - 8 - len(header))
+
+
 def _entry(path: str, content: bytes | None, *, pin: bool, optional: bool = False) -> dict:
     pinned = pin and content is not None
     entry: dict = {
@@ -65,7 +76,10 @@ class TinyHub:
         self.models = root / "models"
         self.von = {
             "config.json": (b'{"model_type": "modernbert", "hidden_size": 32}', False),
-            "tokenizer.json": (json.dumps({"model": "tiny"}).encode() * 20, False),
+            "tokenizer.json": (
+                json.dumps({"model": "tiny", "vocab": ["tiny"] * 60}).encode(),
+                False,
+            ),
             "tokenizer_config.json": (b'{"mask_token": "[MASK]"}', False),
             "model.safetensors": (_bytes("von weights", 300_000), True),
             "option_marker.pt": (_bytes("von marker", 200_000), True),
@@ -97,7 +111,7 @@ class TinyHub:
             prefix = f"{sub}/" if sub else ""
             files = {
                 "rl_agent_config.json": (json.dumps({"encoder": name}).encode(), False),
-                "model.safetensors": (_bytes(name, 120_000), True),
+                "model.safetensors": (_safetensors(name, 120_000), True),
                 "tokenizer/tokenizer.json": (b'{"version": "1.0"}', False),
                 "tokenizer/tokenizer_config.json": (b'{"mask_token": "[MASK]"}', False),
                 "encoder/config.json": (b'{"hidden_size": 64}', False),
@@ -463,6 +477,7 @@ def test_damaged_install_is_replaced(hub_repo: TinyHub) -> None:
     assert marker.read_bytes() == hub_repo.von["option_marker.pt"][0]
 
 
+@pytest.mark.slow  # a real worker or command: the full suite, not the quick loop
 def test_killed_mid_download_then_restart_finishes_verified(hub_repo: TinyHub) -> None:
     hub_repo.hub.faults["option_marker.pt"] = "stall"
     code = "from decidealot import cli; cli.main(['prepare'])"
@@ -493,6 +508,7 @@ def test_killed_mid_download_then_restart_finishes_verified(hub_repo: TinyHub) -
     assert not staging.exists()
 
 
+@pytest.mark.slow  # a real worker or command: the full suite, not the quick loop
 def test_run_prepare_exit_codes_and_no_torch(hub_repo: TinyHub) -> None:
     code = (
         "import sys; from decidealot import cli\n"
@@ -590,6 +606,7 @@ def _health(port: int) -> httpx.Response | None:
         return None
 
 
+@pytest.mark.slow  # a real worker or command: the full suite, not the quick loop
 def test_serve_answers_health_only_after_bundles_are_ready(hub_repo: TinyHub) -> None:
     port = _free_port()
     hub_repo.hub.faults["option_marker.pt"] = "stall"
@@ -610,6 +627,7 @@ def test_serve_answers_health_only_after_bundles_are_ready(hub_repo: TinyHub) ->
         server.wait(20)
 
 
+@pytest.mark.slow  # a real worker or command: the full suite, not the quick loop
 def test_serve_exits_before_listening_when_a_bundle_fails(hub_repo: TinyHub) -> None:
     port = _free_port()
     hub_repo.hub.faults["option_marker.pt"] = "missing"

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ast
 import fnmatch
+import functools
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
@@ -129,17 +130,25 @@ def imports(module: str, source: str, modules: Mapping[str, str]) -> Iterator[tu
     """(imported name, line) for every import in `source`: our modules as the most specific
     module named, anything else as its top-level name."""
     package = module if _is_package(module, modules) else module.rpartition(".")[0]
+    for base, names, level, line in _statements(source):
+        if level:
+            anchor = package.rsplit(".", level - 1)[0]
+            base = f"{anchor}.{base}" if base else anchor
+        for name in names:
+            yield _ours(f"{base}.{name}" if base else name, modules), line
+
+
+@functools.cache
+def _statements(source: str) -> tuple[tuple[str, tuple[str, ...], int, int], ...]:
+    """Every import statement of `source` as (module or "", names, level, line); parsed once."""
+    found = []
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Import):
-            for alias in node.names:
-                yield _ours(alias.name, modules), node.lineno
+            found.append(("", tuple(alias.name for alias in node.names), 0, node.lineno))
         elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                anchor = package.rsplit(".", node.level - 1)[0]
-                base = f"{anchor}.{base}" if base else anchor
-            for alias in node.names:
-                yield _ours(f"{base}.{alias.name}", modules), node.lineno
+            names = tuple(alias.name for alias in node.names)
+            found.append((node.module or "", names, node.level, node.lineno))
+    return tuple(found)
 
 
 def _ours(name: str, modules: Mapping[str, str]) -> str:

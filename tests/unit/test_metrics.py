@@ -1,6 +1,7 @@
-"""The metrics on prometheus_client: the wrappers, the service's exposition over real HTTP
-(parsed with prometheus_client's own parser, names and labels as docs/operations.md lists
-them), and the hooks in residency, the worker runtime and the upstream clients."""
+"""The metrics on prometheus_client: the wrappers, the service's exposition at `/metrics` of the
+production app in-process (parsed with prometheus_client's own parser, names and labels as
+docs/operations.md lists them), and the hooks in residency, the worker runtime and the
+upstream clients."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ import asyncio
 import re
 from pathlib import Path
 
-import httpx
 import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
@@ -22,8 +22,8 @@ from decidealot.providers.clm.gateway.encoder_client import EncoderClient
 from decidealot.providers.gateway.process_runtime import ProcessRuntime
 from decidealot.providers.jev.gateway.client import TypeSafeClient
 from decidealot.residency import Residency
+from tests.support.app import GATEWAY, in_process
 from tests.support.fakes import FakeRuntime
-from tests.support.servers import RunningServer
 
 OPERATIONS_DOC = Path(__file__).resolve().parents[2] / "docs" / "operations.md"
 _DOC_ROW = re.compile(r"^\| `(decidealot_\w+)` \| (\w+) \|([^|]*)\|", re.MULTILINE)
@@ -164,13 +164,14 @@ def test_each_service_reports_its_own_scrape_time_gauges() -> None:
 
 
 def test_served_metrics_have_the_documented_names_and_the_process_metrics(
-    gateway: RunningServer,
+    tmp_path: Path,
 ) -> None:
-    """Over real HTTP: every metric docs/operations.md lists, with its type and labels, plus
-    prometheus_client's standard process metrics, in the 0.0.4 text format."""
+    """Served by the app at /metrics: every metric docs/operations.md lists, with its type and
+    labels, plus prometheus_client's standard process metrics, in the 0.0.4 text format."""
     decision = {"model": "von", "state": "s", "questions": {"q": {"type": "noul"}}}
-    assert httpx.post(gateway.url + "/v1/systemone", json=decision).status_code == 200
-    response = httpx.get(gateway.url + "/metrics")
+    with in_process(tmp_path, **GATEWAY) as gateway:
+        assert gateway.client.post("/v1/systemone", json=decision).status_code == 200
+        response = gateway.client.get("/metrics")
     assert response.status_code == 200
     assert response.headers["content-type"] == "text/plain; version=0.0.4; charset=utf-8"
     families = parse(response.text)
@@ -212,9 +213,17 @@ async def test_residency_counts_loads_and_each_kind_of_unload() -> None:
     assert unloads(provider="metrics-first", reason="evicted") == 1
     await residency.unload_all()
     assert unloads(provider="metrics-second", reason="unload_all") == 1
+    idle_unloaded = asyncio.Event()
+    unload = first.unload
+
+    async def unload_and_tell() -> None:
+        await unload()
+        idle_unloaded.set()
+
+    first.unload = unload_and_tell
     async with residency.use(first):
         pass
-    await asyncio.sleep(0.4)
+    await asyncio.wait_for(idle_unloaded.wait(), 10)  # the idle reaper's unload, not a guess
     assert unloads(provider="metrics-first", reason="idle") == 1
     async with residency.use(second):
         pass

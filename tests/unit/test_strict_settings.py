@@ -91,7 +91,75 @@ def test_every_settings_field_has_its_variable() -> None:
         for name in struct.__struct_fields__
         if name not in ("sections", "trace_exporters")
     }
-    assert registry.known_variables() == fields
+    assert registry.known_variables() == fields | set(SECRET_FILES)
+
+
+SECRET_FILES = {
+    "DECIDEALOT_API_KEY_FILE": (None, "api_key"),
+    "DECIDEALOT_CLM_EMBEDDINGS_API_KEY_FILE": ("clm", "clm_embeddings_api_key"),
+    "DECIDEALOT_TYPESAFE_API_KEY_FILE": ("jev", "typesafe_api_key"),
+}
+"""Every secret setting's `_FILE` twin, and the section (None: the core) and field it fills."""
+
+
+@pytest.mark.parametrize(("twin", "where"), SECRET_FILES.items())
+def test_every_secret_reads_from_its_file_twin(
+    twin: str, where: tuple[str | None, str], tmp_path: Path
+) -> None:
+    (tmp_path / "key").write_text("s3cret-from-a-file\n")
+    env = {twin: str(tmp_path / "key"), "DECIDEALOT_CLM_EMBEDDINGS_URL": "http://127.0.0.1:9"}
+    read = registry.from_env(env)
+    section, field = where
+    value = getattr(read if section is None else read.sections[section], field)
+    assert value in ("s3cret-from-a-file", ("s3cret-from-a-file",))
+    assert "s3cret" not in repr(read)
+
+
+def test_the_api_key_takes_several_keys(tmp_path: Path) -> None:
+    (tmp_path / "keys").write_text("new-key\r\n\nold-key\nnew-key\n")
+    from_file = registry.from_env({"DECIDEALOT_API_KEY_FILE": str(tmp_path / "keys")})
+    assert from_file.api_key == ("new-key", "old-key")
+    listed = registry.from_env({"DECIDEALOT_API_KEY": " new-key, old-key ,"})
+    assert listed.api_key == ("new-key", "old-key")
+    assert "key" not in repr(listed).replace("api_key", "")
+    assert refusal({"DECIDEALOT_API_KEY": ",, ,"}) == (
+        "DECIDEALOT_API_KEY: expected one or more keys, one per line or comma-separated"
+    )
+    assert refusal({"DECIDEALOT_API_KEY": "a-key,b key"}) == (
+        "DECIDEALOT_API_KEY: expected printable characters with no whitespace"
+    )
+
+
+@pytest.mark.parametrize("twin", SECRET_FILES)
+def test_a_secret_and_its_twin_are_refused_together(twin: str, tmp_path: Path) -> None:
+    (tmp_path / "key").write_text("from-a-file")
+    secret = twin.removesuffix("_FILE")
+    env = {secret: "in-the-environment", twin: str(tmp_path / "key")}
+    env["DECIDEALOT_CLM_EMBEDDINGS_URL"] = "http://127.0.0.1:9"
+    assert refusal(env) == f"{secret} and {twin} are both set: set one of them"
+
+
+@pytest.mark.parametrize(
+    ("content", "problem"),
+    [
+        (None, "cannot read {path!r}: Is a directory"),
+        ("", "{path!r} is empty"),
+        (" \n", "{path!r} is empty"),
+        (b"\xff\xfe", "{path!r} is not UTF-8 text"),
+        ("a key\n", "expected printable characters with no whitespace"),
+    ],
+)
+def test_a_key_file_that_cannot_be_used_is_refused_naming_it(
+    content: str | bytes | None, problem: str, tmp_path: Path
+) -> None:
+    path = tmp_path if content is None else tmp_path / "key"
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    elif content is not None:
+        path.write_text(content)
+    message = refusal({"DECIDEALOT_TYPESAFE_API_KEY_FILE": str(path)})
+    assert message == "DECIDEALOT_TYPESAFE_API_KEY_FILE: " + problem.format(path=str(path))
+    assert "a key" not in message
 
 
 def test_every_setting_is_spelled_in_full_in_the_docs() -> None:
@@ -100,6 +168,7 @@ def test_every_setting_is_spelled_in_full_in_the_docs() -> None:
     assert sorted(registry.known_variables() - documented) == []
 
 
+@pytest.mark.slow  # a real worker or command: the full suite, not the quick loop
 @pytest.mark.parametrize("command", COMMANDS)
 def test_each_command_stops_on_a_refused_setting_with_its_one_line(command: str) -> None:
     """Over the real command: exit 2, the one line `from_env` refuses with, no traceback, no

@@ -1,4 +1,5 @@
-"""Validation over real HTTP: every rejection is a 422 TypeSafe envelope naming the field."""
+"""Validation through the production app in-process (Litestar's test client): every rejection
+is a 422 TypeSafe envelope naming the field."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.support.servers import RunningServer
+from tests.support.app import GATEWAY, InProcessApp, app_fixture
+
+gateway = app_fixture("gateway", **GATEWAY)
 
 NOUL = {"type": "noul", "instructions": "Is it urgent?"}
 
@@ -18,8 +21,8 @@ def body(**overrides: Any) -> dict[str, Any]:
     return {k: v for k, v in request.items() if v is not ...}
 
 
-def post(server: RunningServer, payload: Any, path: str = "/v1/systemone") -> httpx.Response:
-    return httpx.post(server.url + path, json=payload, timeout=10)
+def post(app: InProcessApp, payload: Any, path: str = "/v1/systemone") -> httpx.Response:
+    return app.client.post(path, json=payload)
 
 
 def issues(response: httpx.Response) -> list[tuple[list[Any], str]]:
@@ -107,12 +110,12 @@ CASES: list[tuple[str, dict[str, Any], list[tuple[list[Any], str]]]] = [
 
 @pytest.mark.parametrize(("payload", "expected"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
 def test_rejections_name_the_field(
-    gateway: RunningServer, payload: dict[str, Any], expected: list[tuple[list[Any], str]]
+    gateway: InProcessApp, payload: dict[str, Any], expected: list[tuple[list[Any], str]]
 ) -> None:
     assert issues(post(gateway, payload)) == expected
 
 
-def test_every_issue_is_reported_at_once(gateway: RunningServer) -> None:
+def test_every_issue_is_reported_at_once(gateway: InProcessApp) -> None:
     payload = {
         "model": "von",
         "state": 1,
@@ -132,7 +135,7 @@ def test_every_issue_is_reported_at_once(gateway: RunningServer) -> None:
     ]
 
 
-def test_unknown_model_message_is_the_contracts(gateway: RunningServer) -> None:
+def test_unknown_model_message_is_the_contracts(gateway: InProcessApp) -> None:
     payload = {
         "model": "unknown-model",
         "state": "anything",
@@ -153,7 +156,7 @@ def test_unknown_model_message_is_the_contracts(gateway: RunningServer) -> None:
     }
 
 
-def test_typesafe_value_shapes_are_accepted(gateway: RunningServer) -> None:
+def test_typesafe_value_shapes_are_accepted(gateway: InProcessApp) -> None:
     """TypeSafe's schema: instructions/criteria may be string, object, array or null."""
     payload = {
         "model": "von",
@@ -174,7 +177,7 @@ def test_typesafe_value_shapes_are_accepted(gateway: RunningServer) -> None:
     assert list(response.json()["answers"]) == list("abcdefg")
 
 
-def test_the_largest_accepted_shapes(gateway: RunningServer) -> None:
+def test_the_largest_accepted_shapes(gateway: InProcessApp) -> None:
     options = {f"option-{i}": None for i in range(255)}
     questions = {f"q{i}": NOUL for i in range(1023)}
     questions["x" * 128] = {"type": "choice", "criteria": options}
@@ -183,7 +186,7 @@ def test_the_largest_accepted_shapes(gateway: RunningServer) -> None:
     assert len(response.json()["answers"]) == 1024
 
 
-def test_clm_accepts_a_temperature(gateway: RunningServer) -> None:
+def test_clm_accepts_a_temperature(gateway: InProcessApp) -> None:
     for temperature in (0.8, 100, 1e-9):
         response = post(gateway, body(model="clm", config={"temperature": temperature}))
         assert response.status_code == 200, response.text
@@ -215,9 +218,9 @@ def test_clm_accepts_a_temperature(gateway: RunningServer) -> None:
         "int-over-64-bits",
     ],
 )
-def test_malformed_json(gateway: RunningServer, raw: bytes, reason: str) -> None:
-    response = httpx.post(
-        gateway.url + "/v1/systemone", content=raw, headers={"content-type": "application/json"}
+def test_malformed_json(gateway: InProcessApp, raw: bytes, reason: str) -> None:
+    response = gateway.client.post(
+        "/v1/systemone", content=raw, headers={"content-type": "application/json"}
     )
     assert response.status_code == 422
     [issue] = response.json()["detail"]
@@ -226,14 +229,14 @@ def test_malformed_json(gateway: RunningServer, raw: bytes, reason: str) -> None
     assert reason in issue["msg"]
 
 
-def test_validation_errors_never_echo_the_state(gateway: RunningServer) -> None:
+def test_validation_errors_never_echo_the_state(gateway: InProcessApp) -> None:
     secret = "s3cret-state-contents"
     response = post(gateway, {"state": {"x": secret}, "questions": {}})
     assert response.status_code == 422
     assert secret not in response.text
 
 
-def test_batch_items_are_validated_with_their_index(gateway: RunningServer) -> None:
+def test_batch_items_are_validated_with_their_index(gateway: InProcessApp) -> None:
     payload = {
         "requests": [
             body(state={"fake": {"tag": "must-not-run"}}),
@@ -262,5 +265,5 @@ def test_batch_items_are_validated_with_their_index(gateway: RunningServer) -> N
     ],
     ids=["missing", "empty", "not-a-list", "over-max-batch-requests", "extra-field", "item-type"],
 )
-def test_batch_envelope(gateway: RunningServer, payload: Any, expected: Any) -> None:
+def test_batch_envelope(gateway: InProcessApp, payload: Any, expected: Any) -> None:
     assert issues(post(gateway, payload, "/v1/systemone/batch")) == expected

@@ -359,6 +359,7 @@ async def test_the_service_builds_the_worker_spec_and_lane(
     await provider.close()
 
 
+@pytest.mark.slow  # a real worker or command: the full suite, not the quick loop
 async def test_production_wiring_runs_the_head_in_a_worker(tmp_path: Path) -> None:
     """from_settings as served: 4096-wide vectors, a real worker process, real residency."""
     wide = FakeEmbeddings(4096).start()

@@ -297,6 +297,7 @@ def test_checkpoint_without_encoder_or_tokenizer_fails(
         create(EngineSpec(factory="f", checkpoints={"english": str(broken)}, preload=["english"]))
 
 
+@pytest.mark.slow  # a real worker or command: the full suite, not the quick loop
 async def test_provider_runs_in_a_real_worker(checkpoints: dict[str, Path], tmp_path: Path) -> None:
     """Gateway -> residency -> worker subprocess -> this engine, with the factory by name."""
     from decidealot.service import Service

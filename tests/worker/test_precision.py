@@ -113,6 +113,7 @@ def _assert_within_int8_tolerance(worst: dict[str, float]) -> None:
     assert max(worst.values()) <= INT8_TOLERANCE, worst
 
 
+@pytest.mark.slow  # a real worker or command: the full suite, not the quick loop
 def test_laya_int8_answers_stay_within_tolerance_of_fp32(
     laya_checkpoints: dict[str, Path],
 ) -> None:
@@ -133,6 +134,7 @@ def test_laya_int8_answers_stay_within_tolerance_of_fp32(
     assert max(moved.values()) > 1e-6, f"int8 did not run on any layer: {moved}"
 
 
+@pytest.mark.slow  # a real worker or command: the full suite, not the quick loop
 def test_von_int8_answers_stay_within_tolerance_of_fp32(von_checkpoint: Path) -> None:
     factory = "decidealot.providers.von.worker.engine:create"
     fp32 = VonEngine(_spec(factory, {"von-1.1": von_checkpoint}, "fp32"))
@@ -177,6 +179,7 @@ def test_a_bad_precision_stops_startup_naming_the_setting(
     assert accepts in str(raised.value)
 
 
+@pytest.mark.slow  # a real worker or command: the full suite, not the quick loop
 def test_serve_exits_before_listening_on_an_unknown_precision() -> None:
     result = cli("serve", DECIDEALOT_PRECISION="int4")
     assert result.returncode == 2
@@ -239,6 +242,7 @@ def int8_and_fp32_servers(
             server.stop()
 
 
+@pytest.mark.slow  # a real worker or command: the full suite, not the quick loop
 @pytest.mark.parametrize("model", ["laya-multilingual", "von"])
 def test_serve_answers_in_int8_within_tolerance_of_fp32(
     int8_and_fp32_servers: dict[str, str], model: str

@@ -299,10 +299,12 @@ async def test_settings_reach_the_worker_but_keys_do_not(runtime, tmp_path, monk
 @pytest.fixture
 def driver_files(tmp_path, monkeypatch):
     device._probe_cuda.cache_clear()
+    device._resolve_auto.cache_clear()
     marker = tmp_path / "nvidia-version"
     monkeypatch.setattr(device, "_NVIDIA_DRIVER_FILES", (marker,))
     yield marker
     device._probe_cuda.cache_clear()
+    device._resolve_auto.cache_clear()
 
 
 def test_an_explicit_device_is_kept() -> None:
@@ -563,6 +565,7 @@ asyncio.run(main())
 """
 
 
+@pytest.mark.slow  # a real worker or command: the full suite, not the quick loop
 @pytest.mark.parametrize(
     "kill, state", [(signal.SIGKILL, "idle"), (signal.SIGKILL, "busy"), (signal.SIGTERM, "busy")]
 )
@@ -617,6 +620,7 @@ print(",".join(heavy) or "none")
 """
 
 
+@pytest.mark.slow  # a real worker or command: the full suite, not the quick loop
 def test_the_gateway_never_imports_torch() -> None:
     result = subprocess.run(
         [sys.executable, "-c", NO_TORCH, *GATEWAY_MODULES],

@@ -441,7 +441,7 @@ def test_the_service_builds_a_worker_runtime_on_its_lane(tmp_path: Path, device:
 
 def test_provider_module_imports_no_torch() -> None:
     code = (
-        "import sys, decidealot.providers.von.gateway.provider; "
+        "import sys, decidealot.providers.von.descriptor; "
         "bad = [m for m in ('torch', 'transformers', 'tokenizers') if m in sys.modules]; "
         "print(bad); sys.exit(1 if bad else 0)"
     )
@@ -455,6 +455,7 @@ def test_provider_module_imports_no_torch() -> None:
     assert done.returncode == 0, done.stdout + done.stderr
 
 
+@pytest.mark.slow  # a real worker or command: the full suite, not the quick loop
 async def test_provider_answers_through_a_real_worker(
     von_dirs: dict[str, Path], engines: dict[str, VonEngine]
 ) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated
 
-from decidealot.config import ConfigError, Section, Settings, boolean, directory, setting
+from decidealot.config import Section, Settings, boolean, directory, setting
 from decidealot.contract import ModelInfo
 from decidealot.protocols import Provider
 from decidealot.providers.gateway.checkpoint_provider import CheckpointProvider, only
@@ -23,11 +23,6 @@ SELECTORS = (
 class FifthSettings(Section, frozen=True, kw_only=True):
     fifth_enabled: Annotated[bool, setting(boolean)] = True
     fifth_checkpoint: Annotated[Path | None, setting(directory)] = None
-
-
-def _check(section: FifthSettings) -> None:
-    if not section.fifth_enabled and section.fifth_checkpoint is not None:
-        raise ConfigError("DECIDEALOT_FIFTH_CHECKPOINT is set but DECIDEALOT_FIFTH_ENABLED=false")
 
 
 def _build(settings: Settings, section: FifthSettings) -> Provider:
@@ -48,9 +43,9 @@ DESCRIPTOR = ProviderDescriptor(
     settings=FifthSettings,
     enabled=lambda section: section.fifth_enabled,
     switch_off="DECIDEALOT_FIFTH_ENABLED=false to turn the fifth provider off",
+    off="DECIDEALOT_FIFTH_ENABLED=false",
     build=_build,
     selectors=SELECTORS,
     bundles=(Bundle(CHECKPOINT, "fifth_checkpoint", files=("weights.json",), manifests=HERE),),
     lane_group="models",
-    check=_check,
 )

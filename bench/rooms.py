@@ -1,0 +1,156 @@
+"""The rooms one decision passes through: the project files whose code runs while one Laya
+request is answered, in the gateway and in the worker, and the threads that run it.
+
+    .venv/bin/python bench/rooms.py [--checkout DIR]
+
+Starts the real `decidealot serve` of the checkout (DIR defaults to this one; point it at another
+checkout to compare layouts) on tiny random checkpoints, with both the gateway and its worker run
+under a profiling hook that notes, per call, the time, the thread and the file. After a warm-up
+request it times a second one (a noul and a choice on `laya`, routed to the english checkpoint)
+and counts the checkout's files and the threads that ran code inside that window. A counting
+tool for docs/architecture.md, not a speed benchmark: the hook slows everything down.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+import httpx
+
+TRACER = textwrap.dedent(
+    """
+    import os, runpy, sys, threading, time
+    out, root = sys.argv[1], sys.argv[2]
+    args = [a for a in sys.argv[3:] if a != "-P"]
+    if "-P" in sys.argv[3:]:
+        sys.path[:] = [p for p in sys.path if p not in ("", os.getcwd())]
+    events, last = [], {}
+
+    def hook(frame, event, arg):
+        if event != "call":
+            return
+        name = frame.f_code.co_filename
+        if not name.startswith(root) or "/tests/" in name or "/site-packages/" in name:
+            return
+        thread = threading.get_ident()
+        if last.get(thread) != name:
+            last[thread] = name
+            events.append((time.monotonic(), thread, name))
+
+    def flush():
+        with open(out, "a") as sink:
+            while True:
+                time.sleep(0.1)
+                batch, events[:] = events[:], []
+                sink.writelines(f"{t} {th} {n}\\n" for t, th, n in batch)
+                sink.flush()
+
+    threading.Thread(target=flush, daemon=True).start()
+    sys.setprofile(hook)
+    threading.setprofile(hook)
+    sys.argv = [args[1], *args[2:]]
+    runpy.run_module(args[1], run_name="__main__", alter_sys=True)
+    """
+)
+
+REQUEST = {
+    "model": "laya",
+    "state": "I was charged twice for my order and I want my money back.",
+    "questions": {
+        "refund": {"type": "noul", "instructions": "Is this a refund request?"},
+        "queue": {"type": "choice", "criteria": {"billing": "Payments", "tech": "Software"}},
+    },
+}
+
+
+def rooms(checkout: Path, work: Path) -> dict[str, object]:
+    tracer = work / "tracer.py"
+    tracer.write_text(TRACER)
+    gateway_log, worker_log = work / "gateway.events", work / "worker.events"
+    python = sys.executable
+    wrapper = work / "worker-python"
+    wrapper.write_text(f'#!/bin/sh\nexec {python} {tracer} {worker_log} {checkout} "$@"\n')
+    wrapper.chmod(0o755)
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("DECIDEALOT_")}
+    tiny = subprocess.run(
+        [python, "-m", "decidealot", "checkpoints", "tiny", str(work / "tiny")],
+        cwd=checkout,
+        env=clean,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    env = clean | {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(checkout)}
+    for line in tiny.stdout.splitlines():
+        if line.startswith("export "):
+            name, _, value = line.removeprefix("export ").partition("=")
+            env[name] = value.strip("'")
+    port = 18000 + os.getpid() % 1000
+    env |= {
+        "DECIDEALOT_PORT": str(port),
+        "DECIDEALOT_VON_ENABLED": "false",
+        "DECIDEALOT_DEVICE": "cpu",
+        "DECIDEALOT_MODEL_DIR": str(work / "models"),
+        "DECIDEALOT_WORKER_PYTHON": str(wrapper),
+    }
+    env.pop("DECIDEALOT_VON_CHECKPOINT", None)
+    command = [python, str(tracer), str(gateway_log), str(checkout), "-m", "decidealot", "serve"]
+    server = subprocess.Popen(
+        command, cwd=checkout, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(600):
+            try:
+                httpx.get(f"{url}/health", timeout=1)
+                break
+            except httpx.TransportError:
+                time.sleep(0.1)
+        assert httpx.post(f"{url}/v1/systemone", json=REQUEST, timeout=300).status_code == 200
+        time.sleep(1.0)
+        started = time.monotonic()
+        answered = httpx.post(f"{url}/v1/systemone", json=REQUEST, timeout=300)
+        ended = time.monotonic()
+        assert answered.status_code == 200, answered.text
+        time.sleep(0.5)  # the tracers flush every 0.1 s
+    finally:
+        server.terminate()
+        server.wait(60)
+    result: dict[str, object] = {}
+    for side, log in (("gateway", gateway_log), ("worker", worker_log)):
+        files, threads = set(), set()
+        for line in log.read_text().splitlines():
+            at, thread, name = line.split(" ", 2)
+            if started <= float(at) <= ended:
+                files.add(str(Path(name).relative_to(checkout)))
+                threads.add(thread)
+        result[side] = {"files": sorted(files), "threads": len(threads)}
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--checkout", type=Path, default=Path(__file__).resolve().parents[1])
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as work:
+        result = rooms(args.checkout.resolve(), Path(work))
+    gateway, worker = result["gateway"], result["worker"]
+    assert isinstance(gateway, dict) and isinstance(worker, dict)
+    both = sorted(set(gateway["files"]) | set(worker["files"]))
+    print(json.dumps(result, indent=2))
+    print(
+        f"{len(both)} files ({len(gateway['files'])} in the gateway, {len(worker['files'])} in "
+        f"the worker), {gateway['threads']} + {worker['threads']} threads"
+    )
+
+
+if __name__ == "__main__":
+    main()

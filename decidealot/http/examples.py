@@ -1,0 +1,238 @@
+"""The OpenAPI document's named examples: the contract's own requests, each beside its answer.
+
+Swagger UI pre-fills a request body with its operation's first example and shows the response
+example of the same name beside it, so a person's first "Try it out" sends a request that gets
+a decision, not a body generated from the schema (which the validator refuses: a placeholder
+model, a temperature for a model that takes none). The requests are the contract's (docs/api.md
+points to it), with `model` set to `laya` for the choice, the score and the noul; the answers'
+numbers illustrate the shape only, as the contract says of its own; `model` names the checkpoint
+Laya's routing picks for each (docs/models.md), as a real answer does. An example is listed only
+while every model it names is enabled, so each one the document shows is accepted as it is
+(tests/e2e/test_docs_page.py sends every one to a real server).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Example:
+    """One named request and the answer the document shows beside it."""
+
+    summary: str
+    request: dict[str, Any]
+    response: dict[str, Any]
+
+    @property
+    def models(self) -> set[str]:
+        """The models it names: it is shown only while each of them is accepted."""
+        items = self.request.get("requests", [self.request])
+        return {item["model"] for item in items}
+
+
+CHOICE = Example(
+    "A choice on laya: one named label",
+    {
+        "model": "laya",
+        "state": {"operation": "delete", "resource": "protected-record", "reversible": False},
+        "questions": {
+            "handling": {
+                "type": "choice",
+                "instructions": "Select the required handling.",
+                "criteria": {
+                    "allow": "The operation is reversible and does not affect protected data.",
+                    "require_review": "The operation is irreversible or affects protected data.",
+                    "deny": "The operation is prohibited.",
+                },
+            }
+        },
+    },
+    {
+        "model": "laya-multilingual",
+        "answers": {
+            "handling": {
+                "type": "choice",
+                "choice": "require_review",
+                "confidence": 0.94,
+                "probabilities": {"allow": 0.02, "require_review": 0.94, "deny": 0.04},
+            }
+        },
+        "usage": {"input_tokens": 91, "output_tokens": 0},
+    },
+)
+
+SCORE = Example(
+    "A score on laya: an expected position on an ordered rubric",
+    {
+        "model": "laya",
+        "state": "A customer reports repeated failures after following the documented setup.",
+        "questions": {
+            "priority": {
+                "type": "score",
+                "instructions": "Score the response priority.",
+                "criteria": [
+                    "Routine, answer in the normal queue.",
+                    "Important, answer soon.",
+                    "Urgent, interrupt the on-call queue.",
+                ],
+            }
+        },
+    },
+    {
+        "model": "laya-english",
+        "answers": {
+            "priority": {
+                "type": "score",
+                "score": 1.63,
+                "confidence": 0.81,
+                "legend": {
+                    "0": "Routine, answer in the normal queue.",
+                    "1": "Important, answer soon.",
+                    "2": "Urgent, interrupt the on-call queue.",
+                },
+                "probabilities": {"0": 0.08, "1": 0.21, "2": 0.71},
+            }
+        },
+        "usage": {"input_tokens": 62, "output_tokens": 0},
+    },
+)
+
+NOUL = Example(
+    "A noul on laya: the probability that a statement is true",
+    {
+        "model": "laya",
+        "state": [
+            "The requested change removes an audit record.",
+            "The requester has no documented exception.",
+        ],
+        "questions": {
+            "needs_review": {
+                "type": "noul",
+                "instructions": "Is human review required before the change runs?",
+                "criteria": {
+                    "true": "Review is required before the operation.",
+                    "false": "The operation may run without human review.",
+                },
+            }
+        },
+    },
+    {
+        "model": "laya-english",
+        "answers": {"needs_review": {"type": "noul", "noul": 0.97}},
+        "usage": {"input_tokens": 58, "output_tokens": 0},
+    },
+)
+
+CLM = Example(
+    "CLM with a temperature (CLM selectors take one; the others take no config)",
+    {
+        "model": "clm",
+        "config": {"temperature": 0.8},
+        "state": "The customer requests a refund for a duplicate payment.",
+        "questions": {
+            "queue": {
+                "type": "choice",
+                "instructions": (
+                    "Route payment or refund questions to billing; software failures to technical."
+                ),
+                "criteria": {
+                    "billing": "Payment or refund question",
+                    "technical": "Software failure",
+                },
+            }
+        },
+    },
+    {
+        "model": "clm-0.1-8b",
+        "answers": {
+            "queue": {
+                "type": "choice",
+                "choice": "billing",
+                "confidence": 0.9,
+                "probabilities": {"billing": 0.9, "technical": 0.1},
+            }
+        },
+        "usage": {"input_tokens": 41, "output_tokens": 0},
+    },
+)
+
+BATCH = Example(
+    "Two independent decisions, answered in input order",
+    {
+        "requests": [
+            {
+                "model": "laya",
+                "state": "A request would delete an audit record.",
+                "questions": {
+                    "review": {"type": "noul", "instructions": "Is human review needed?"}
+                },
+            },
+            {
+                "model": "von",
+                "state": "A support request arrived with no account identifier.",
+                "questions": {
+                    "queue": {
+                        "type": "choice",
+                        "criteria": {"standard": "Normal queue", "review": "Needs manual routing"},
+                    }
+                },
+            },
+        ]
+    },
+    {
+        "results": [
+            {
+                "model": "laya-english",
+                "answers": {"review": {"type": "noul", "noul": 0.92}},
+                "usage": {"input_tokens": 21, "output_tokens": 0},
+            },
+            {
+                "model": "von-1.1",
+                "answers": {
+                    "queue": {
+                        "type": "choice",
+                        "choice": "review",
+                        "confidence": 0.8,
+                        "probabilities": {"standard": 0.2, "review": 0.8},
+                    }
+                },
+                "usage": {"input_tokens": 23, "output_tokens": 0},
+            },
+        ]
+    },
+)
+
+DECISIONS = {"choice": CHOICE, "score": SCORE, "noul": NOUL, "clm-temperature": CLM}
+"""`POST /v1/systemone`'s examples, the first (pre-filled) one first."""
+BATCHES = {"batch": BATCH}
+"""`POST /v1/systemone/batch`'s."""
+
+UNLOADED = {
+    "status": "unloaded",
+    "providers": [{"name": "laya", "wasLoaded": True}, {"name": "von", "wasLoaded": False}],
+}
+UNAUTHORIZED = {
+    "code": "UNAUTHORIZED",
+    "message": "a valid bearer token is required",
+    "details": {},
+}
+UNKNOWN_MODEL = {
+    "detail": [
+        {
+            "loc": ["body", "model"],
+            "msg": (
+                "Value error, unknown model 'unknown-model'; use a name returned by GET /v1/models"
+            ),
+            "type": "value_error",
+            "input": "unknown-model",
+        }
+    ]
+}
+"""The contract's error bodies, shown beside the answers."""
+
+
+def shown(examples: dict[str, Example], accepted: set[str]) -> dict[str, Example]:
+    """The examples whose every model is `accepted`."""
+    return {name: example for name, example in examples.items() if example.models <= accepted}

@@ -1,0 +1,64 @@
+"""The drain in process (the quick loop's share of tests/e2e/test_shutdown.py): the gateway
+layer over an app whose requests take as long as a test says. Admitted requests that finish
+within DECIDEALOT_DRAIN_SECONDS get their answers, what is left gets a clean 503 when it ends,
+and nothing new is admitted meanwhile."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from decidealot import registry
+from decidealot.asgi.middleware import Gateway
+from decidealot.service import Service
+
+
+def scope(seconds: float) -> dict[str, Any]:
+    return {"type": "http", "method": "POST", "path": f"/slow/{seconds}", "headers": []}
+
+
+async def slow(scope: Any, receive: Any, send: Any) -> None:
+    """Answers 200 after the seconds its path names; a started response for `/slow/-1`."""
+    seconds = float(scope["path"].rsplit("/", 1)[1])
+    if seconds < 0:
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"[", "more_body": True})
+        seconds = 10
+    await asyncio.sleep(seconds)
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+    await send({"type": "http.response.body", "body": b"{}"})
+
+
+async def call(gateway: Gateway, seconds: float) -> list[dict[str, Any]]:
+    sent: list[dict[str, Any]] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    await gateway(scope(seconds), None, send)  # type: ignore[arg-type]
+    return sent
+
+
+async def test_the_drain_answers_what_finishes_and_cuts_the_rest_with_a_503() -> None:
+    service = Service(registry.settings(), providers=[])
+    gateway = Gateway(slow, service)
+    quick, long, streaming = (asyncio.create_task(call(gateway, s)) for s in (0.05, 10, -1))
+    await asyncio.sleep(0.01)  # all three admitted
+    draining = asyncio.create_task(service.drain(0.3))
+    await asyncio.sleep(0.01)
+    refused = await call(gateway, 0)
+    await asyncio.wait_for(draining, 5)
+
+    assert [m.get("status") for m in await quick] == [200, None]
+    cut = await long
+    assert cut[0]["status"] == 503
+    assert (b"retry-after", b"1") in cut[0]["headers"]
+    assert json.loads(cut[1]["body"])["message"] == (
+        "the service shut down before this request finished"
+    )
+    started = await streaming  # its response had begun: it is ended, not replaced
+    assert [m.get("status") for m in started] == [200, None, None]
+    assert started[-1] == {"type": "http.response.body", "body": b""}
+    assert refused[0]["status"] == 503
+    assert json.loads(refused[1]["body"])["message"] == "the service is shutting down"
