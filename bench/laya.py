@@ -7,16 +7,20 @@ budget) and asks three questions: a choice with four options, a score with three
 noul. A decision here is one request. Besides throughput and latency, each point reports the
 servers' CPU time per decision, which other load on a shared machine disturbs far less.
 
-Checkpoints are random (providers/tiny/laya.py): `tiny` (hidden 64, 2 layers, rows
-cut to 128 tokens) shows serving overhead; `base` has ModernBERT-base's encoder shape and the
-shipped 512-token budget, and shows compute. On CPU each checkpoint's tables end with the
-compute bound (bench/compute.py): how far any server could get ahead of laya-serve at equal
-CPU. The last table is Decidealot's HTTP overhead: the same requests through
+Checkpoints are random (providers/laya/tiny.py): `tiny` (hidden 64, 2 layers, rows
+cut to 128 tokens) shows serving overhead; `tiny512` (hidden 64, 3 layers, Laya english's real
+row budgets 512 / 192) shows the same overhead at the real row lengths; `base` has
+ModernBERT-base's encoder shape and the shipped 512-token budget, and shows compute.
+Decidealot's CPU is also split into its gateway and its worker process (read from /proc), and
+docs/laya.png (decisions/s and p99 against clients) is drawn from the same run. On CPU each
+checkpoint's tables end with the compute bound (bench/compute.py): how far any server could
+get ahead of laya-serve at equal CPU. The last table is Decidealot's HTTP overhead: the same
+requests through
 `LayaEngine.prepare`/`run` in this process, one at a time, against HTTP at one client.
 `--device cuda` runs all of it on a GPU.
 
     .venv/bin/python bench/laya.py            # full run (about 15 minutes on 2 cores)
-    .venv/bin/python bench/laya.py --quick    # about a minute, tiny checkpoint only
+    .venv/bin/python bench/laya.py --quick    # a few minutes, the two tiny checkpoints only
 """
 
 from __future__ import annotations
@@ -40,8 +44,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.compute import bound_table, matmul_ceiling, matmul_gflop
 from bench.loadgen import (
     LoadResult,
+    cpu_model,
     drive_raw,
     python,
+    role_cpu_seconds,
     server_root,
     side_by_side,
     table,
@@ -53,6 +59,10 @@ from bench.workload import QUESTIONS, sized_states
 DECIDEALOT = "decidealot"
 UPSTREAM = "laya-serve"
 VARIANTS = ("english", "multilingual", "typed-decisions")
+ROOT = Path(__file__).resolve().parents[1]
+PLOT = ROOT / "docs" / "laya.png"
+WORKER = {"worker": "decidealot.providers.worker"}
+"""How Decidealot's CPU is split: the worker process by its command line, the rest gateway."""
 
 
 def build_checkpoints(cache: Path, size: str) -> Path:
@@ -171,14 +181,21 @@ def load_points(
     rounds: int,
     warmup: int,
     driver: Callable[..., LoadResult],
-) -> tuple[list[LoadResult], dict[tuple[str, int], float], dict[int, list[float]]]:
+) -> tuple[
+    list[LoadResult],
+    dict[tuple[str, int], float],
+    dict[int, list[float]],
+    dict[tuple[str, int], float],
+]:
     """Each client count against both servers in turn, `rounds` times (the order alternates),
     `seconds` each. Returns per server and client count the rounds combined (requests and
     seconds summed, p50 and p99 the median over rounds), server CPU milliseconds per decision
-    (robust to other load on the machine, unlike throughput), and each round's throughput
-    ratio (ours / theirs), whose spread shows how noisy the machine was."""
+    (robust to other load on the machine, unlike throughput), each round's throughput ratio
+    (ours / theirs), whose spread shows how noisy the machine was, and Decidealot's CPU
+    milliseconds per decision by process (`("gateway" | "worker", clients)`)."""
     runs: dict[tuple[str, int], list[LoadResult]] = {}
     cpu_seconds: dict[tuple[str, int], float] = {}
+    role_seconds: dict[tuple[str, int], float] = {}
     ratios: dict[int, list[float]] = {}
     turn = 0
     for n in clients:
@@ -190,10 +207,14 @@ def load_points(
                 run_bodies = bodies.next_run(model)
                 if warmup:
                     driver(name, url, run_bodies, clients=n, seconds=0, warmup=warmup)
-                before = tree_cpu_seconds(pid)
+                before, roles_before = tree_cpu_seconds(pid), role_cpu_seconds(pid, WORKER)
                 result = driver(name, url, run_bodies, clients=n, seconds=seconds, warmup=0)
                 used = tree_cpu_seconds(pid) - before
                 cpu_seconds[(name, n)] = cpu_seconds.get((name, n), 0.0) + used
+                if name == DECIDEALOT:
+                    for role, after in role_cpu_seconds(pid, WORKER).items():
+                        spent = after - roles_before[role]
+                        role_seconds[(role, n)] = role_seconds.get((role, n), 0.0) + spent
                 runs.setdefault((name, n), []).append(result)
                 print(
                     f"  {name:>10} {n:>2} clients: {result.rps:7.2f} req/s  "
@@ -220,23 +241,27 @@ def load_points(
         key: 1000 * cpu_seconds[key] / max(1, r.requests)
         for key, r in zip(runs, results, strict=True)
     }
-    return results, cpu_ms, ratios
+    ours = {r.clients: r.requests for r in results if r.name == DECIDEALOT}
+    role_ms = {(role, n): 1000 * s / max(1, ours[n]) for (role, n), s in role_seconds.items()}
+    return results, cpu_ms, ratios, role_ms
 
 
 def summary(
     results: list[LoadResult],
     cpu_ms: dict[tuple[str, int], float],
     ratios: dict[int, list[float]],
+    role_ms: dict[tuple[str, int], float],
 ) -> str:
-    """Per client count: throughput, latency and server CPU per decision of both servers, and
-    Decidealot's ratios (throughput: ours / theirs; CPU: theirs / ours, so > 1 favours ours)."""
+    """Per client count: throughput, latency and server CPU per decision of both servers,
+    Decidealot's ratios (throughput: ours / theirs; CPU: theirs / ours, so > 1 favours ours)
+    and Decidealot's CPU per decision split into its gateway and its worker."""
     by_key = {(r.name, r.clients): r for r in results}
     lines = [
         "| clients | decidealot dec/s | laya-serve dec/s | throughput ratio | "
         "p50 ms (ours / theirs) | p99 ms (ours / theirs) | "
         "per-round throughput ratios | server CPU ms/dec (ours / theirs) | "
-        "CPU efficiency ratio |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "CPU efficiency ratio | ours: gateway / worker CPU ms/dec |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for n in sorted({r.clients for r in results}):
         ours, theirs = by_key[(DECIDEALOT, n)], by_key[(UPSTREAM, n)]
@@ -246,9 +271,43 @@ def summary(
             f"| {n} | {ours.rps:.2f} | {theirs.rps:.2f} | **{ratio:.2f}x** | "
             f"{ours.p50_ms:.0f} / {theirs.p50_ms:.0f} | {ours.p99_ms:.0f} / {theirs.p99_ms:.0f} | "
             f"{', '.join(f'{r:.2f}' for r in ratios[n])} | "
-            f"{cpu_ours:.1f} / {cpu_theirs:.1f} | {cpu_theirs / cpu_ours:.2f}x |"
+            f"{cpu_ours:.1f} / {cpu_theirs:.1f} | {cpu_theirs / cpu_ours:.2f}x | "
+            f"{role_ms[('gateway', n)]:.2f} / {role_ms[('worker', n)]:.2f} |"
         )
     return "\n".join(lines)
+
+
+def plot(points: dict[str, list[LoadResult]]) -> None:
+    """docs/laya.png: decisions/s and p99 against clients, both servers, one column per
+    checkpoint, from this run's results."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(
+        2, len(points), figsize=(4.6 * len(points), 7.2), squeeze=False, sharex=True
+    )
+    colours = {DECIDEALOT: "#4c72b0", UPSTREAM: "#c44e52"}
+    for column, (size, results) in enumerate(points.items()):
+        for name in (DECIDEALOT, UPSTREAM):
+            mine = sorted((r for r in results if r.name == name), key=lambda r: r.clients)
+            clients = [r.clients for r in mine]
+            style = {"marker": "o", "color": colours[name], "label": name}
+            axes[0][column].plot(clients, [r.rps for r in mine], **style)
+            axes[1][column].plot(clients, [r.p99_ms for r in mine], **style)
+        axes[0][column].set_title(f"Laya english, {size} checkpoint")
+        axes[0][column].set_ylabel("decisions/s")
+        axes[1][column].set_ylabel("p99 latency, ms (log)")
+        axes[1][column].set_yscale("log")
+        axes[1][column].set_xlabel("closed-loop clients")
+        axes[1][column].set_xscale("log", base=2)
+        for axis in (axes[0][column], axes[1][column]):
+            axis.grid(alpha=0.3)
+        axes[0][column].legend()
+    figure.tight_layout()
+    figure.savefig(PLOT, dpi=110)
+    print(f"plot: {PLOT.relative_to(ROOT)}", file=sys.stderr)
 
 
 def english_engine(folder: Path, device: str, threads: int) -> Callable[[list[str]], object]:
@@ -371,8 +430,9 @@ def overhead_table(rows: dict[str, dict[str, float]]) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="short tiny-only run")
-    parser.add_argument("--sizes", default=None, help="comma list of tiny,base")
+    parser.add_argument("--quick", action="store_true", help="short run, tiny checkpoints only")
+    parser.add_argument("--sizes", default=None, help="comma list of tiny,tiny512,base")
+    parser.add_argument("--no-plot", action="store_true", help="leave docs/laya.png alone")
     parser.add_argument("--clients", default="1,8,32")
     parser.add_argument("--seconds", type=float, default=None, help="per point, tiny checkpoint")
     parser.add_argument("--base-seconds", type=float, default=30.0, help="per point, base")
@@ -392,7 +452,7 @@ def main() -> int:
     )
     parser.add_argument("--cache", type=Path, default=Path("/tmp/decidealot-bench-laya"))
     args = parser.parse_args()
-    sizes = (args.sizes or ("tiny" if args.quick else "tiny,base")).split(",")
+    sizes = (args.sizes or ("tiny,tiny512" if args.quick else "tiny,tiny512,base")).split(",")
     clients = [int(n) for n in args.clients.split(",")]
     tiny_seconds = args.seconds or 5.0
     tiny_rounds = args.rounds or (1 if args.quick else 3)
@@ -404,21 +464,25 @@ def main() -> int:
         "laya-serve LAYA_MAX_CONCURRENT=64; "
         "Decidealot: DECIDEALOT_PROVIDER_TIMEOUT_SECONDS=900 (a base-sized batch on CPU can "
         f"outlast the 120 s default), other settings: {extra_env or 'defaults'}. "
-        f"{os.cpu_count()} CPUs. Command: `{' '.join(['bench/laya.py', *sys.argv[1:]])}`",
+        f"{os.cpu_count()} CPUs ({cpu_model()}). "
+        f"Command: `{' '.join(['bench/laya.py', *sys.argv[1:]])}`",
     ]
     overheads: dict[str, dict[str, float]] = {}
+    points: dict[str, list[LoadResult]] = {}
     for size in sizes:
         folder = build_checkpoints(args.cache, size)
         bodies = Bodies(make_states(folder / "english", 512))
-        seconds = tiny_seconds if size == "tiny" else args.base_seconds
-        rounds = tiny_rounds if size == "tiny" else 1
-        warmup = 3 if size == "tiny" else 1
+        tiny = size != "base"
+        seconds = tiny_seconds if tiny else args.base_seconds
+        rounds = tiny_rounds if tiny else 1
+        warmup = 3 if tiny else 1
         print(f"{size}: {seconds:g} s per point", file=sys.stderr)
         with servers(folder, args.threads, args.device, args.cache, extra_env) as urls:
             tokens = check_same_answers(urls, bodies)
-            results, cpu_ms, ratios = load_points(
+            results, cpu_ms, ratios, role_ms = load_points(
                 urls, bodies, clients, seconds, rounds, warmup, drive_raw
             )
+            points[size] = results
             count, block = (6, 3) if size == "base" else (40, 20) if args.quick else (200, 25)
             overheads[size] = http_overhead(
                 folder, urls[DECIDEALOT][0], bodies, args.threads, args.device, count, block
@@ -426,7 +490,7 @@ def main() -> int:
         report += [
             f"\n### {size} checkpoint ({rounds} x {seconds:g} s per point and server; sample "
             f"request: 3 questions, {tokens} input tokens)\n",
-            summary(results, cpu_ms, ratios),
+            summary(results, cpu_ms, ratios, role_ms),
             "",
             table(results, UPSTREAM),
         ]
@@ -442,6 +506,8 @@ def main() -> int:
     report += ["\n### Decidealot HTTP overhead over an in-process call (1 client)\n"]
     report.append(overhead_table(overheads))
     print("\n".join(report))
+    if not args.no_plot:
+        plot(points)
     return 0
 
 

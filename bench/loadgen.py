@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import importlib
 import os
+import platform
 import signal
 import socket
 import statistics
@@ -305,6 +306,15 @@ def python() -> str:
     return sys.executable
 
 
+def cpu_model() -> str:
+    """The CPU's model name, as `lscpu` prints it, for the tables' headings."""
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as info:
+        for line in info:
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or "unknown CPU"
+
+
 # -- CPU used by a server and its worker processes ------------------------------------------
 
 
@@ -343,6 +353,22 @@ def tree_cpu_seconds(root: int) -> float:
         except (OSError, IndexError, ValueError):
             continue
     return total
+
+
+def role_cpu_seconds(root: int, roles: Mapping[str, str]) -> dict[str, float]:
+    """CPU seconds so far of `root`'s tree split by role: each process counts for the first
+    role whose marker its command line contains, the rest (the server itself) for "gateway"."""
+    used = {"gateway": 0.0, **dict.fromkeys(roles, 0.0)}
+    for pid in process_tree(root):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+                command = cmdline.read()
+            seconds = _cpu_seconds(pid)
+        except (OSError, IndexError, ValueError):
+            continue
+        role = next((r for r, marker in roles.items() if marker.encode() in command), "gateway")
+        used[role] += seconds
+    return used
 
 
 def server_root(marker: str) -> int:

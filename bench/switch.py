@@ -28,7 +28,6 @@ import contextlib
 import itertools
 import json
 import os
-import platform
 import shutil
 import statistics
 import subprocess
@@ -44,7 +43,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.loadgen import ROOT, RawConnection, _percentile, free_port, python, server
+from bench.loadgen import ROOT, RawConnection, _percentile, cpu_model, free_port, python, server
 from bench.workload import QUESTIONS
 
 BEFORE = "eb36347"
@@ -594,14 +593,6 @@ def plot(points: list[Point], firsts: dict[str, dict], base: dict[str, list[floa
     figure.tight_layout()
     figure.savefig(PLOT, dpi=110)
     print(f"plot: {PLOT.relative_to(ROOT)}", file=sys.stderr)
-
-
-def cpu_model() -> str:
-    with contextlib.suppress(OSError), open("/proc/cpuinfo") as info:
-        for line in info:
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown CPU"
 
 
 PARTS = ("alternate", "first", "base", "candidates")

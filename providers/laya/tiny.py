@@ -99,7 +99,10 @@ HIDDEN = 64
 HEAD_LAYERS = 2
 N_ACT = 2
 
-SIZES = ("tiny", "base")
+SIZES = ("tiny", "tiny512", "base")
+"""`tiny512` is `tiny` with a third encoder layer and the shipped english budgets (512 / 192):
+rows as long as the real model's, compute still tiny, so a bench sees the work around a pass
+at the real row lengths."""
 _BASE = MODERNBERT_BASE
 """ModernBERT-base's encoder shape, for benchmarks. Its embedding table has ModernBERT's real
 vocabulary size (50,368 rows) while the tokenizer stays the tiny BPE, so only ids below ~400 occur:
@@ -146,6 +149,8 @@ def _encoder_config(
     }
     if size == "base":
         shape = _BASE
+    elif size == "tiny512":
+        shape = {**shape, "num_hidden_layers": 3}
     return modernbert_config(
         tok,
         shape,
@@ -190,8 +195,9 @@ def _random_weights(config: ModernBertConfig) -> dict[str, torch.Tensor]:
 def build_laya_checkpoint(path: Path, variant: str, *, seed: int = 0, size: str = "tiny") -> Path:
     """Write a random `variant` checkpoint into `path` (created) and return `path`.
 
-    `size` "tiny" is the test checkpoint; "base" has ModernBERT-base's encoder shape and the
-    shipped english budgets (512 / 192), for benchmarks only (about 330 MB on disk)."""
+    `size` "tiny" is the test checkpoint; "tiny512" the same with three encoder layers and the
+    shipped english budgets (512 / 192); "base" has ModernBERT-base's encoder shape and those
+    budgets, for benchmarks only (about 330 MB on disk)."""
     if variant not in _VARIANT:
         raise ValueError(f"unknown Laya variant {variant!r}; expected one of {VARIANTS}")
     if size not in SIZES:

@@ -68,15 +68,35 @@ def turn(plan: Planner) -> list[list[tuple[int, int]]]:
     return [[(t.id, t.prepared.rows[i].tokens) for t, i in each.rows] for each in passes]
 
 
-def test_a_turn_takes_the_shortest_remaining_job_first_within_the_budget() -> None:
+def test_a_turn_takes_the_job_with_fewest_turns_left_first_within_the_budget() -> None:
     plan = planner(100, ("a", [40, 40, 40, 40]), ("a", [10, 20]), ("b", [5]))
-    # job 2 (b) has the least work left, so its group goes first; alone in its group
-    assert turn(plan) == [[(2, 5)]]
-    # then job 1 whole, and job 0 fills what the budget leaves
+    # jobs 1 and 2 fit in one turn, job 0 needs two: job 1, the older of the two, goes
+    # first, and job 0 (its group) fills what the budget leaves; job 2's group waits
     assert turn(plan) == [[(1, 10), (1, 20), (0, 40)]]
+    # job 2 has one turn left, job 0 (120 tokens) two
+    assert turn(plan) == [[(2, 5)]]
     assert turn(plan) == [[(0, 40), (0, 40)]]
     assert turn(plan) == [[(0, 40)]]
     assert turn(plan) == []
+
+
+def test_jobs_that_fit_in_a_turn_are_served_in_arrival_order() -> None:
+    plan = planner(100, ("a", [30, 30, 30]), ("a", [20, 20, 20]), ("a", [10, 10]))
+    # all three fit in a turn: the oldest first, however long, not the shortest
+    assert turn(plan) == [[(0, 30), (0, 30), (0, 30)]]
+    assert turn(plan) == [[(2, 10), (2, 10), (1, 20), (1, 20), (1, 20)]]
+
+
+def test_shorter_newcomers_never_overtake_an_equal_sized_older_job() -> None:
+    """Equal requests differ by a few tokens; each turn holds one, and every turn a slightly
+    shorter one arrives. Each is served in arrival order, none waits for the starvation
+    guard (ordering by exact remaining tokens made job 1 wait `STARVE_TURNS` turns)."""
+    plan = planner(100, ("a", [90]), ("a", [89]))
+    served = []
+    for n in range(2, 2 * STARVE_TURNS + 2):
+        served += [job for each in turn(plan) for job, _ in each]
+        plan.add(n, Rows("a", [Tokens(90 - n)]))
+    assert served == list(range(2 * STARVE_TURNS))
 
 
 def test_a_turn_always_holds_one_row_even_over_the_budget() -> None:

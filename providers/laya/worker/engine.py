@@ -84,7 +84,14 @@ class LayaEngine(RunsTogether):
         def encode(texts: Sequence[str]) -> list[list[int]]:
             return tokenizer(list(texts), add_special_tokens=False)["input_ids"]
 
-        rows = render_rows(job.state, job.questions, encode, checkpoint.specials, checkpoint.budget)
+        rows = render_rows(
+            job.state,
+            job.questions,
+            encode,
+            checkpoint.specials,
+            checkpoint.budget,
+            checkpoint.texts,
+        )
         tokens = sum(len(row.ids) for row in rows)
         return PreparedJob(job.checkpoint, tokens, job.questions, rows)
 
@@ -108,18 +115,18 @@ class LayaEngine(RunsTogether):
 
 
 def pass_inputs(rows: Sequence[Row], pad_id: int) -> dict[str, torch.Tensor]:
-    """`rows` padded on the right into one pass's `PASS_INPUTS` tensors, on the CPU."""
+    """`rows` padded on the right into one pass's `PASS_INPUTS` tensors, on the CPU: each
+    built from Python lists in one call (a tensor per row and a copy into the pass cost more
+    than the lists)."""
     length = max(len(row.ids) for row in rows)
     width = max(len(row.markers) for row in rows)
-    input_ids = torch.full((len(rows), length), pad_id, dtype=torch.long)
-    attention = torch.zeros((len(rows), length), dtype=torch.long)
-    marker_pos = torch.zeros((len(rows), width), dtype=torch.long)
-    marker_mask = torch.zeros((len(rows), width), dtype=torch.bool)
-    for i, row in enumerate(rows):
-        input_ids[i, : len(row.ids)] = torch.tensor(row.ids)
-        attention[i, : len(row.ids)] = 1
-        marker_pos[i, : len(row.markers)] = torch.tensor(row.markers)
-        marker_mask[i, : len(row.markers)] = True
+    input_ids = torch.tensor([[*row.ids, *[pad_id] * (length - len(row.ids))] for row in rows])
+    marker_pos = torch.tensor([[*row.markers, *[0] * (width - len(row.markers))] for row in rows])
+    filled = torch.arange(length)[None, :] < torch.tensor([len(row.ids) for row in rows])[:, None]
+    attention = filled.long()
+    marker_mask = (
+        torch.arange(width)[None, :] < torch.tensor([len(r.markers) for r in rows])[:, None]
+    )
     qtype = torch.tensor([row.qtype for row in rows], dtype=torch.long)
     tensors = (input_ids, attention, marker_pos, marker_mask, qtype)
     return dict(zip(PASS_INPUTS, tensors, strict=True))

@@ -27,7 +27,7 @@ from decidealot.providers.worker.numerics import (
     PROBE_ROWS,
     quantize_guarded,
 )
-from decidealot.providers.worker.tokenizer import FastTokenizer
+from decidealot.providers.worker.tokenizer import CachedIds, FastTokenizer
 from decidealot.providers.worker.weights import read_safetensors
 
 LAYER_NORM_EPS = 1e-5
@@ -149,6 +149,8 @@ class Checkpoint:
     pad_id: int
     forward: Pass
     """The padded pass in the configured precision (`torch_pass`)."""
+    texts: CachedIds
+    """The questions' texts' token ids, kept across requests."""
 
 
 def torch_pass(model: DecisionModel, device: torch.device, amp_dtype: torch.dtype) -> Pass:
@@ -251,4 +253,5 @@ def load_checkpoint(
         amp_dtype=amp,
         pad_id=tokenizer.pad_token_id,
         forward=torch_pass(model, device, amp),
+        texts=CachedIds(tokenizer),
     )

@@ -118,8 +118,12 @@ def render_rows(
     encode: Encode,
     specials: Specials,
     budget: Budget,
+    encode_texts: Encode | None = None,
 ) -> list[Row]:
-    """One row per question, in `questions` order; the state is tokenised once.
+    """One row per question, in `questions` order; the state is tokenised once, by `encode`,
+    the questions' texts by `encode_texts` (default `encode`; the engine's keeps them, as
+    they recur from request to request). Each text is tokenised alone, so which call does it
+    does not change its ids.
 
     Raises `RequestInvalid` naming the question when its option markers cannot all fit in
     `max_len`: options are never dropped silently.
@@ -136,12 +140,9 @@ def render_rows(
         heads.append(f"{question_type(question)} question: {ins}")
         options.append([" " + text.replace(mask, " ") for text in option_texts(question)])
     flat_options = [text for texts in options for text in texts]
-    encoded = encode([state_text(state).replace(mask, " "), *heads, *flat_options])
-    state_ids, head_ids, option_ids = (
-        encoded[0],
-        encoded[1 : 1 + len(names)],
-        encoded[1 + len(names) :],
-    )
+    state_ids = encode([state_text(state).replace(mask, " ")])[0]
+    encoded = (encode_texts or encode)([*heads, *flat_options])
+    head_ids, option_ids = encoded[: len(names)], encoded[len(names) :]
     keep_tail = isinstance(state, list)  # a conversation keeps its newest turns
     rows: list[Row] = []
     offset = 0
