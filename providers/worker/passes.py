@@ -2,11 +2,20 @@
 
 Every job is cut into rows (`Engine.prepare`); the planner hands out *turns*: rows of one group
 whose summed tokens fit the token budget (a turn always holds at least one row), cut into
-passes by the engine's `PassShape` after sorting them by length. Jobs take their turns
-shortest remaining work first: a small request that arrives while a large one runs gets into
-the next turn whole and waits about one turn, not the whole large job; the large job fills
-whatever budget the small ones leave, so it keeps moving. A job passed over `STARVE_TURNS`
-turns in a row goes first next time, so a stream of small requests cannot starve it.
+passes by the engine's `PassShape` after sorting them by length. Jobs take their turns by
+the turns of work they have left (remaining tokens over the budget, rounded up), fewest first,
+and in arrival order among jobs with as many turns left: a small request that arrives while a
+large one runs gets into the next turn whole and waits about one turn, not the whole large job;
+the large job fills whatever budget the small ones leave, so it keeps moving. Jobs that each
+fit in a turn are served first come, first served: ordering them by their exact remaining
+tokens would let every shorter newcomer overtake a slightly longer job, which then waits until
+the starvation guard lets it in (at 32 clients of equal requests that was the p99: 4x the
+p50). A job overtaken in `STARVE_TURNS` turns since its rows last ran (each a turn that took
+rows of a job that arrived after it, but none of its own) goes first next time, so a stream
+of small requests cannot starve a large one. Only overtaking counts: a job waiting behind
+older ones is not starved, and had it counted, every newcomer behind a queue of 8 turns would
+have jumped ahead of the job whose rows the budget had just cut (its count back at 0), which
+then waited for all of them.
 
 Not thread-safe: the worker calls it under its own lock.
 """
@@ -21,7 +30,8 @@ from itertools import count
 from decidealot.jobs import Decision, Engine, PassShape, Prepared
 
 STARVE_TURNS = 8
-"""Turns a job with rows left may be passed over before it goes first."""
+"""Turns a job with rows left may be overtaken, since its rows last ran, before it goes
+first."""
 
 
 @dataclass(eq=False)
@@ -39,7 +49,8 @@ class Task:
     taken: int = 0
     running: int = 0
     """Rows in turns under way."""
-    passed_over: int = 0
+    overtaken: int = 0
+    """Turns since this job's rows last ran that took rows of later jobs."""
 
     @property
     def group(self) -> Hashable:
@@ -117,14 +128,17 @@ class Planner:
         waiting = [task for task in self._tasks.values() if task.waiting]
         if not waiting:
             return []
-        waiting.sort(key=lambda t: (t.passed_over < STARVE_TURNS, t.remaining, t.seq))
+        budget = self._budget
+        waiting.sort(key=lambda t: (t.overtaken < STARVE_TURNS, -(-t.remaining // budget), t.seq))
         group = waiting[0].group
         picked: list[tuple[Task, int]] = []
         tokens = 0
         full = False
+        skipped: list[Task] = []
+        newest = -1
         for task in waiting:
             if full or task.group != group:
-                task.passed_over += 1
+                skipped.append(task)
                 continue
             took = 0
             while task.waiting:
@@ -139,7 +153,14 @@ class Planner:
                 task.remaining -= cost
                 took += 1
             task.running += took
-            task.passed_over = 0 if took else task.passed_over + 1
+            if took:
+                task.overtaken = 0
+                newest = max(newest, task.seq)
+            else:
+                skipped.append(task)
+        for task in skipped:
+            if task.seq < newest:
+                task.overtaken += 1
         picked.sort(key=lambda item: item[0].prepared.rows[item[1]].tokens)
         lengths = [task.prepared.rows[i].tokens for task, i in picked]
         return [Pass(group, picked[start:stop]) for start, stop in cut(lengths, self._shape)]
