@@ -11,9 +11,9 @@ laya-serve's single inference thread), and take turns under the same load:
 
 The table gives the small requests' p50 and p99 latency in both cases, how much the large
 client slows them (p99 with / p99 alone), and how many large requests each server finished.
-Decidealot cuts every job into passes and lets the shortest remaining job go first, so a small
-request waits about one pass; a server that runs each request whole makes small requests wait
-behind whole large ones.
+Decidealot cuts every job into passes and lets the job with the fewest turns left go first,
+so a small request waits about one pass; a server that runs each request whole makes small
+requests wait behind whole large ones.
 
     .venv/bin/python bench/headofline.py            # tiny checkpoint, 20 s per run
     .venv/bin/python bench/headofline.py --size base --seconds 60

@@ -302,6 +302,9 @@ def plot(points: dict[str, list[LoadResult]]) -> None:
         axes[1][column].set_yscale("log")
         axes[1][column].set_xlabel("closed-loop clients")
         axes[1][column].set_xscale("log", base=2)
+        ticks = sorted({r.clients for r in results})
+        axes[1][column].set_xticks(ticks, [str(n) for n in ticks])
+        axes[0][column].set_ylim(bottom=0)
         for axis in (axes[0][column], axes[1][column]):
             axis.grid(alpha=0.3)
         axes[0][column].legend()
@@ -433,6 +436,9 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="short run, tiny checkpoints only")
     parser.add_argument("--sizes", default=None, help="comma list of tiny,tiny512,base")
     parser.add_argument("--no-plot", action="store_true", help="leave docs/laya.png alone")
+    parser.add_argument(
+        "--replot", action="store_true", help="redraw docs/laya.png from the last run's points"
+    )
     parser.add_argument("--clients", default="1,8,32")
     parser.add_argument("--seconds", type=float, default=None, help="per point, tiny checkpoint")
     parser.add_argument("--base-seconds", type=float, default=30.0, help="per point, base")
@@ -458,6 +464,15 @@ def main() -> int:
     tiny_rounds = args.rounds or (1 if args.quick else 3)
     extra_env = dict(item.split("=", 1) for item in args.decidealot_env)
     args.cache.mkdir(parents=True, exist_ok=True)
+    saved = args.cache / "laya-points.json"
+    if args.replot:
+        plot(
+            {
+                size: [LoadResult(**r) for r in rs]
+                for size, rs in json.loads(saved.read_text()).items()
+            }
+        )
+        return 0
 
     report: list[str] = [
         f"Device: {args.device}. Torch threads: {args.threads} for both servers; "
@@ -483,6 +498,7 @@ def main() -> int:
                 urls, bodies, clients, seconds, rounds, warmup, drive_raw
             )
             points[size] = results
+            saved.write_text(json.dumps({k: [vars(r) for r in v] for k, v in points.items()}))
             count, block = (6, 3) if size == "base" else (40, 20) if args.quick else (200, 25)
             overheads[size] = http_overhead(
                 folder, urls[DECIDEALOT][0], bodies, args.threads, args.device, count, block

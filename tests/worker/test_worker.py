@@ -132,7 +132,7 @@ def test_a_job_passed_over_too_long_goes_first() -> None:
         plan.add(100 + n, Rows("small", [Tokens(1)]))
         assert turn(plan) == [[(100 + n, 1)]]  # shorter jobs of another group go first
     plan.add(200, Rows("small", [Tokens(1)]))
-    assert turn(plan) == [[(0, 10)]]  # passed over STARVE_TURNS times: its turn now
+    assert turn(plan) == [[(0, 10)]]  # overtaken STARVE_TURNS times: its turn now
 
 
 def test_turns_are_cut_into_passes_by_the_engines_shape() -> None:
