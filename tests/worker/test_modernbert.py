@@ -19,7 +19,7 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoConfig, AutoTokenizer, ModernBertModel
 
 from decidealot.providers.worker import modernbert
-from decidealot.providers.worker.tokenizer import FastTokenizer, TokenizerError
+from decidealot.providers.worker.tokenizer import CachedIds, FastTokenizer, TokenizerError
 from decidealot.providers.worker.weights import WeightsError, read_safetensors
 from tests.support.checkpoints import TinyCheckpoints
 
@@ -182,6 +182,26 @@ def test_the_tokenizer_encodes_and_decodes_as_transformers(
     for role in ("mask", "sep", "cls", "pad"):
         assert getattr(ours, f"{role}_token_id") == getattr(theirs, f"{role}_token_id")
     assert (ours.mask_token, ours.sep_token) == (theirs.mask_token, theirs.sep_token)
+
+
+def test_kept_ids_are_the_tokenizers_and_each_recurring_text_is_tokenised_once(
+    tokenizers: dict[str, Path],
+) -> None:
+    tokenizer = FastTokenizer(tokenizers["laya-english"])
+    asked: list[list[str]] = []
+
+    class Counting(FastTokenizer):
+        def __call__(self, text, add_special_tokens=True):  # type: ignore[no-untyped-def, override]
+            asked.append(list(text))
+            return tokenizer(text, add_special_tokens=add_special_tokens)
+
+    kept = CachedIds(Counting.__new__(Counting), size=4)
+    texts = ["billing: refunds", " level 0: routine", "billing: refunds"]
+    expected = tokenizer(texts, add_special_tokens=False)["input_ids"]
+    assert kept(texts) == expected and kept(texts) == expected
+    assert asked == [["billing: refunds", " level 0: routine"]]  # once each, none again
+    kept(["a", "b", "c"])  # past `size` texts: emptied, then these kept
+    assert kept(texts) == expected and len(asked) == 3
 
 
 def tokenizer_copy(tokenizers: dict[str, Path], folder: Path) -> dict[str, object]:
