@@ -11,7 +11,7 @@ laya-serve's single inference thread), and take turns under the same load:
 
 The table gives the small requests' p50 and p99 latency in both cases, how much the large
 client slows them (p99 with / p99 alone), and how many large requests each server finished.
-Decidealot cuts every job into passes and lets the job with the fewest turns left go first,
+Decidealot cuts every job into passes and lets the job of the fewest turns go first,
 so a small request waits about one pass; a server that runs each request whole makes small
 requests wait behind whole large ones.
 

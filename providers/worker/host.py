@@ -13,8 +13,8 @@ switch costs no new interpreter and no second torch import. Threads:
 - prepare: runs `engine.prepare` (tokenisation) while the current passes run, and refuses a
   job over `Start.job_token_limit` before any of its rows reaches a pass;
 - compute (`Start.concurrent_passes` of them): each takes the planner's next turn
-  (`passes`: rows of concurrent jobs, the job with the fewest turns left first, within the
-  token budget) and runs its passes, announcing each with `Begin` and reporting it with `Pass`, so
+  (`passes`: rows of concurrent jobs, the job of the fewest turns first, within the token
+  budget) and runs its passes, announcing each with `Begin` and reporting it with `Pass`, so
   the gateway times passes, not jobs. There is no wait for a batch to fill: a turn is whatever
   waits when a thread is free. Several compute threads let one-thread CPU passes use every
   core; rows are independent, so each job's answer is the same whichever rows shared its

@@ -3,14 +3,16 @@
 Every job is cut into rows (`Engine.prepare`); the planner hands out *turns*: rows of one group
 whose summed tokens fit the token budget (a turn always holds at least one row), cut into
 passes by the engine's `PassShape` after sorting them by length. Jobs take their turns by
-the turns of work they have left (remaining tokens over the budget, rounded up), fewest first,
-and in arrival order among jobs with as many turns left: a small request that arrives while a
-large one runs gets into the next turn whole and waits about one turn, not the whole large job;
-the large job fills whatever budget the small ones leave, so it keeps moving. Jobs that each
-fit in a turn are served first come, first served: ordering them by their exact remaining
-tokens would let every shorter newcomer overtake a slightly longer job, which then waits until
-the starvation guard lets it in (at 32 clients of equal requests that was the p99: 4x the
-p50). A job overtaken in `STARVE_TURNS` turns since its rows last ran (each a turn that took
+size class, the turns their whole work takes (their tokens over the budget, rounded up),
+fewest first, and in arrival order within a class: a small request that arrives while a large
+one runs gets into the next turn whole and waits about one turn, not the whole large job; the
+large job fills whatever budget the small ones leave, so it keeps moving. Jobs that each fit
+in a turn are served first come, first served: ordering them by their exact remaining tokens
+would let every shorter newcomer overtake a slightly longer job, which then waits until the
+starvation guard lets it in (at 32 clients of equal requests that was the p99: 4x the p50).
+The class is the job's whole size, not what it has left, so a large job's last turn does not
+go before small requests as the oldest of their class (that doubled their p99 beside it).
+A job overtaken in `STARVE_TURNS` turns since its rows last ran (each a turn that took
 rows of a job that arrived after it, but none of its own) goes first next time, so a stream
 of small requests cannot starve a large one. Only overtaking counts: a job waiting behind
 older ones is not starved, and had it counted, every newcomer behind a queue of 8 turns would
@@ -43,8 +45,8 @@ class Task:
     seq: int
     order: list[int]
     """Row indices, shortest first; `order[taken:]` are not handed out yet."""
-    remaining: int
-    """Tokens of the rows not handed out yet."""
+    turns: int
+    """Its size class: the turns its whole work takes within the budget."""
     outputs: list[object] = field(default_factory=list)
     taken: int = 0
     running: int = 0
@@ -109,7 +111,7 @@ class Planner:
             prepared,
             next(self._seq),
             order,
-            remaining=sum(row.tokens for row in rows),
+            turns=-(-sum(row.tokens for row in rows) // self._budget),
             outputs=[None] * len(rows),
         )
         self._tasks[job_id] = task
@@ -128,8 +130,7 @@ class Planner:
         waiting = [task for task in self._tasks.values() if task.waiting]
         if not waiting:
             return []
-        budget = self._budget
-        waiting.sort(key=lambda t: (t.overtaken < STARVE_TURNS, -(-t.remaining // budget), t.seq))
+        waiting.sort(key=lambda t: (t.overtaken < STARVE_TURNS, t.turns, t.seq))
         group = waiting[0].group
         picked: list[tuple[Task, int]] = []
         tokens = 0
@@ -150,7 +151,6 @@ class Planner:
                 picked.append((task, index))
                 tokens += cost
                 task.taken += 1
-                task.remaining -= cost
                 took += 1
             task.running += took
             if took:

@@ -68,12 +68,12 @@ def turn(plan: Planner) -> list[list[tuple[int, int]]]:
     return [[(t.id, t.prepared.rows[i].tokens) for t, i in each.rows] for each in passes]
 
 
-def test_a_turn_takes_the_job_with_fewest_turns_left_first_within_the_budget() -> None:
+def test_a_turn_takes_the_job_of_fewest_turns_first_within_the_budget() -> None:
     plan = planner(100, ("a", [40, 40, 40, 40]), ("a", [10, 20]), ("b", [5]))
     # jobs 1 and 2 fit in one turn, job 0 needs two: job 1, the older of the two, goes
     # first, and job 0 (its group) fills what the budget leaves; job 2's group waits
     assert turn(plan) == [[(1, 10), (1, 20), (0, 40)]]
-    # job 2 has one turn left, job 0 (120 tokens) two
+    # job 2 is a job of one turn, job 0 (160 tokens) of two
     assert turn(plan) == [[(2, 5)]]
     assert turn(plan) == [[(0, 40), (0, 40)]]
     assert turn(plan) == [[(0, 40)]]
@@ -124,6 +124,15 @@ def test_a_small_job_arriving_during_a_large_one_gets_the_next_turn() -> None:
     assert turn(plan) == [[(0, 50), (0, 50)]]
     plan.add(7, Rows("a", [Tokens(30)]))
     assert turn(plan) == [[(7, 30), (0, 50)]]
+
+
+def test_a_large_jobs_last_turn_does_not_go_before_a_small_one() -> None:
+    plan = planner(100, ("a", [60, 60, 60]))
+    assert turn(plan) == [[(0, 60)]]
+    assert turn(plan) == [[(0, 60)]]  # one turn's work left, but still a job of two turns
+    plan.add(7, Rows("a", [Tokens(50)]))
+    assert turn(plan) == [[(7, 50)]]
+    assert turn(plan) == [[(0, 60)]]
 
 
 def test_a_job_passed_over_too_long_goes_first() -> None:
