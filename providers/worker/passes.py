@@ -11,7 +11,7 @@ in a turn are served first come, first served: ordering them by their exact rema
 would let every shorter newcomer overtake a slightly longer job, which then waits until the
 starvation guard lets it in (at 32 clients of equal requests that was the p99: 4x the p50).
 The class is the job's whole size, not what it has left, so a large job's last turn does not
-go before small requests as the oldest of their class (that doubled their p99 beside it).
+go before small requests as the oldest of their class (that raised their p99 beside it 1.7x).
 A job overtaken in `STARVE_TURNS` turns since its rows last ran (each a turn that took
 rows of a job that arrived after it, but none of its own) goes first next time, so a stream
 of small requests cannot starve a large one. Only overtaking counts: a job waiting behind
