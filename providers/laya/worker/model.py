@@ -25,6 +25,8 @@ from decidealot.providers.worker.numerics import (
     AUTOCAST,
     PROBE_LENGTH,
     PROBE_ROWS,
+    Quantised,
+    linear_layers,
     quantize_guarded,
 )
 from decidealot.providers.worker.tokenizer import FastTokenizer
@@ -148,6 +150,8 @@ class Checkpoint:
     amp_dtype: torch.dtype
     pad_id: int
     forward: Pass
+    linears: Quantised
+    """How many of the encoder's linear layers run int8 (none outside `int8`)."""
     """The padded pass in the configured precision (`torch_pass`)."""
 
 
@@ -166,9 +170,9 @@ def torch_pass(model: DecisionModel, device: torch.device, amp_dtype: torch.dtyp
     return forward
 
 
-def int8_encoder(model: DecisionModel, specials: Specials, budget: Budget) -> list[str]:
+def int8_encoder(model: DecisionModel, specials: Specials, budget: Budget) -> Quantised:
     """Make the encoder's linear layers int8 (`numerics`), checked on a probe of random
-    rows with four markers each; the head and scorer stay fp32. Returns the roles kept fp32."""
+    rows with four markers each; the head and scorer stay fp32."""
     generator = torch.Generator().manual_seed(0)
     rows, options = PROBE_ROWS, 4
     length = min(budget.max_len, PROBE_LENGTH)
@@ -241,7 +245,9 @@ def load_checkpoint(
         head_max_len=int(config.get("head_max_len", 192)),
     )
     if precision == "int8":
-        int8_encoder(model, specials, budget)
+        linears = int8_encoder(model, specials, budget)
+    else:
+        linears = Quantised(linear_layers(model.encoder), 0, ())
     return Checkpoint(
         model=model,
         tokenizer=tokenizer,
@@ -251,4 +257,5 @@ def load_checkpoint(
         amp_dtype=amp,
         pad_id=tokenizer.pad_token_id,
         forward=torch_pass(model, device, amp),
+        linears=linears,
     )
