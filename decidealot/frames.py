@@ -2,12 +2,12 @@
 
 Each frame is a 4-byte big-endian length followed by one msgspec msgpack message. The gateway
 writes `Start`, then `Submit` per job and `Cancel` for a job whose caller has gone; the
-worker answers `Ready` or `Failed` once per `Start`, `Loaded` per checkpoint it loads, then
-exactly one of `Result`, `Rejected` or
-`JobFailed` per submitted job id that was not cancelled, and `Begin` and `Pass` around every
-forward pass (the gateway's watchdog times each pass; metrics and traces read `Pass`).
-`Release` ends an engine without ending the process: the worker drops it, returns its memory,
-answers `Released` and waits for the next `Start` (a model switch, `ProcessRuntime.load`).
+worker answers `Ready` or `Failed` once per `Start`, `Loaded` once per checkpoint it loads,
+then exactly one of `Result`, `Rejected` or `JobFailed` per submitted job id that was not
+cancelled, and `Begin` and `Pass` around every forward pass (the gateway's watchdog times
+each pass; metrics and traces read `Pass`). `Release` ends an engine without ending the
+process: the worker drops it, returns its memory, answers `Released` and waits for the next
+`Start` (a model switch, `ProcessRuntime.load`).
 No frame carries an exception message: those may quote the state, and frames' errors end up
 in logs.
 """
