@@ -7,8 +7,9 @@ Starts the real `decidealot serve` of the checkout (DIR defaults to this one; po
 checkout to compare layouts) on tiny random checkpoints, with both the gateway and its worker run
 under a profiling hook that notes, per call, the time, the thread and the file. After a warm-up
 request it times a second one (a noul and a choice on `laya`, routed to the english checkpoint)
-and counts the checkout's files and the threads that ran code inside that window. A counting
-tool for docs/architecture.md, not a speed benchmark: the hook slows everything down.
+and counts the checkout's files, the installed libraries' files (per top-level package) and the
+threads that ran code inside that window. A counting tool for docs/architecture.md, not a speed
+benchmark: the hook slows everything down.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ TRACER = textwrap.dedent(
         if event != "call":
             return
         name = frame.f_code.co_filename
-        if not name.startswith(root) or "/tests/" in name or "/site-packages/" in name:
+        if "/site-packages/" not in name and (not name.startswith(root) or "/tests/" in name):
             return
         thread = threading.get_ident()
         if last.get(thread) != name:
@@ -126,13 +127,24 @@ def rooms(checkout: Path, work: Path) -> dict[str, object]:
         server.wait(60)
     result: dict[str, object] = {}
     for side, log in (("gateway", gateway_log), ("worker", worker_log)):
-        files, threads = set(), set()
+        files, libraries, threads = set(), set(), set()
         for line in log.read_text().splitlines():
             at, thread, name = line.split(" ", 2)
             if started <= float(at) <= ended:
-                files.add(str(Path(name).relative_to(checkout)))
+                if "/site-packages/" in name:
+                    libraries.add(name.partition("/site-packages/")[2])
+                else:
+                    files.add(str(Path(name).relative_to(checkout)))
                 threads.add(thread)
-        result[side] = {"files": sorted(files), "threads": len(threads)}
+        by_package: dict[str, int] = {}
+        for name in libraries:
+            top = name.split("/")[0]
+            by_package[top] = by_package.get(top, 0) + 1
+        result[side] = {
+            "files": sorted(files),
+            "threads": len(threads),
+            "library_files": dict(sorted(by_package.items(), key=lambda kv: -kv[1])),
+        }
     return result
 
 
@@ -146,9 +158,14 @@ def main() -> None:
     assert isinstance(gateway, dict) and isinstance(worker, dict)
     both = sorted(set(gateway["files"]) | set(worker["files"]))
     print(json.dumps(result, indent=2))
+    libraries = {
+        side: sum(result[side]["library_files"].values())  # type: ignore[index]
+        for side in ("gateway", "worker")
+    }
     print(
         f"{len(both)} files ({len(gateway['files'])} in the gateway, {len(worker['files'])} in "
-        f"the worker), {gateway['threads']} + {worker['threads']} threads"
+        f"the worker), {gateway['threads']} + {worker['threads']} threads; library files run: "
+        f"{libraries['gateway']} in the gateway, {libraries['worker']} in the worker"
     )
 
 
