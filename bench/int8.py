@@ -4,28 +4,36 @@ For each model, `decidealot serve` runs twice at once on the same checkpoint, wi
 DECIDEALOT_PRECISION=fp32 and =int8 (one torch thread per pass, defaults otherwise). Models: a
 Laya base-shaped english checkpoint (ModernBERT-base's width, 768, but 4 layers, and
 ModernBERT's own initializer range, 0.02, where the int8 probe keeps every layer int8) and
-Von `small` (bench/von.py). Reported per server: the worker's resident memory after its first
-decision (the checkpoint loaded, one pass run: both workers have then paged in the same
-library code) and its anonymous part (`RssAnon`: weights and heap), the share of linear
-layers that run int8 (`decidealot_int8_linear_share`), the first decision's seconds (the
-load, and for int8 the probe), decisions/s, p50/p99 and server CPU per decision at 1 and 8
-clients (the two servers take turns per point), the worker's memory after those runs, and
-max |dp| of int8 against fp32 over the same requests. What int8 saves is set against the
-fp32 bytes of the layers it quantised (the target: at least 60% of them). The table is
-printed as markdown; the plot goes to docs/int8.png.
+Von `small` (bench/von.py). Measured, in two parts kept in CACHE/results.json (so either can
+be rerun alone and the table and plot redrawn from both):
 
-    .venv/bin/python bench/int8.py --quick   # a few decisions per point (minutes on AVX2)
+- `load`: each precision's worker started on its own with the checkpoint preloaded, its
+  resident memory right after load (VmRSS) and the anonymous part of it (`RssAnon`: weights
+  and heap, without the file-backed pages of library code, which the int8 probe pages in and
+  an fp32 worker pages in on its first pass);
+- `serve`: both servers side by side; per server the first decision's seconds (the load, and
+  for int8 the probe), the worker's memory after it and after the load runs, the share of
+  linear layers that run int8 (`decidealot_int8_linear_share`), decisions/s, p50/p99 and server
+  CPU per decision at 1 and 8 clients (the servers take turns per point), and max |dp| of int8
+  against fp32 over the same requests.
+
+What int8 saves is set against the fp32 bytes of the layers it quantised (the target: at least
+60% of them). The table is printed as markdown; the plot goes to docs/int8.png.
+
+    .venv/bin/python bench/int8.py --quick   # one request per client and point, 4 for |dp|
     .venv/bin/python bench/int8.py           # 10 s per point, 16 requests for |dp|
+    .venv/bin/python bench/int8.py --parts load   # redo the memory after load only
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import sys
 import time
 from contextlib import ExitStack
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import httpx
@@ -35,16 +43,26 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.loadgen import ROOT, free_port, process_tree, server_root
 from bench.peers import answers, body, decidealot, http_peer, load_points
 from bench.workload import sized_states
+from decidealot.jobs import EngineSpec
 
 LAYA_SHAPE = {"num_hidden_layers": 4}
 """On top of ModernBERT-base's shape (`size="base"`): four layers, as the issue measured."""
 PRECISIONS = ("fp32", "int8")
+LAYA = "decidealot.providers.laya.worker.engine:create"
+VON = "decidealot.providers.von.worker.engine:create"
+
+
+def _sides() -> dict[str, Side]:
+    return {p: Side() for p in PRECISIONS}
 
 
 @dataclass
 class Side:
-    """One server's measurements."""
+    """One server's measurements (`serve`), and its worker's memory right after a preloaded
+    load (`load`)."""
 
+    loaded_rss_mb: float = float("nan")
+    loaded_anon_mb: float = float("nan")
     first_decision_s: float = 0.0
     rss_mb: float = 0.0
     anon_mb: float = 0.0
@@ -54,6 +72,33 @@ class Side:
     p50: dict[int, float] = field(default_factory=dict)
     p99: dict[int, float] = field(default_factory=dict)
     cpu_ms: dict[int, float] = field(default_factory=dict)
+
+
+async def _after_load(spec: EngineSpec) -> tuple[float, float]:
+    from decidealot import registry
+    from decidealot.providers.gateway.process_runtime import ProcessRuntime
+
+    settings = registry.settings(device="cpu", torch_threads=1, provider_start_timeout_seconds=3600)
+    runtime = ProcessRuntime("bench", spec, settings)
+    await runtime.load()
+    try:
+        assert runtime.pid is not None
+        return _memory(runtime.pid)
+    finally:
+        await runtime.unload()
+
+
+def after_load(factory: str, key: str, folder: Path, side: dict[str, Side]) -> None:
+    """Each precision's worker memory right after it loaded `folder` (preloaded, so the
+    probe has run for int8 and no pass for fp32): what the load itself holds."""
+    for p in PRECISIONS:
+        spec = EngineSpec(factory, {key: str(folder)}, preload=[key], options={"precision": p})
+        side[p].loaded_rss_mb, side[p].loaded_anon_mb = asyncio.run(_after_load(spec))
+        print(
+            f"  {p} after load: {side[p].loaded_rss_mb:.0f} MB "
+            f"({side[p].loaded_anon_mb:.0f} MB anonymous)",
+            file=sys.stderr,
+        )
 
 
 @dataclass
@@ -77,19 +122,21 @@ def linear_mb(config: Path) -> float:
     return 4 * layers * (h * 3 * h + h * h + h * 2 * inner + inner * h) / 1e6
 
 
+def _memory(pid: int) -> tuple[float, float]:
+    """(VmRSS, RssAnon) of process `pid` in MB."""
+    lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    status = dict(line.split(":", 1) for line in lines)
+    return int(status["VmRSS"].split()[0]) / 1e3, int(status["RssAnon"].split()[0]) / 1e3
+
+
 def worker_memory(server: int) -> tuple[float, float]:
     """(VmRSS, RssAnon) in MB of the worker under server process `server`."""
     for pid in process_tree(server)[1:]:
         try:
-            command = Path(f"/proc/{pid}/cmdline").read_bytes()
-            if b"decidealot.providers.worker" not in command:
-                continue
-            status = dict(
-                line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
-            )
+            if b"decidealot.providers.worker" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                return _memory(pid)
         except OSError:
             continue
-        return int(status["VmRSS"].split()[0]) / 1e3, int(status["RssAnon"].split()[0]) / 1e3
     raise RuntimeError(f"no worker under server {server}")
 
 
@@ -114,16 +161,16 @@ def max_dp(fp32: list[dict], int8: list[dict]) -> float:
     return moved
 
 
-def run_section(
-    name: str,
+def serve(
+    section: Section,
     model: str,
     provider_env: dict[str, str],
     tokenizer: Path,
-    quantised_mb: float,
     args: argparse.Namespace,
-) -> Section:
+) -> None:
+    """Both servers side by side: first decision, memory, load points, |dp|."""
+    name = section.name
     states = [s.removeprefix("Ticket 0:") for s in sized_states(tokenizer, 256, _zero)]
-    section = Section(name, quantised_mb, {p: Side() for p in PRECISIONS})
     ports = {p: free_port() for p in PRECISIONS}
     with ExitStack() as stack:
         urls = {
@@ -164,36 +211,55 @@ def run_section(
         quality = [f"Quality {i}:" + states[i] for i in range(args.quality)]
         got = {p: answers(urls[p] + "/v1/systemone", model, quality) for p in PRECISIONS}
         section.max_dp, section.requests = max_dp(got["fp32"], got["int8"]), len(quality)
-    return section
+
+
+def load_results(path: Path) -> dict[str, Section]:
+    if not path.exists():
+        return {}
+    raw = json.loads(path.read_text())
+    out = {}
+    for name, data in raw.items():
+        sides = {}
+        for p, side in data.pop("sides").items():
+            for key in ("rps", "p50", "p99", "cpu_ms"):
+                side[key] = {int(n): v for n, v in side[key].items()}
+            sides[p] = Side(**side)
+        out[name] = Section(sides=sides, **data)
+    return out
 
 
 def markdown(sections: list[Section], clients: list[int]) -> str:
     head = (
-        "| checkpoint | precision | int8 share | first decision s | worker RSS MB "
-        "| anonymous MB | RSS after the runs MB | "
+        "| checkpoint | precision | int8 share | after load: RSS MB | anonymous MB "
+        "| first decision s | after it: RSS MB | anonymous MB | after the runs: RSS MB | "
         + " | ".join(f"dec/s {n} | CPU ms/dec {n}" for n in clients)
         + " |"
     )
-    lines = [head, "|---|---|---:|---:|---:|---:|---:|" + "---:|---:|" * len(clients)]
+    lines = [head, "|---|---|---:|---:|---:|---:|---:|---:|---:|" + "---:|---:|" * len(clients)]
     notes = []
     for section in sections:
         for p, side in section.sides.items():
             points = " | ".join(f"{side.rps[n]:.2f} | {side.cpu_ms[n]:.0f}" for n in clients)
             lines.append(
-                f"| {section.name} | {p} | {side.share:g} | {side.first_decision_s:.1f} "
+                f"| {section.name} | {p} | {side.share:g} | {side.loaded_rss_mb:.0f} "
+                f"| {side.loaded_anon_mb:.0f} | {side.first_decision_s:.1f} "
                 f"| {side.rss_mb:.0f} | {side.anon_mb:.0f} | {side.rss_after_runs_mb:.0f} "
                 f"| {points} |"
             )
         fp32, int8 = section.sides["fp32"], section.sides["int8"]
         quantised = section.quantised_mb * int8.share
-        saved, saved_anon = fp32.rss_mb - int8.rss_mb, fp32.anon_mb - int8.anon_mb
+        target = 0.6 * quantised
+        loaded = fp32.loaded_rss_mb - int8.loaded_rss_mb
+        loaded_anon = fp32.loaded_anon_mb - int8.loaded_anon_mb
+        first = fp32.rss_mb - int8.rss_mb
+        runs = fp32.rss_after_runs_mb - int8.rss_after_runs_mb
         speed = ", ".join(f"{int8.rps[n] / fp32.rps[n]:.2f}x at {n}" for n in clients)
         notes.append(
-            f"- {section.name}: int8 quantised {quantised:.0f} MB of fp32 linear weights; its "
-            f"worker holds **{saved:.0f} MB less** resident memory after the first decision "
-            f"({saved / quantised:.0%} of them; anonymous {saved_anon:.0f} MB, "
-            f"{saved_anon / quantised:.0%}), {fp32.rss_after_runs_mb - int8.rss_after_runs_mb:.0f}"
-            f" MB less after the runs; int8 decisions/s against fp32: {speed}; max |dp| "
+            f"- {section.name}: int8 quantised {quantised:.0f} MB of fp32 linear weights (the "
+            f"target: its worker {target:.0f} MB below fp32's). fp32 minus int8: after load "
+            f"**{loaded:.0f} MB** ({loaded_anon:.0f} MB anonymous, {loaded_anon / quantised:.0%}"
+            f" of the quantised bytes), after the first decision {first:.0f} MB, after the "
+            f"runs {runs:.0f} MB. int8 decisions/s against fp32: {speed}. Max |dp| "
             f"{section.max_dp:.4f} over {section.requests} requests."
         )
     return "\n".join(lines) + "\n\n" + "\n".join(notes)
@@ -212,13 +278,16 @@ def plot(sections: list[Section], clients: list[int], path: Path) -> None:
     for k, p in enumerate(PRECISIONS):
         offset = (k - 0.5) * width
         xs = [i + offset for i in range(len(sections))]
-        axes[0].bar(xs, [s.sides[p].rss_mb for s in sections], width, label=p, color=colours[p])
+        loaded = [s.sides[p].loaded_anon_mb for s in sections]
+        axes[0].bar(xs, loaded, width, label=f"{p}, after load", color=colours[p])
+        first = [s.sides[p].anon_mb for s in sections]
+        axes[0].scatter(xs, first, color="black", marker="_", s=400, zorder=3)
         for c, n in enumerate(clients):
             speed = [s.sides[p].rps[n] / s.sides["fp32"].rps[n] for s in sections]
             xs_n = [i * (len(clients) + 1) + c + offset for i in range(len(sections))]
             axes[1].bar(xs_n, speed, width, color=colours[p], label=p if c == 0 else None)
     axes[0].set_xticks(range(len(sections)), names)
-    axes[0].set_ylabel("worker RSS after the first decision, MB")
+    axes[0].set_ylabel("worker RssAnon MB (line: after 1st decision)")
     axes[0].legend()
     ticks = [i * (len(clients) + 1) + c for i in range(len(sections)) for c in range(len(clients))]
     labels = [f"{s.name}\n{n} client{'s' if n > 1 else ''}" for s in sections for n in clients]
@@ -241,6 +310,12 @@ def main() -> int:
     parser.add_argument("--quality", type=int, default=16, help="requests compared for |dp|")
     parser.add_argument("--clients", type=lambda s: [int(n) for n in s.split(",")], default=[1, 8])
     parser.add_argument("--sections", default="laya,von")
+    parser.add_argument(
+        "--parts",
+        default="load,serve",
+        help="load: worker memory right after a preloaded load; serve: the servers side by "
+        "side. Results are kept in CACHE/results.json, so a part can be rerun alone.",
+    )
     parser.add_argument("--cache", type=Path, default=Path("/tmp/decidealot-bench-int8"))
     parser.add_argument("--plot", type=Path, default=ROOT / "docs" / "int8.png")
     args = parser.parse_args()
@@ -248,7 +323,9 @@ def main() -> int:
         args.seconds, args.quality = 0.1, 4  # each client's first request only
     args.logs = args.cache / "logs"
     args.logs.mkdir(parents=True, exist_ok=True)
-    sections = []
+    results = args.cache / "results.json"
+    sections = load_results(results)
+    parts = args.parts.split(",")
     if "laya" in args.sections:
         from bench.laya import VARIANTS
         from decidealot.providers.laya.tiny import build_laya_checkpoint
@@ -259,38 +336,36 @@ def main() -> int:
             if not (folder / variant / "rl_agent_config.json").exists():
                 build_laya_checkpoint(folder / variant, variant, size=size, shape=shape)
         english = folder / "english"
-        env = {"DECIDEALOT_VON_ENABLED": "false"}
-        env |= {
-            f"DECIDEALOT_LAYA_{v.upper().replace('-', '_')}_CHECKPOINT": str(folder / v)
-            for v in VARIANTS
-        }
-        sections.append(
-            run_section(
-                "Laya base-4",
-                "laya-english",
-                env,
-                english / "tokenizer" / "tokenizer.json",
-                linear_mb(english / "encoder" / "config.json"),
-                args,
-            )
+        section = sections.setdefault(
+            "Laya base-4",
+            Section("Laya base-4", linear_mb(english / "encoder" / "config.json"), _sides()),
         )
+        if "load" in parts:
+            after_load(LAYA, "english", english, section.sides)
+        if "serve" in parts:
+            env = {"DECIDEALOT_VON_ENABLED": "false"}
+            env |= {
+                f"DECIDEALOT_LAYA_{v.upper().replace('-', '_')}_CHECKPOINT": str(folder / v)
+                for v in VARIANTS
+            }
+            serve(section, "laya-english", env, english / "tokenizer" / "tokenizer.json", args)
+        results.write_text(json.dumps({n: asdict(s) for n, s in sections.items()}, indent=1))
     if "von" in args.sections:
         from bench.von import build_checkpoint
 
         checkpoint = build_checkpoint(args.cache / "von", "small", "plain")
-        env = {"DECIDEALOT_LAYA_ENABLED": "false", "DECIDEALOT_VON_CHECKPOINT": str(checkpoint)}
-        sections.append(
-            run_section(
-                "Von small",
-                "von-1.1",
-                env,
-                checkpoint / "tokenizer.json",
-                linear_mb(checkpoint / "config.json"),
-                args,
-            )
+        section = sections.setdefault(
+            "Von small", Section("Von small", linear_mb(checkpoint / "config.json"), _sides())
         )
-    print(markdown(sections, args.clients))
-    plot(sections, args.clients, args.plot)
+        if "load" in parts:
+            after_load(VON, "von-1.1", checkpoint, section.sides)
+        if "serve" in parts:
+            env = {"DECIDEALOT_LAYA_ENABLED": "false", "DECIDEALOT_VON_CHECKPOINT": str(checkpoint)}
+            serve(section, "von-1.1", env, checkpoint / "tokenizer.json", args)
+        results.write_text(json.dumps({n: asdict(s) for n, s in sections.items()}, indent=1))
+    sections = {n: s for n, s in sections.items() if s.sides["fp32"].rps}
+    print(markdown(list(sections.values()), args.clients))
+    plot(list(sections.values()), args.clients, args.plot)
     return 0
 
 
