@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import msgspec
 from litestar import Litestar, Request, get, post
 from litestar.datastructures import State
+from litestar.params import JSONBody
 from litestar.response import Response
 
 from decidealot import config, tracing
@@ -107,7 +108,7 @@ def _error(status: int, message: str, kind: str) -> Response[dict[str, Any]]:
 
 @post("/v1/embeddings", status_code=200)
 async def embeddings(
-    data: EmbeddingsRequest, state: State, request: Request[Any, Any, Any]
+    data: JSONBody[EmbeddingsRequest], state: State, request: Request[Any, Any, Any]
 ) -> Response[dict[str, Any]]:
     with tracing.span(
         "POST /v1/embeddings",
