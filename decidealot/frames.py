@@ -2,11 +2,12 @@
 
 Each frame is a 4-byte big-endian length followed by one msgspec msgpack message. The gateway
 writes `Start`, then `Submit` per job and `Cancel` for a job whose caller has gone; the
-worker answers `Ready` or `Failed` once per `Start`, then exactly one of `Result`, `Rejected` or
-`JobFailed` per submitted job id that was not cancelled, and `Begin` and `Pass` around every
-forward pass (the gateway's watchdog times each pass; metrics and traces read `Pass`).
-`Release` ends an engine without ending the process: the worker drops it, returns its memory,
-answers `Released` and waits for the next `Start` (a model switch, `ProcessRuntime.load`).
+worker answers `Ready` or `Failed` once per `Start`, `Loaded` once per checkpoint it loads,
+then exactly one of `Result`, `Rejected` or `JobFailed` per submitted job id that was not
+cancelled, and `Begin` and `Pass` around every forward pass (the gateway's watchdog times
+each pass; metrics and traces read `Pass`). `Release` ends an engine without ending the
+process: the worker drops it, returns its memory, answers `Released` and waits for the next
+`Start` (a model switch, `ProcessRuntime.load`).
 No frame carries an exception message: those may quote the state, and frames' errors end up
 in logs.
 """
@@ -62,6 +63,20 @@ class Ready(msgspec.Struct, tag="ready", frozen=True):
     device: str
 
 
+class Loaded(msgspec.Struct, tag="loaded", frozen=True):
+    """A checkpoint is in memory (at `Start` when preloaded, else on its first job, before
+    that job's answer): which linear layers of its encoder run int8 under
+    `DECIDEALOT_PRECISION`, and the roles the int8 probe kept fp32 (`kept_fp32`). `path` is
+    the checkpoint's folder, for the gateway's log line; nothing of its contents."""
+
+    checkpoint: str
+    path: str
+    precision: str
+    linear_layers: int
+    int8_layers: int
+    kept_fp32: list[str] = []
+
+
 class Failed(msgspec.Struct, tag="failed", frozen=True):
     """The engine could not be built; `error` is the exception's type name only."""
 
@@ -114,7 +129,9 @@ class Pass(msgspec.Struct, tag="pass", frozen=True):
 
 
 ToWorker: TypeAlias = Start | Submit | Cancel | Release
-FromWorker: TypeAlias = Ready | Failed | Released | Result | Rejected | JobFailed | Begin | Pass
+FromWorker: TypeAlias = (
+    Ready | Loaded | Failed | Released | Result | Rejected | JobFailed | Begin | Pass
+)
 
 _encoder = msgspec.msgpack.Encoder()
 _to_worker = msgspec.msgpack.Decoder(ToWorker)

@@ -205,6 +205,13 @@ PROVIDER_UNLOADS = REGISTRY.counter(
     "unload_all (POST /v1/models/unload) or shutdown.",
     ("provider", "reason"),
 )
+INT8_LINEAR_SHARE = REGISTRY.gauge(
+    "decidealot_int8_linear_share",
+    "Share (0-1) of a checkpoint's encoder linear layers that run int8, by provider and "
+    "checkpoint, as of its last load: 1 when DECIDEALOT_PRECISION=int8 quantised them all, "
+    "less where the load-time probe kept some in fp32, 0 under the other precisions.",
+    ("provider", "checkpoint"),
+)
 WORKER_STARTS = REGISTRY.counter(
     "decidealot_worker_starts_total",
     "Worker subprocesses that reported healthy, by provider.",

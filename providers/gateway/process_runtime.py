@@ -47,6 +47,7 @@ from decidealot.frames import (
     FrameError,
     FromWorker,
     JobFailed,
+    Loaded,
     Pass,
     Ready,
     Rejected,
@@ -130,6 +131,8 @@ class JobChannel:
             self._record(frame)
         elif isinstance(frame, Result | Rejected | JobFailed):
             self._answer(frame)
+        elif isinstance(frame, Loaded):
+            self._loaded(frame)
         else:
             raise FrameError(f"unexpected {type(frame).__name__} frame")
 
@@ -150,6 +153,25 @@ class JobChannel:
                 jobs=len(frame.jobs),
                 rows=frame.rows,
                 tokens=frame.tokens,
+            )
+
+    def _loaded(self, frame: Loaded) -> None:
+        """A checkpoint loaded: the share of its linear layers that run int8, and a warning
+        when `DECIDEALOT_PRECISION=int8` left some in fp32 (answers then move less, and cost
+        more, than int8 promises)."""
+        share = frame.int8_layers / frame.linear_layers if frame.linear_layers else 0.0
+        metrics.INT8_LINEAR_SHARE.set(share, provider=self._provider, checkpoint=frame.checkpoint)
+        if frame.precision == "int8" and frame.kept_fp32:
+            self._log.warning(
+                "%s checkpoint %s (%s) runs %d of its %d linear layers in int8 under "
+                "DECIDEALOT_PRECISION=int8: the load-time probe kept %s in fp32, whose int8 "
+                "error moved its probabilities too far",
+                self._provider,
+                frame.checkpoint,
+                frame.path,
+                frame.int8_layers,
+                frame.linear_layers,
+                ", ".join(frame.kept_fp32),
             )
 
     def _answer(self, frame: Result | Rejected | JobFailed) -> None:

@@ -8,7 +8,9 @@ BPE tokenizer covers any UTF-8 text, so multilingual states tokenise without unk
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors.torch import save_file
@@ -135,7 +137,10 @@ def _build_tokenizer(variant: dict, out: Path) -> PreTrainedTokenizerFast:
 
 
 def _encoder_config(
-    tok: PreTrainedTokenizerFast, rope: tuple[float, float], size: str
+    tok: PreTrainedTokenizerFast,
+    rope: tuple[float, float],
+    size: str,
+    overrides: Mapping[str, Any] | None = None,
 ) -> ModernBertConfig:
     full, sliding = rope
     shape = {
@@ -151,6 +156,7 @@ def _encoder_config(
         shape = _BASE
     elif size == "tiny512":
         shape = {**shape, "num_hidden_layers": 3}
+    shape = {**shape, **(overrides or {})}
     return modernbert_config(
         tok,
         shape,
@@ -192,20 +198,31 @@ def _random_weights(config: ModernBertConfig) -> dict[str, torch.Tensor]:
     return weights
 
 
-def build_laya_checkpoint(path: Path, variant: str, *, seed: int = 0, size: str = "tiny") -> Path:
+def build_laya_checkpoint(
+    path: Path,
+    variant: str,
+    *,
+    seed: int = 0,
+    size: str = "tiny",
+    shape: Mapping[str, Any] | None = None,
+    budget: Mapping[str, int] | None = None,
+) -> Path:
     """Write a random `variant` checkpoint into `path` (created) and return `path`.
 
     `size` "tiny" is the test checkpoint; "tiny512" the same with three encoder layers and the
     shipped english budgets (512 / 192); "base" has ModernBERT-base's encoder shape and those
-    budgets, for benchmarks only (about 330 MB on disk)."""
+    budgets, for benchmarks only (about 330 MB on disk). `shape` overrides entries of the size's
+    encoder shape (`num_hidden_layers`, `initializer_range`, ...), `budget` its row budgets
+    (`max_len`, `head_max_len`)."""
     if variant not in _VARIANT:
         raise ValueError(f"unknown Laya variant {variant!r}; expected one of {VARIANTS}")
     if size not in SIZES:
         raise ValueError(f"unknown Laya checkpoint size {size!r}; expected one of {SIZES}")
     spec = _VARIANT[variant] if size == "tiny" else {**_VARIANT[variant], **BASE_BUDGET}
+    spec = {**spec, **(budget or {})}
     path.mkdir(parents=True, exist_ok=True)
     tok = _build_tokenizer(spec, path / "tokenizer")
-    config = _encoder_config(tok, spec["rope"], size)
+    config = _encoder_config(tok, spec["rope"], size, shape)
     config.save_pretrained(str(path / "encoder"))
     torch.manual_seed(seed)
     weights = _random_weights(config)

@@ -28,7 +28,6 @@ those may quote the state.
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import gc
 import importlib
@@ -42,7 +41,7 @@ import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, Protocol, runtime_checkable
 
 import msgspec
 
@@ -54,6 +53,7 @@ from decidealot.frames import (
     FrameError,
     FromWorker,
     JobFailed,
+    Loaded,
     Ready,
     Rejected,
     Release,
@@ -67,6 +67,7 @@ from decidealot.frames import (
 )
 from decidealot.frames import Pass as PassFrame
 from decidealot.jobs import Engine, EngineSpec
+from decidealot.providers.worker.memory import release_freed, resident_bytes
 from decidealot.providers.worker.passes import Pass, Planner, Task
 
 _PR_SET_PDEATHSIG = 1
@@ -79,6 +80,16 @@ def describe(exc: BaseException) -> str:
     frames = traceback.extract_tb(exc.__traceback__)[-4:]
     where = " <- ".join(f"{Path(f.filename).name}:{f.lineno} {f.name}" for f in reversed(frames))
     return f"{type(exc).__name__} at {where}" if where else type(exc).__name__
+
+
+@runtime_checkable
+class ReportsLoads(Protocol):
+    """An engine that loads checkpoints (at create, or on a job's first use) says which it
+    loaded and in what precision: `Loaded` frames, for the gateway's metrics and log."""
+
+    def take_loaded(self) -> list[Loaded]:
+        """The checkpoints loaded since the last call."""
+        ...
 
 
 class FrameWriter:
@@ -126,6 +137,7 @@ class Host:
         """Ids cancelled before the planner had them: prepare drops them."""
         self._stopped = False
         self._threads: list[threading.Thread] = []
+        self._loads = engine.take_loaded if isinstance(engine, ReportsLoads) else None
 
     @property
     def engine(self) -> Engine:
@@ -168,7 +180,9 @@ class Host:
             self._submitted.discard(job_id)
 
     def start(self) -> None:
-        """Run the prepare thread and every compute thread in the background."""
+        """Report the checkpoints the engine loaded at create, then run the prepare thread and
+        every compute thread in the background."""
+        self._report_loads()
         self._threads = [threading.Thread(target=self.prepare_jobs, name="prepare", daemon=True)]
         self._threads += [
             threading.Thread(target=self.compute, args=(lane,), name=f"compute-{lane}", daemon=True)
@@ -209,8 +223,10 @@ class Host:
                 if limit and prepared.input_tokens > limit:
                     raise over_token_limit(prepared.input_tokens, limit)
             except Exception as exc:
+                self._report_loads()
                 self._fail(submit.id, exc)
                 continue
+            self._report_loads()  # a checkpoint loaded on first use: before any of its answers
             with self._changed:
                 if submit.id in self._cancelled:
                     self._cancelled.discard(submit.id)
@@ -221,6 +237,11 @@ class Host:
                 self._changed.notify()
             if not prepared.rows:
                 self._finish(task)
+
+    def _report_loads(self) -> None:
+        if self._loads is not None:
+            for frame in self._loads():
+                self._emit(frame)
 
     def compute(self, lane: int) -> None:
         """One compute thread's loop; `passes` of them share the planner."""
@@ -332,28 +353,11 @@ def build_engine(spec: EngineSpec) -> Engine:
 
 
 def release_memory() -> int:
-    """Give the memory of dropped objects back to the system; the resident bytes after it.
-
-    Collects cycles, empties torch's CUDA cache when CUDA was used, and asks glibc to return
-    its free heap pages (`malloc_trim`): a freed checkpoint's tensors otherwise stay in the
-    process's arenas, reusable by it but counted against it."""
-    gc.collect()
-    torch = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_initialized():
-        torch.cuda.empty_cache()
-    if sys.platform.startswith("linux"):
-        with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL(None).malloc_trim(0)
+    """Give the memory of the dropped engine back to the system (`memory.release_freed`: a
+    freed checkpoint's tensors otherwise stay in the process's arenas); the resident bytes
+    after it."""
+    release_freed()
     return resident_bytes()
-
-
-def resident_bytes() -> int:
-    """This process's resident memory (Linux `/proc/self/statm`), 0 where it cannot be read."""
-    try:
-        pages = int(Path("/proc/self/statm").read_text().split()[1])
-    except (OSError, IndexError, ValueError):
-        return 0
-    return pages * os.sysconf("SC_PAGE_SIZE")
 
 
 def _die_with_parent() -> None:

@@ -16,9 +16,13 @@ the wide random test checkpoints the query/key projections must; on base-shaped 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch import nn
+
+from decidealot.frames import Loaded
+from decidealot.providers.worker.memory import release_freed
 
 AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
 """Autocast dtype per CUDA precision; the others compute in fp32 (int8 only inside linears)."""
@@ -36,26 +40,45 @@ PROBE_LENGTH = 256
 
 
 class Int8Linear(nn.Module):
-    """`y = x W^T + b` with W int8 per output channel and x int8 per token."""
+    """`y = x W^T + b` with W int8 per output channel and x int8 per token. Built from an
+    `nn.Linear`, it keeps that linear's bias and nothing else of it: the fp32 weight is freed
+    once the linear is dropped (`quantize_guarded` keeps it only while the probe decides)."""
 
     def __init__(self, linear: nn.Linear) -> None:
         super().__init__()
-        self.fp32 = linear
-        weight = linear.weight.detach().float()
-        scale = weight.abs().amax(dim=1).clamp_min(1e-12) / INT8_MAX
-        quantised = torch.round(weight / scale[:, None]).clamp(-INT8_MAX, INT8_MAX)
+        weight = linear.weight.detach()
+        scale = weight.abs().amax(dim=1).float().clamp_min(1e-12) / INT8_MAX
+        quantised = (weight / scale[:, None]).round_().clamp_(-INT8_MAX, INT8_MAX)
         # [in, out] row-major: the faster of torch._int_mm's CPU layouts (measured).
         self.register_buffer("weight_t", quantised.to(torch.int8).t().contiguous())
         self.register_buffer("weight_scale", scale)
+        self.register_parameter("bias", linear.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, x.shape[-1]).float()
         scale = flat.abs().amax(dim=1, keepdim=True).clamp_min(1e-12).div_(INT8_MAX)
         quantised = torch.round(flat / scale).to(torch.int8)
         out = torch._int_mm(quantised, self.weight_t).float().mul_(scale).mul_(self.weight_scale)
-        if self.fp32.bias is not None:
-            out.add_(self.fp32.bias)
+        if self.bias is not None:
+            out.add_(self.bias)
         return out.reshape(*x.shape[:-1], out.shape[-1])
+
+
+@dataclass(frozen=True, slots=True)
+class Quantised:
+    """What `quantize_guarded` left: how many linear layers there are, how many run int8,
+    and the roles kept fp32 (by the probe's error, worst first)."""
+
+    linear_layers: int
+    int8_layers: int
+    kept: tuple[str, ...]
+
+
+def loaded_frame(checkpoint: str, path: str, precision: str, linears: Quantised) -> Loaded:
+    """The `Loaded` frame that tells the gateway how checkpoint `checkpoint` runs."""
+    return Loaded(
+        checkpoint, path, precision, linears.linear_layers, linears.int8_layers, list(linears.kept)
+    )
 
 
 def _linears(module: nn.Module) -> dict[str, list[tuple[nn.Module, str]]]:
@@ -69,41 +92,63 @@ def _linears(module: nn.Module) -> dict[str, list[tuple[nn.Module, str]]]:
     return roles
 
 
-def _set(sites: list[tuple[nn.Module, str]], int8: bool) -> None:
-    for parent, name in sites:
-        child = getattr(parent, name)
-        if int8 and isinstance(child, nn.Linear):
-            setattr(parent, name, Int8Linear(child))
-        elif not int8 and isinstance(child, Int8Linear):
-            setattr(parent, name, child.fp32)
+def linear_layers(module: nn.Module) -> int:
+    """The `nn.Linear` layers under `module` (what `quantize_guarded` would make int8)."""
+    return sum(len(sites) for sites in _linears(module).values())
 
 
-def quantize_guarded(target: nn.Module, probe: Callable[[], torch.Tensor]) -> list[str]:
+def quantize_guarded(target: nn.Module, probe: Callable[[], torch.Tensor]) -> Quantised:
     """Make `target`'s linear layers int8, keeping fp32 the roles whose int8 error moves
     `probe()` (probabilities, computed through `target`) most, until it moves at most
-    `PROBE_TOLERANCE`. Returns the roles left in fp32."""
+    `PROBE_TOLERANCE`.
+
+    While the probe decides, both versions of every layer are at hand; once it has, only the
+    chosen one of each stays in `target`: the fp32 weights of the int8 layers, the int8 copies
+    of the fp32 ones and the probe's activations are freed and their pages handed back to the
+    system (`release_freed`), so int8 holds about a quarter of those layers' fp32 bytes."""
     roles = _linears(target)
+    kept = _choose(roles, probe)
+    total = sum(len(sites) for sites in roles.values())
+    release_freed()
+    return Quantised(total, total - sum(len(roles[role]) for role in kept), tuple(kept))
+
+
+def _choose(
+    roles: dict[str, list[tuple[nn.Module, str]]], probe: Callable[[], torch.Tensor]
+) -> list[str]:
+    """Leave each role int8 or fp32 in its parents (`quantize_guarded`); the roles kept fp32.
+    Each layer is quantised once."""
+    fp32 = {
+        role: [getattr(parent, name) for parent, name in sites] for role, sites in roles.items()
+    }
+    int8 = {role: [Int8Linear(linear) for linear in layers] for role, layers in fp32.items()}
+
+    def use(role: str, quantised: bool) -> None:
+        chosen = int8[role] if quantised else fp32[role]
+        for (parent, name), layer in zip(roles[role], chosen, strict=True):
+            setattr(parent, name, layer)
+
     with torch.inference_mode():
         reference = probe()
 
         def error() -> float:
             return float((probe() - reference).abs().max())
 
-        for sites in roles.values():
-            _set(sites, True)
+        for role in roles:
+            use(role, True)
         if error() <= PROBE_TOLERANCE:
             return []
         alone: dict[str, float] = {}
         for role in roles:  # each role's int8 error on its own
-            for other, others in roles.items():
-                _set(others, other == role)
+            for other in roles:
+                use(other, other == role)
             alone[role] = error()
-        for sites in roles.values():
-            _set(sites, True)
+        for role in roles:
+            use(role, True)
         kept: list[str] = []
         for role in sorted(roles, key=alone.__getitem__, reverse=True):
             if error() <= PROBE_TOLERANCE:
                 break
-            _set(roles[role], False)
+            use(role, False)
             kept.append(role)
     return kept

@@ -8,6 +8,7 @@ depend on what it is batched with; and `decidealot serve` must run it end to end
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,11 +16,13 @@ from typing import Any
 import httpx
 import msgspec
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
-from decidealot import registry
+from decidealot import metrics, registry
 from decidealot.config import ConfigError
 from decidealot.contract import Answer, ChoiceAnswer, NoulAnswer, Question, ScoreAnswer
 from decidealot.jobs import EngineSpec, Job
+from decidealot.providers.gateway.process_runtime import ProcessRuntime
 from decidealot.providers.laya.tiny import VARIANTS
 from decidealot.providers.laya.worker.engine import LayaEngine
 from decidealot.providers.von.tiny import build_von_checkpoint
@@ -213,7 +216,7 @@ def test_an_engine_refuses_a_precision_its_resolved_device_cannot_run() -> None:
 @pytest.fixture(scope="module")
 def int8_and_fp32_servers(
     laya_checkpoints: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[dict[str, str]]:
+) -> Iterator[dict[str, RunningServer]]:
     """`decidealot serve` twice on the same Laya and Von checkpoints: int8 and fp32."""
     folder = tmp_path_factory.mktemp("precision-serve")
     von = build_von_checkpoint(folder / "von", independent_options=False)
@@ -236,7 +239,7 @@ def int8_and_fp32_servers(
                 DECIDEALOT_PRECISION=precision,
                 **checkpoints,
             )
-        yield {precision: server.url for precision, server in servers.items()}
+        yield servers
     finally:
         for server in servers.values():
             server.stop()
@@ -245,10 +248,11 @@ def int8_and_fp32_servers(
 @pytest.mark.slow  # a real worker or command: the full suite, not the quick loop
 @pytest.mark.parametrize("model", ["laya-multilingual", "von"])
 def test_serve_answers_in_int8_within_tolerance_of_fp32(
-    int8_and_fp32_servers: dict[str, str], model: str
+    int8_and_fp32_servers: dict[str, RunningServer], model: str
 ) -> None:
     answers: dict[str, list[dict[str, Any]]] = {}
-    for precision, url in int8_and_fp32_servers.items():
+    for precision, server in int8_and_fp32_servers.items():
+        url = server.url
         answers[precision] = []
         for state in STATES[:3]:
             body = {"model": model, "state": state, "questions": QUESTIONS}
@@ -264,3 +268,116 @@ def test_serve_answers_in_int8_within_tolerance_of_fp32(
                 for label, p in answer["probabilities"].items():
                     worst = max(worst, abs(p - int8[name]["probabilities"][label]))
     assert 1e-6 < worst <= INT8_TOLERANCE
+
+
+def _int8_shares(url: str) -> dict[tuple[str, str], float]:
+    """`decidealot_int8_linear_share` from `/metrics`, by (provider, checkpoint)."""
+    shares = {}
+    for family in text_string_to_metric_families(httpx.get(url + "/metrics").text):
+        if family.name == "decidealot_int8_linear_share":
+            for sample in family.samples:
+                key = (sample.labels["provider"], sample.labels["checkpoint"])
+                shares[key] = sample.value
+    return shares
+
+
+@pytest.mark.slow  # a real worker or command: the full suite, not the quick loop
+def test_serve_says_how_many_linear_layers_run_int8(
+    int8_and_fp32_servers: dict[str, RunningServer], laya_checkpoints: dict[str, Path]
+) -> None:
+    """On the wide test checkpoints the probe keeps layers in fp32: the int8 server says so
+    per checkpoint (a metric of the share that runs int8, and a warning naming the checkpoint
+    and the roles kept), so int8 answering as fp32 does is never silent; fp32 reports 0."""
+    models = {"laya-" + v: ("laya", v) for v in VARIANTS} | {"von": ("von", "von-1.1")}
+    for server in int8_and_fp32_servers.values():
+        for model in models:
+            body = {"model": model, "state": STATES[0], "questions": QUESTIONS}
+            response = httpx.post(server.url + "/v1/systemone", json=body, timeout=120)
+            assert response.status_code == 200, response.text
+    fp32, int8 = (int8_and_fp32_servers[p] for p in ("fp32", "int8"))
+    assert _int8_shares(fp32.url) == dict.fromkeys(models.values(), 0.0)
+    shares = _int8_shares(int8.url)
+    assert set(shares) == set(models.values())
+    assert min(shares.values()) < 1.0, shares  # the wide random checkpoints keep some fp32
+    warnings = [
+        line for line in int8.log_lines() if '"warning"' in line and "linear layers in int8" in line
+    ]
+    for (provider, checkpoint), share in shares.items():
+        assert 0.0 <= share <= 1.0
+        path = str(laya_checkpoints[checkpoint]) if provider == "laya" else "/von"
+        named = [line for line in warnings if f"checkpoint {checkpoint} (" in line]
+        if share < 1.0:
+            assert len(named) == 1 and path in named[0] and "kept W" in named[0], warnings
+        else:
+            assert not named, named
+    assert not [line for line in fp32.log_lines() if "linear layers in int8" in line]
+
+
+NARROW = {
+    "hidden_size": 768,
+    "intermediate_size": 1152,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 12,
+    "initializer_range": 0.02,
+}
+"""The issue's shape: ModernBERT-base's width, four layers and ModernBERT's own initializer
+range, where the probe keeps every layer int8 (unlike the wide 0.5 test checkpoints); with a
+tiny vocabulary and 32-token rows, so the probe stays cheap on CPUs without fast int8 matrix
+products (AVX2-only ones: torch's CPU `_int_mm` is then far slower than fp32)."""
+
+
+def _encoder_linear_bytes(shape: dict[str, int | float]) -> int:
+    """fp32 bytes of a ModernBERT encoder's linear weights (Wqkv, Wo, Wi, mlp Wo) per `shape`."""
+    h, inner = int(shape["hidden_size"]), int(shape["intermediate_size"])
+    per_layer = h * 3 * h + h * h + h * 2 * inner + inner * h
+    return 4 * per_layer * int(shape["num_hidden_layers"])
+
+
+async def _reported_share(labels: dict[str, str], precision: str) -> float | None:
+    """The share the worker's `Loaded` frame (read after `Ready`) set for this load."""
+    expected = 1.0 if precision == "int8" else 0.0
+    for _ in range(100):
+        share = metrics.REGISTRY.collectors.get_sample_value("decidealot_int8_linear_share", labels)
+        if share == expected:
+            break
+        await asyncio.sleep(0.05)
+    return share
+
+
+def _anonymous_bytes(pid: int) -> int:
+    """A process's anonymous resident memory (`RssAnon`): what it holds of its own (weights,
+    heap), without the file-backed pages of the libraries' code it has run."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("RssAnon:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no RssAnon in /proc/<pid>/status")
+
+
+@pytest.mark.slow  # a real worker or command: the full suite, not the quick loop
+async def test_an_int8_worker_holds_less_memory_than_an_fp32_one(tiny: TinyCheckpoints) -> None:
+    """Once the probe has decided, the fp32 weights of the layers made int8 and the probe's
+    temporaries are gone: the int8 worker's memory after load is below the fp32 worker's by at
+    least 60% of those layers' fp32 bytes (int8 holds a quarter of them; on main it held them
+    all and the int8 copies on top). Anonymous memory is compared, because the int8 load's
+    probe pages in the libraries' compute code (about 27 MB of shared file pages here), which
+    the fp32 worker pages in on its first pass; after a decision both hold the same."""
+    folder = tiny.laya("english", shape=NARROW, budget={"max_len": 32, "head_max_len": 32})
+    held: dict[str, int] = {}
+    for precision in ("fp32", "int8"):
+        spec = EngineSpec(
+            factory="decidealot.providers.laya.worker.engine:create",
+            checkpoints={"english": str(folder)},
+            preload=["english"],
+            options={"precision": precision},
+        )
+        runtime = ProcessRuntime("laya", spec, registry.settings(device="cpu", torch_threads=1))
+        await runtime.load()
+        try:
+            assert runtime.pid is not None
+            held[precision] = _anonymous_bytes(runtime.pid)
+            share = await _reported_share({"provider": "laya", "checkpoint": "english"}, precision)
+            assert share == (1.0 if precision == "int8" else 0.0)  # every layer quantised
+        finally:
+            await runtime.unload()
+    saved = held["fp32"] - held["int8"]
+    assert saved >= 0.6 * _encoder_linear_bytes(NARROW), held

@@ -25,6 +25,8 @@ from decidealot.providers.worker.numerics import (
     AUTOCAST,
     PROBE_LENGTH,
     PROBE_ROWS,
+    Quantised,
+    linear_layers,
     quantize_guarded,
 )
 from decidealot.providers.worker.tokenizer import CachedIds, FastTokenizer
@@ -151,6 +153,8 @@ class Checkpoint:
     """The padded pass in the configured precision (`torch_pass`)."""
     texts: CachedIds
     """The questions' texts' token ids, kept across requests."""
+    linears: Quantised
+    """How many of the encoder's linear layers run int8 (none outside `int8`)."""
 
 
 def torch_pass(model: DecisionModel, device: torch.device, amp_dtype: torch.dtype) -> Pass:
@@ -168,9 +172,9 @@ def torch_pass(model: DecisionModel, device: torch.device, amp_dtype: torch.dtyp
     return forward
 
 
-def int8_encoder(model: DecisionModel, specials: Specials, budget: Budget) -> list[str]:
+def int8_encoder(model: DecisionModel, specials: Specials, budget: Budget) -> Quantised:
     """Make the encoder's linear layers int8 (`numerics`), checked on a probe of random
-    rows with four markers each; the head and scorer stay fp32. Returns the roles kept fp32."""
+    rows with four markers each; the head and scorer stay fp32."""
     generator = torch.Generator().manual_seed(0)
     rows, options = PROBE_ROWS, 4
     length = min(budget.max_len, PROBE_LENGTH)
@@ -243,7 +247,9 @@ def load_checkpoint(
         head_max_len=int(config.get("head_max_len", 192)),
     )
     if precision == "int8":
-        int8_encoder(model, specials, budget)
+        linears = int8_encoder(model, specials, budget)
+    else:
+        linears = Quantised(linear_layers(model.encoder), 0, ())
     return Checkpoint(
         model=model,
         tokenizer=tokenizer,
@@ -254,4 +260,5 @@ def load_checkpoint(
         pad_id=tokenizer.pad_token_id,
         forward=torch_pass(model, device, amp),
         texts=CachedIds(tokenizer),
+        linears=linears,
     )

@@ -22,6 +22,7 @@ from decidealot.contract import (
     Question,
 )
 from decidealot.errors import RequestInvalid
+from decidealot.frames import Loaded
 from decidealot.jobs import Decision, EngineSpec, Job, PassShape
 from decidealot.providers.von.worker import readout
 from decidealot.providers.von.worker.model import CPU_PASS_TOKENS, WINDOW, Row, VonModel
@@ -35,6 +36,7 @@ from decidealot.providers.von.worker.render import (
     pack,
     state_token_ids,
 )
+from decidealot.providers.worker.numerics import loaded_frame
 from decidealot.providers.worker.passes import RunsTogether
 from decidealot.providers.worker.precision import engine_precision
 
@@ -83,6 +85,7 @@ class VonEngine(RunsTogether):
         self._precision = engine_precision(spec.options, spec.device)
         self._models: dict[str, VonModel] = {}
         self._load_lock = threading.Lock()
+        self._reports: list[Loaded] = []
         for key in spec.preload:
             self._model(key)
 
@@ -94,10 +97,19 @@ class VonEngine(RunsTogether):
             raise ValueError(f"Von engine has no checkpoint {checkpoint!r}")
         with self._load_lock:
             if checkpoint not in self._models:
-                self._models[checkpoint] = VonModel(
-                    self._checkpoints[checkpoint], self._device, self._precision
+                path = self._checkpoints[checkpoint]
+                model = VonModel(path, self._device, self._precision)
+                self._reports.append(
+                    loaded_frame(checkpoint, str(path), self._precision, model.linears)
                 )
+                self._models[checkpoint] = model
             return self._models[checkpoint]
+
+    def take_loaded(self) -> list[Loaded]:
+        """The checkpoints loaded since the last call (`host.ReportsLoads`)."""
+        with self._load_lock:
+            reports, self._reports = self._reports, []
+        return reports
 
     def prepare(self, job: Job) -> VonPrepared:
         model = self._model(job.checkpoint)

@@ -26,6 +26,8 @@ from decidealot.providers.worker.numerics import (
     AUTOCAST,
     PROBE_LENGTH,
     PROBE_ROWS,
+    Quantised,
+    linear_layers,
     quantize_guarded,
 )
 from decidealot.providers.worker.tokenizer import FastTokenizer, TokenizerError
@@ -196,10 +198,14 @@ class VonModel:
         self.encoder.to(device).eval()
         self.scorer.to(device).eval()
         self.amp_dtype = AUTOCAST.get(precision, torch.float32)
-        if precision == "int8":
+        self.linears = (
             self._int8_encoder()
+            if precision == "int8"
+            else Quantised(linear_layers(self.encoder), 0, ())
+        )
+        """How many of the encoder's linear layers run int8 (none outside `int8`)."""
 
-    def _int8_encoder(self) -> None:
+    def _int8_encoder(self) -> Quantised:
         """The encoder's linear layers in int8 (`numerics`), checked on a probe of random
         rows with four markers each; the scorer stays fp32."""
         generator = torch.Generator().manual_seed(0)
@@ -216,7 +222,7 @@ class VonModel:
             states = self.encoder(input_ids=ids, attention_mask=valid).last_hidden_state
             return self.scorer(states[:, markers]).softmax(-1)
 
-        quantize_guarded(self.encoder, probe)
+        return quantize_guarded(self.encoder, probe)
 
     def _load_weights(self, path: Path) -> None:
         weights = torch.load(path, map_location="cpu", weights_only=True)

@@ -1,0 +1,37 @@
+"""Handing a worker's freed memory back to the system, and reading what it holds.
+
+A freed tensor's pages stay in the process's malloc arenas (reusable by it, but counted in its
+resident memory) until glibc is asked to return them: after an engine is dropped
+(`host.release_memory`) and after int8 quantisation has dropped the fp32 weights and the
+probe's activations (`numerics.quantize_guarded`). Worker-side only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import gc
+import os
+import sys
+from pathlib import Path
+
+
+def release_freed() -> None:
+    """Collect cycles, empty torch's CUDA cache when CUDA was used, and ask glibc to return
+    its free heap pages (`malloc_trim`)."""
+    gc.collect()
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None).malloc_trim(0)
+
+
+def resident_bytes() -> int:
+    """This process's resident memory (Linux `/proc/self/statm`), 0 where it cannot be read."""
+    try:
+        pages = int(Path("/proc/self/statm").read_text().split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
+    return pages * os.sysconf("SC_PAGE_SIZE")
