@@ -309,12 +309,15 @@ class VonModel:
         spans = torch.tensor([s for s, _ in layouts], dtype=torch.long, device=self.device)
         positions = torch.tensor([p for _, p in layouts], dtype=torch.long, device=self.device)
         query, key = spans.unsqueeze(2), spans.unsqueeze(1)
-        allowed = torch.where(query == -1, key == -1, (key == -1) | (key == query))
+        outside = key == -1
+        allowed = torch.where(query == -1, outside, outside | (key == query))
         allowed &= valid.unsqueeze(1)
         eye = torch.eye(length, dtype=torch.bool, device=self.device).unsqueeze(0)
         full = allowed | eye
-        distance = (positions.unsqueeze(2) - positions.unsqueeze(1)).abs()
-        sliding = (allowed & (distance <= self.half_window)) | eye
+        # rows x L x L in place and in int32: half the time of the int64 temporaries
+        near = positions.to(torch.int32)
+        distance = (near.unsqueeze(2) - near.unsqueeze(1)).abs_()
+        sliding = (distance <= self.half_window).logical_and_(allowed).logical_or_(eye)
         masks = {
             "full_attention": _additive(full.unsqueeze(1)),
             "sliding_attention": _additive(sliding.unsqueeze(1)),
