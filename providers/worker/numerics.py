@@ -15,6 +15,7 @@ the wide random test checkpoints the query/key projections must; on base-shaped 
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -74,11 +75,25 @@ class Quantised:
     kept: tuple[str, ...]
 
 
-def loaded_frame(checkpoint: str, path: str, precision: str, linears: Quantised) -> Loaded:
-    """The `Loaded` frame that tells the gateway how checkpoint `checkpoint` runs."""
-    return Loaded(
-        checkpoint, path, precision, linears.linear_layers, linears.int8_layers, list(linears.kept)
-    )
+class LoadReports:
+    """An engine's `Loaded` frames not yet taken (`host.ReportsLoads`): one per checkpoint it
+    loads, telling the gateway how that checkpoint runs. Safe across threads."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._frames: list[Loaded] = []
+
+    def add(self, checkpoint: str, path: str, precision: str, linears: Quantised) -> None:
+        counts = linears.linear_layers, linears.int8_layers
+        frame = Loaded(checkpoint, path, precision, *counts, list(linears.kept))
+        with self._lock:
+            self._frames.append(frame)
+
+    def take(self) -> list[Loaded]:
+        """The frames added since the last call."""
+        with self._lock:
+            frames, self._frames = self._frames, []
+        return frames
 
 
 def _linears(module: nn.Module) -> dict[str, list[tuple[nn.Module, str]]]:
@@ -92,9 +107,9 @@ def _linears(module: nn.Module) -> dict[str, list[tuple[nn.Module, str]]]:
     return roles
 
 
-def linear_layers(module: nn.Module) -> int:
-    """The `nn.Linear` layers under `module` (what `quantize_guarded` would make int8)."""
-    return sum(len(sites) for sites in _linears(module).values())
+def unquantised(module: nn.Module) -> Quantised:
+    """What a precision other than int8 leaves: every `nn.Linear` under `module` in fp32."""
+    return Quantised(sum(len(sites) for sites in _linears(module).values()), 0, ())
 
 
 def quantize_guarded(target: nn.Module, probe: Callable[[], torch.Tensor]) -> Quantised:

@@ -40,9 +40,7 @@ class InProcessApp:
 
     def events(self) -> list[dict[str, Any]]:
         """The fakes' calls so far (provider, selector, tag, start, end), in order."""
-        if not self.events_file.exists():
-            return []
-        return [json.loads(line) for line in self.events_file.read_text().splitlines()]
+        return fakes.read_events(self.events_file)
 
 
 @contextmanager

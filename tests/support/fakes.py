@@ -91,6 +91,14 @@ def _record(provider: str, selector: str, tag: Any, start: float, end: float) ->
             events.write(json.dumps(line) + "\n")
 
 
+def read_events(path: Path) -> list[dict[str, Any]]:
+    """The calls `_record` wrote to `path` so far (provider, selector, tag, start, end), in
+    order; none before the first."""
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
 async def _decide(
     provider: str, selector: str, state: Any, questions: dict[str, Any]
 ) -> SystemOneResponse:

@@ -18,8 +18,11 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
+
+from tests.support import fakes
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 
@@ -40,10 +43,9 @@ class RunningServer:
     jev_catalog: Path
     log_file: Path
 
-    def events(self) -> list[dict[str, object]]:
-        if not self.events_file.exists():
-            return []
-        return [json.loads(line) for line in self.events_file.read_text().splitlines()]
+    def events(self) -> list[dict[str, Any]]:
+        """The fakes' calls so far (`fakes.read_events`)."""
+        return fakes.read_events(self.events_file)
 
     def log_lines(self) -> list[str]:
         return self.log_file.read_text().splitlines()

@@ -21,7 +21,7 @@ from decidealot.jobs import Decision, EngineSpec, Job, PassShape
 from decidealot.providers.laya.worker import readout
 from decidealot.providers.laya.worker.model import PASS_INPUTS, Checkpoint, load_checkpoint
 from decidealot.providers.laya.worker.render import Row, render_rows
-from decidealot.providers.worker.numerics import loaded_frame
+from decidealot.providers.worker.numerics import LoadReports
 from decidealot.providers.worker.passes import RunsTogether
 from decidealot.providers.worker.precision import engine_precision
 
@@ -60,7 +60,7 @@ class LayaEngine(RunsTogether):
         self.shape = PassShape(PASS_TOKEN_LIMIT, CPU_PASS_COST if cpu else None)
         self._loaded: dict[str, Checkpoint] = {}
         self._load_lock = threading.Lock()
-        self._reports: list[Loaded] = []
+        self._reports = LoadReports()
         for key in spec.preload:
             self._checkpoint(key)
 
@@ -79,15 +79,13 @@ class LayaEngine(RunsTogether):
             if key not in self._loaded:
                 path = self._paths[key]
                 loaded = load_checkpoint(path, self._device, self._precision)
-                self._reports.append(loaded_frame(key, path, self._precision, loaded.linears))
+                self._reports.add(key, path, self._precision, loaded.linears)
                 self._loaded[key] = loaded
             return self._loaded[key]
 
     def take_loaded(self) -> list[Loaded]:
         """The checkpoints loaded since the last call (`host.ReportsLoads`)."""
-        with self._load_lock:
-            reports, self._reports = self._reports, []
-        return reports
+        return self._reports.take()
 
     def prepare(self, job: Job) -> PreparedJob:
         checkpoint = self._checkpoint(job.checkpoint)

@@ -26,8 +26,8 @@ from decidealot.providers.worker.numerics import (
     PROBE_LENGTH,
     PROBE_ROWS,
     Quantised,
-    linear_layers,
     quantize_guarded,
+    unquantised,
 )
 from decidealot.providers.worker.tokenizer import CachedIds, FastTokenizer
 from decidealot.providers.worker.weights import read_safetensors
@@ -249,7 +249,7 @@ def load_checkpoint(
     if precision == "int8":
         linears = int8_encoder(model, specials, budget)
     else:
-        linears = Quantised(linear_layers(model.encoder), 0, ())
+        linears = unquantised(model.encoder)
     return Checkpoint(
         model=model,
         tokenizer=tokenizer,

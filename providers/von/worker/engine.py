@@ -36,7 +36,7 @@ from decidealot.providers.von.worker.render import (
     pack,
     state_token_ids,
 )
-from decidealot.providers.worker.numerics import loaded_frame
+from decidealot.providers.worker.numerics import LoadReports
 from decidealot.providers.worker.passes import RunsTogether
 from decidealot.providers.worker.precision import engine_precision
 
@@ -85,7 +85,7 @@ class VonEngine(RunsTogether):
         self._precision = engine_precision(spec.options, spec.device)
         self._models: dict[str, VonModel] = {}
         self._load_lock = threading.Lock()
-        self._reports: list[Loaded] = []
+        self._reports = LoadReports()
         for key in spec.preload:
             self._model(key)
 
@@ -99,17 +99,13 @@ class VonEngine(RunsTogether):
             if checkpoint not in self._models:
                 path = self._checkpoints[checkpoint]
                 model = VonModel(path, self._device, self._precision)
-                self._reports.append(
-                    loaded_frame(checkpoint, str(path), self._precision, model.linears)
-                )
+                self._reports.add(checkpoint, str(path), self._precision, model.linears)
                 self._models[checkpoint] = model
             return self._models[checkpoint]
 
     def take_loaded(self) -> list[Loaded]:
         """The checkpoints loaded since the last call (`host.ReportsLoads`)."""
-        with self._load_lock:
-            reports, self._reports = self._reports, []
-        return reports
+        return self._reports.take()
 
     def prepare(self, job: Job) -> VonPrepared:
         model = self._model(job.checkpoint)

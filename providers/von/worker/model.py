@@ -27,8 +27,8 @@ from decidealot.providers.worker.numerics import (
     PROBE_LENGTH,
     PROBE_ROWS,
     Quantised,
-    linear_layers,
     quantize_guarded,
+    unquantised,
 )
 from decidealot.providers.worker.tokenizer import FastTokenizer, TokenizerError
 
@@ -198,11 +198,7 @@ class VonModel:
         self.encoder.to(device).eval()
         self.scorer.to(device).eval()
         self.amp_dtype = AUTOCAST.get(precision, torch.float32)
-        self.linears = (
-            self._int8_encoder()
-            if precision == "int8"
-            else Quantised(linear_layers(self.encoder), 0, ())
-        )
+        self.linears = self._int8_encoder() if precision == "int8" else unquantised(self.encoder)
         """How many of the encoder's linear layers run int8 (none outside `int8`)."""
 
     def _int8_encoder(self) -> Quantised:
