@@ -71,7 +71,9 @@ def otel_env(receiver: OtlpReceiver) -> dict[str, str]:
 
 
 def in_trace(receiver: OtlpReceiver, trace_id: str, *names: str) -> list[ReceivedSpan]:
-    """The trace's spans once every name in `names` has arrived in it."""
+    """The trace's spans once every name in `names` has arrived in it. Name the spans a test
+    reads that end last (the request's own, after its answer is sent): one process exports its
+    spans in the order they end, so those that ended before them have arrived too."""
 
     def complete(spans: list[ReceivedSpan]) -> bool:
         arrived = [s.name for s in spans if s.trace_id == trace_id]
@@ -188,7 +190,8 @@ def test_each_batch_item_is_a_decision_with_its_forward_pass(
     response = post(traced, "/v1/systemone/batch", batch, traceparent=header)
     assert response.status_code == 200, response.text
 
-    spans = in_trace(receiver, trace_id, "decision", "decision", "forward_pass", "forward_pass")
+    names = ("POST /v1/systemone/batch", "decision", "decision", "forward_pass", "forward_pass")
+    spans = in_trace(receiver, trace_id, *names)
     request = one(spans, "POST /v1/systemone/batch")
     assert request.parent_id == parent_id
     made = [s for s in children(spans, request) if s.name == "decision"]
@@ -417,7 +420,8 @@ def test_encoder_calls_and_the_head_pass_carry_the_trace(
             }
             response = post(server, "/v1/systemone", body, traceparent=header)
             assert response.status_code == 200, response.text
-            spans = in_trace(receiver, trace_id, "encoder", "forward_pass", "queue.lane")
+            names = ("POST /v1/systemone", "encoder", "forward_pass", "queue.lane")
+            spans = in_trace(receiver, trace_id, *names)
             sent = list(embeddings.traceparents)
             embeddings.mode = "wrong_width"
             failed_id, _, failing = caller()
