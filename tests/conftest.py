@@ -8,7 +8,9 @@ the tests in unit/ and worker/ that start a real command or a model's worker pro
 `pytest -m "not slow"` is the quick loop.
 """
 
+import ctypes
 import os
+import sys
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("MKL_NUM_THREADS", "1")
@@ -21,6 +23,21 @@ _CHECKOUT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 os.environ["PYTHONPATH"] = os.pathsep.join(
     [_CHECKOUT, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
 )
+
+
+def _reuse_freed_memory() -> None:
+    """Keep what the in-process tests free for their next allocation. A long Von row's masks
+    are L x L tensors of 300 MB; glibc maps each one fresh and unmaps it on free, so every pass
+    page-faults it in again, and the kernel's zeroing of those pages was half the CPU of the
+    long-state parity tests. Served from the heap and never trimmed, they are reused. Allocator
+    settings change no value a test compares, and worker processes keep glibc's defaults."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None)
+        libc.mallopt(-4, 0)  # M_MMAP_MAX: no allocation gets its own mapping
+        libc.mallopt(-1, 2**31 - 1)  # M_TRIM_THRESHOLD: the heap keeps its free top
+
+
+_reuse_freed_memory()
 
 from collections.abc import Callable, Iterator  # noqa: E402
 from pathlib import Path  # noqa: E402

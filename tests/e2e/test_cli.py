@@ -8,7 +8,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -17,6 +16,7 @@ import pytest
 from tests.support.cli import NO_LOCAL
 from tests.support.cli import run_cli as cli
 from tests.support.servers import free_port as _free_port
+from tests.support.servers import wait_healthy
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -67,14 +67,8 @@ def test_serve_runs_until_sigterm() -> None:
         stderr=subprocess.STDOUT,
     )
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                health = httpx.get(f"http://127.0.0.1:{port}/health", timeout=1)
-                break
-            except httpx.TransportError:
-                assert process.poll() is None and time.monotonic() < deadline
-                time.sleep(0.1)
+        assert wait_healthy(f"http://127.0.0.1:{port}", process)
+        health = httpx.get(f"http://127.0.0.1:{port}/health", timeout=1)
         assert health.json() == {"status": "ok", "providers": []}
         assert httpx.get(f"http://127.0.0.1:{port}/v1/models").json() == {"models": []}
         process.send_signal(signal.SIGTERM)

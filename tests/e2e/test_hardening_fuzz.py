@@ -37,9 +37,14 @@ def envelope_ok(response: httpx.Response) -> bool:
     return set(body) == {"code", "message", "details"}
 
 
+CLIENT = httpx.Client(timeout=TIMEOUT, limits=httpx.Limits(max_keepalive_connections=0))
+"""Every request on a connection of its own, as a new client's would be, without building a
+new client's SSL context (50 ms of CPU) for each of the module's 350 requests."""
+
+
 def post(url: str, route: str, body: bytes) -> httpx.Response:
     headers = {"content-type": "application/json"}
-    return httpx.post(url + route, content=body, headers=headers, timeout=TIMEOUT)
+    return CLIENT.post(url + route, content=body, headers=headers)
 
 
 def as_item(route: str, request: bytes) -> bytes:

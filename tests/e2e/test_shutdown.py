@@ -57,12 +57,13 @@ def wait_in_flight(server: RunningServer, count: int, answered: Sized) -> None:
     """Wait until `count` requests have reached the server: being served (besides the scrape
     asking), or already `answered`."""
     deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        text = httpx.get(server.url + "/metrics", timeout=10).text
-        (family,) = (f for f in text_string_to_metric_families(text) if f.name == GAUGE)
-        if family.samples[0].value - 1 + len(answered) >= count:
-            return
-        time.sleep(0.05)
+    with httpx.Client(timeout=10) as client:  # one client: see `servers.wait_healthy`
+        while time.monotonic() < deadline:
+            text = client.get(server.url + "/metrics").text
+            (family,) = (f for f in text_string_to_metric_families(text) if f.name == GAUGE)
+            if family.samples[0].value - 1 + len(answered) >= count:
+                return
+            time.sleep(0.05)
     raise AssertionError(f"never {count} requests in flight")
 
 
