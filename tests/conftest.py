@@ -8,6 +8,7 @@ the tests in unit/ and worker/ that start a real command or a model's worker pro
 `pytest -m "not slow"` is the quick loop.
 """
 
+import contextlib
 import ctypes
 import os
 import sys
@@ -32,9 +33,10 @@ def _reuse_freed_memory() -> None:
     long-state parity tests. Served from the heap and never trimmed, they are reused. Allocator
     settings change no value a test compares, and worker processes keep glibc's defaults."""
     if sys.platform.startswith("linux"):
-        libc = ctypes.CDLL(None)
-        libc.mallopt(-4, 0)  # M_MMAP_MAX: no allocation gets its own mapping
-        libc.mallopt(-1, 2**31 - 1)  # M_TRIM_THRESHOLD: the heap keeps its free top
+        with contextlib.suppress(OSError, AttributeError):  # a libc without glibc's mallopt
+            libc = ctypes.CDLL(None)
+            libc.mallopt(-4, 0)  # M_MMAP_MAX: no allocation gets its own mapping
+            libc.mallopt(-1, 2**31 - 1)  # M_TRIM_THRESHOLD: the heap keeps its free top
 
 
 _reuse_freed_memory()
