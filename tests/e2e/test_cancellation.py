@@ -19,7 +19,6 @@ import httpx
 import httpx2
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
-from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.servers import ALL_FAKES, RunningServer
 
@@ -32,18 +31,8 @@ def steered(model: str, sleep: float, tag: str) -> dict[str, Any]:
     }
 
 
-def sample(server: RunningServer, name: str, **labels: str) -> float:
-    text = httpx.get(server.url + "/metrics", timeout=10).text
-    return sum(
-        s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-        if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())
-    )
-
-
 def cancelled(server: RunningServer) -> float:
-    return sample(server, "decidealot_requests_cancelled_total", provider="laya")
+    return server.metric("decidealot_requests_cancelled_total", provider="laya")
 
 
 def hang_up_after(server: RunningServer, body: object, seconds: float) -> None:
@@ -86,7 +75,7 @@ def test_a_disconnected_client_leaves_its_queue_and_is_never_answered(
     assert after.status_code == 200
     tags = [event["tag"] for event in server.events()]
     assert "gone" not in tags  # it never ran
-    assert sample(server, "decidealot_decisions_total", provider="laya", outcome="cancelled") == 1
+    assert server.metric("decidealot_decisions_total", provider="laya", outcome="cancelled") == 1
     assert any('" 499 ' in line or " 499 " in line for line in server.log_lines())
 
 

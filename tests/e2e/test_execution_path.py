@@ -18,7 +18,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.checkpoints import TinyCheckpoints
 from tests.support.servers import RunningServer, start_server
@@ -29,17 +28,6 @@ CONTRACT = ROOT.parent / "shared" / "seeds" / "003_84c1f9f9d3d5180b.txt"
 
 def post(server: RunningServer, path: str, body: object, timeout: float = 120) -> httpx.Response:
     return httpx.post(server.url + path, json=body, timeout=timeout)
-
-
-def metric(server: RunningServer, name: str, **labels: str) -> float:
-    text = httpx.get(server.url + "/metrics", timeout=10).text
-    total = 0.0
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            wanted = all(sample.labels.get(k) == v for k, v in labels.items())
-            if sample.name == name and wanted:
-                total += sample.value
-    return total
 
 
 @pytest.fixture(scope="module")
@@ -112,17 +100,17 @@ SMALL = {
 
 def test_a_request_of_many_passes_never_trips_the_pass_timeout(unbounded: RunningServer) -> None:
     assert post(unbounded, "/v1/systemone", SMALL).status_code == 200  # the worker is loaded
-    passes_before = metric(unbounded, "decidealot_forward_pass_seconds_count")
+    passes_before = unbounded.metric("decidealot_forward_pass_seconds_count")
     started = time.monotonic()
     response = post(unbounded, "/v1/systemone", heavy(600))
     took = time.monotonic() - started
     assert response.status_code == 200, response.text
     assert len(response.json()["answers"]) == 600
-    passes = metric(unbounded, "decidealot_forward_pass_seconds_count") - passes_before
+    passes = unbounded.metric("decidealot_forward_pass_seconds_count") - passes_before
     assert passes > 30  # cut into passes within the token budget, each reported
     assert took > 1  # longer in all than one pass may take
-    assert metric(unbounded, "decidealot_worker_failures_total") == 0
-    assert metric(unbounded, "decidealot_worker_restarts_total") == 0
+    assert unbounded.metric("decidealot_worker_failures_total") == 0
+    assert unbounded.metric("decidealot_worker_restarts_total") == 0
 
 
 def test_a_small_request_waits_about_one_pass_behind_a_large_one(unbounded: RunningServer) -> None:
@@ -151,9 +139,9 @@ def test_abandoned_requests_are_withdrawn_and_a_small_one_answers_soon(
     # at a third of that, on a fast machine as on a slow one (a fixed 1 s was shorter than
     # the first one's passes on a quiet machine).
     hang_up = (time.monotonic() - started) / 3
-    cancelled_before = metric(unbounded, "decidealot_requests_cancelled_total", provider="laya")
-    withdrawn_before = metric(unbounded, "decidealot_jobs_withdrawn_total", provider="laya")
-    passes_before = metric(unbounded, "decidealot_forward_pass_seconds_count")
+    cancelled_before = unbounded.metric("decidealot_requests_cancelled_total", provider="laya")
+    withdrawn_before = unbounded.metric("decidealot_jobs_withdrawn_total", provider="laya")
+    passes_before = unbounded.metric("decidealot_forward_pass_seconds_count")
 
     def abandon(n: int) -> None:
         with pytest.raises(httpx.TimeoutException):
@@ -166,22 +154,22 @@ def test_abandoned_requests_are_withdrawn_and_a_small_one_answers_soon(
     assert response.status_code == 200
     assert time.monotonic() - started < 5
     deadline = time.monotonic() + 10
-    while metric(unbounded, "decidealot_requests_cancelled_total", provider="laya") < (
+    while unbounded.metric("decidealot_requests_cancelled_total", provider="laya") < (
         cancelled_before + 8
     ):
         assert time.monotonic() < deadline, "the server never noticed the clients had gone"
         time.sleep(0.1)
-    withdrawn = metric(unbounded, "decidealot_jobs_withdrawn_total", provider="laya")
+    withdrawn = unbounded.metric("decidealot_jobs_withdrawn_total", provider="laya")
     assert withdrawn - withdrawn_before >= 1
     # eight 300-question requests run to the end take far more passes than what ran
-    ran = metric(unbounded, "decidealot_forward_pass_seconds_count") - passes_before
+    ran = unbounded.metric("decidealot_forward_pass_seconds_count") - passes_before
     time.sleep(1)
-    assert metric(unbounded, "decidealot_forward_pass_seconds_count") - passes_before <= ran + 2
+    assert unbounded.metric("decidealot_forward_pass_seconds_count") - passes_before <= ran + 2
 
 
 def test_a_request_over_the_work_bound_is_refused_before_any_pass(defaults: RunningServer) -> None:
     assert post(defaults, "/v1/systemone", SMALL).status_code == 200
-    passes_before = metric(defaults, "decidealot_forward_pass_seconds_count")
+    passes_before = defaults.metric("decidealot_forward_pass_seconds_count")
     started = time.monotonic()
     response = post(defaults, "/v1/systemone", heavy(600))
     assert time.monotonic() - started < 3
@@ -194,7 +182,7 @@ def test_a_request_over_the_work_bound_is_refused_before_any_pass(defaults: Runn
     batch = post(defaults, "/v1/systemone/batch", {"requests": [SMALL, heavy(600)]})
     assert batch.status_code == 422
     assert batch.json()["detail"][0]["loc"] == ["body", "requests", 1, "questions"]
-    assert metric(defaults, "decidealot_forward_pass_seconds_count") - passes_before <= 1
+    assert defaults.metric("decidealot_forward_pass_seconds_count") - passes_before <= 1
 
 
 _CURL = re.compile(r'^curl .*"\$base_url(/v1/systemone[^"]*)"')

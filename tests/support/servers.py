@@ -21,10 +21,14 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support import fakes
 
 ROOT = Path(__file__).resolve().parent.parent.parent
+_SCRAPES = httpx.Client(timeout=10, limits=httpx.Limits(max_keepalive_connections=0))
+"""The client `RunningServer.metric` scrapes with, often in a wait loop: each scrape on a
+connection of its own, as `httpx.get`'s, without building an SSL context (50 ms of CPU) each."""
 
 
 def free_port() -> int:
@@ -46,6 +50,16 @@ class RunningServer:
     def events(self) -> list[dict[str, Any]]:
         """The fakes' calls so far (`fakes.read_events`)."""
         return fakes.read_events(self.events_file)
+
+    def metric(self, name: str, **labels: str) -> float:
+        """The sum of `name`'s samples whose labels include `labels`, scraped from /metrics now."""
+        text = _SCRAPES.get(self.url + "/metrics").text
+        return sum(
+            sample.value
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items())
+        )
 
     def log_lines(self) -> list[str]:
         return self.log_file.read_text().splitlines()
