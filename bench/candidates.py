@@ -14,7 +14,7 @@ Candidates: `eager_sdpa` (what ships in fp32), `eager_attention` (transformers' 
 attention), `compile` (torch.compile, inductor, dynamic shapes), `ort_fp32` (torch.onnx dynamo
 export run by ONNX Runtime), `ort_int8` (that graph through ONNX Runtime's quantize_dynamic),
 `torch_dynamic_int8` (torch.ao.quantization.quantize_dynamic of the encoder's linears),
-`int8` (what ships for DECIDEALOT_PRECISION=int8, providers/numerics.py) and
+`int8` (what ships for DECIDEALOT_PRECISION=int8, providers/worker/int8.py) and
 `bf16_autocast_cpu` (CPU autocast to bfloat16). ONNX Runtime comes from the `bench` extra.
 """
 

@@ -345,7 +345,7 @@ import json, sys, time
 import torch
 torch.set_num_threads(1)
 from decidealot.jobs import EngineSpec
-from decidealot.providers.worker.host import build_engine
+from decidealot.providers.worker.process import build_engine
 factory, key, path = sys.argv[1:4]
 spec = EngineSpec(factory, {key: path}, [key], torch_threads=1)
 build_engine(EngineSpec(factory, {key: path}, [], torch_threads=1))  # imports, outside the clock
@@ -399,7 +399,7 @@ _IMPORT_SCRIPT = (
     + """
 import json, sys, time
 wall, cpu = time.perf_counter(), time.process_time()
-import decidealot.providers.worker.host
+import decidealot.providers.worker.process
 import importlib
 importlib.import_module(sys.argv[1])
 print(json.dumps({"wall": time.perf_counter() - wall, "cpu": time.process_time() - cpu,
@@ -412,7 +412,7 @@ _SPARE_SCRIPT = (
     + """
 import json, time
 cpu = time.process_time()
-import torch, decidealot.providers.worker.host
+import torch, decidealot.providers.worker.process
 import decidealot.providers.laya.worker.engine, decidealot.providers.von.worker.engine
 print(json.dumps({"cpu": time.process_time() - cpu, "rss": peak()}))
 """
@@ -426,7 +426,7 @@ from pathlib import Path
 import torch
 torch.set_num_threads(1)
 from decidealot.providers.worker import modernbert
-from decidealot.providers.worker.weights import read_safetensors
+from decidealot.providers.worker.checkpoint_files import read_safetensors
 mode, folder = sys.argv[1], Path(sys.argv[2])
 config = modernbert.Config.read(folder / "encoder" / "config.json")
 weights = folder / "model.safetensors"

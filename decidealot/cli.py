@@ -63,7 +63,7 @@ def _preflight(settings: config.Settings, *, rehash: bool) -> int | None:
     from decidealot import preflight
 
     try:
-        preflight.prepare(settings, progress=sys.stderr.isatty(), rehash=rehash)
+        preflight.ready_to_serve(settings, progress=sys.stderr.isatty(), rehash=rehash)
     except preflight.ERRORS as exc:
         print(f"decidealot: {exc}", file=sys.stderr)
         return 2 if isinstance(exc, config.ConfigError) else 1

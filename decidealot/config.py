@@ -177,7 +177,7 @@ PRECISION_DEVICES = {
     "fp16": ("cuda",),
 }
 """`DECIDEALOT_PRECISION` values and the devices each runs on. fp32: exact parity with upstream;
-int8: int8 encoder weights (providers/worker/numerics.py); bf16, fp16: CUDA autocast, as
+int8: int8 encoder weights (providers/worker/int8.py); bf16, fp16: CUDA autocast, as
 upstream Laya runs there."""
 
 

@@ -19,7 +19,7 @@ from decidealot.config import ConfigError, Settings
 from decidealot.frames import Start
 from decidealot.jobs import EngineSpec
 
-log = logging.getLogger("decidealot.worker")
+log = logging.getLogger("decidealot.device")
 
 _NVIDIA_DRIVER_FILES = (Path("/proc/driver/nvidia/version"), Path("/dev/nvidiactl"))
 _CUDA_PROBE = "import torch; print('cuda' if torch.cuda.is_available() else 'cpu')"

@@ -211,7 +211,7 @@ class Executor:
         """Prepare the request before any wait (so refusals are immediate), make its job
         before the hold or, when the provider asks, inside it (on the lane), then run the job
         on the provider's runtime inside its residency slot and lane."""
-        prepared = await provider.prepare(selector, request)
+        prepared = await provider.accept(selector, request)
         order = None if provider.job_in_lane else await provider.job(prepared)
         async with self._residency.use(provider.runtime):
             if order is None:

@@ -4,8 +4,8 @@ Each frame is a 4-byte big-endian length followed by one msgspec msgpack message
 writes `Start`, then `Submit` per job and `Cancel` for a job whose caller has gone; the
 worker answers `Ready` or `Failed` once per `Start`, `Loaded` once per checkpoint it loads,
 then exactly one of `Result`, `Rejected` or `JobFailed` per submitted job id that was not
-cancelled, and `Begin` and `Pass` around every forward pass (the gateway's watchdog times
-each pass; metrics and traces read `Pass`). `Release` ends an engine without ending the
+cancelled, and `PassBegun` and `PassDone` around every forward pass (the gateway's watchdog
+times each pass; metrics and traces read `PassDone`). `Release` ends an engine without ending the
 process: the worker drops it, returns its memory, answers `Released` and waits for the next
 `Start` (a model switch, `ProcessRuntime.load`).
 No frame carries an exception message: those may quote the state, and frames' errors end up
@@ -109,18 +109,19 @@ class JobFailed(msgspec.Struct, tag="job_failed", frozen=True):
     error: str
 
 
-class Begin(msgspec.Struct, tag="begin", frozen=True):
-    """Compute thread `lane` starts a forward pass; its `Pass` (or the worker's death) ends it."""
+class PassBegun(msgspec.Struct, tag="begin", frozen=True):
+    """Compute thread `thread` starts a forward pass; its `PassDone` (or the worker's death)
+    ends it. (`lane` on the wire: its name before the glossary gave lane one meaning.)"""
 
-    lane: int
+    thread: int = msgspec.field(name="lane")
 
 
-class Pass(msgspec.Struct, tag="pass", frozen=True):
-    """A forward pass that ran on compute thread `lane`: the jobs with rows in it, its rows,
+class PassDone(msgspec.Struct, tag="pass", frozen=True):
+    """A forward pass that ran on compute thread `thread`: the jobs with rows in it, its rows,
     its padded tokens, when it started (`time.time()`) and how long `engine.forward` took.
     Sent before the results of the jobs it completed."""
 
-    lane: int
+    thread: int = msgspec.field(name="lane")
     jobs: list[int]
     rows: int
     tokens: int
@@ -130,7 +131,7 @@ class Pass(msgspec.Struct, tag="pass", frozen=True):
 
 ToWorker: TypeAlias = Start | Submit | Cancel | Release
 FromWorker: TypeAlias = (
-    Ready | Loaded | Failed | Released | Result | Rejected | JobFailed | Begin | Pass
+    Ready | Loaded | Failed | Released | Result | Rejected | JobFailed | PassBegun | PassDone
 )
 
 _encoder = msgspec.msgpack.Encoder()

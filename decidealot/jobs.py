@@ -73,7 +73,7 @@ class Row(Protocol):
         """Its unpadded length in tokens (for CLM, its vectors)."""
 
 
-class Prepared(Protocol):
+class PreparedJob(Protocol):
     """An engine's prepared form of a job; the worker reads only these three fields."""
 
     group: Hashable
@@ -99,12 +99,12 @@ class PassShape(NamedTuple):
 class Engine(Protocol):
     shape: PassShape
 
-    def prepare(self, job: Job) -> Prepared:
+    def prepare(self, job: Job) -> PreparedJob:
         """CPU-side work for one job. Raises `RequestInvalid` (its issues located within the
         request) for input that cannot fit."""
 
     def forward(self, group: Hashable, rows: Sequence[Row]) -> Sequence[object]:
         """One forward pass over rows of one group, shortest first; one output per row."""
 
-    def finish(self, prepared: Prepared, outputs: Sequence[object]) -> Decision:
+    def finish(self, prepared: PreparedJob, outputs: Sequence[object]) -> Decision:
         """The job's decision from its rows' outputs (in `prepared.rows` order)."""

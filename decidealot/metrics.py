@@ -106,7 +106,7 @@ class Registry:
         return Histogram(metric)
 
 
-class Residency(Protocol):
+class ResidencyView(Protocol):
     """What `ServiceCollector` reads from `decidealot.residency.Residency`."""
 
     @property
@@ -118,7 +118,7 @@ class Residency(Protocol):
 class ServiceCollector:
     """One service's `/metrics`: the process's metrics plus gauges read at scrape time."""
 
-    def __init__(self, residency: Residency) -> None:
+    def __init__(self, residency: ResidencyView) -> None:
         self._residency = residency
 
     def collect(self) -> Iterable[Metric]:

@@ -91,7 +91,7 @@ def check_device(settings: Settings) -> None:
         check_cuda(settings)
 
 
-def prepare(settings: Settings, *, progress: bool, rehash: bool) -> None:
+def ready_to_serve(settings: Settings, *, progress: bool, rehash: bool) -> None:
     """Everything before listening: the device, local checkpoints, bundles, then installed ones.
 
     Raises ConfigError, BundleError or CheckpointError with a message for the user.
@@ -100,7 +100,7 @@ def prepare(settings: Settings, *, progress: bool, rehash: bool) -> None:
         return
     check_device(settings)
     _raise(checkpoint_problems(settings, overrides_only=True))
-    install.prepare(settings, progress=progress, rehash=rehash)
+    install.install_enabled(settings, progress=progress, rehash=rehash)
     _raise(checkpoint_problems(settings))
 
 

@@ -2,7 +2,7 @@
 
 The core knows providers only through these protocols. A hosted provider (Jev) answers a
 request itself (`HostedProvider.decide`). A local provider turns a request into a worker `Job`
-in two explicit steps: `prepare` (everything that may refuse it: routing, bounds; before any
+in two explicit steps: `accept` (everything that may refuse it: routing, bounds; before any
 wait) and `job` (everything that makes the job, e.g. CLM's encoder calls); the executor runs the
 job on the provider's `runtime` inside the residency slot and lane it is admitted to. Provider
 code never sees HTTP, residency, the catalog or bundles; transport code never sees tensors.
@@ -16,7 +16,7 @@ from typing import NamedTuple, Protocol, TypeVar, runtime_checkable
 from decidealot.contract import ModelInfo, SystemOneRequest, SystemOneResponse
 from decidealot.jobs import Decision, Job
 
-Prepared = TypeVar("Prepared")
+Accepted = TypeVar("Accepted")
 
 
 @runtime_checkable
@@ -92,17 +92,17 @@ class JobOrder(NamedTuple):
 
 
 @runtime_checkable
-class LocalProvider(Provider, Protocol[Prepared]):
+class LocalProvider(Provider, Protocol[Accepted]):
     runtime: LocalRuntime
 
     job_in_lane: bool
     """`job` runs inside the residency hold, on the lane (CLM's encoder shares the serial
     lane); otherwise before it."""
 
-    async def prepare(self, selector: str, request: SystemOneRequest) -> Prepared:
+    async def accept(self, selector: str, request: SystemOneRequest) -> Accepted:
         """Everything that may refuse `request` sent to `selector`, before any residency
         wait, so refusals (routing, bounds, the work bound) answer at once. Raises
         `RequestInvalid` or `ProviderUnavailable` as `HostedProvider.decide` does."""
 
-    async def job(self, prepared: Prepared) -> JobOrder:
+    async def job(self, prepared: Accepted) -> JobOrder:
         """The job that answers the prepared request; may call out (CLM's encoder)."""

@@ -38,7 +38,7 @@ _MAX_SAFETENSORS_HEADER = 100_000_000
 """The safetensors format's own bound on its JSON header."""
 
 
-def json_object(path: Path) -> str | None:
+def json_object_problem(path: Path) -> str | None:
     """A JSON file the engine reads as an object (configs, tokenizers, calibration)."""
     try:
         value = msgspec.json.decode(path.read_bytes())

@@ -113,7 +113,7 @@ def shutdown() -> None:
         log.warning("spans not sent within %.0f s of exiting were dropped", SHUTDOWN_SECONDS)
 
 
-def enabled() -> bool:
+def active() -> bool:
     return _tracer is not None
 
 

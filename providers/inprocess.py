@@ -1,10 +1,10 @@
-"""`InProcessRuntime`: a local provider's worker host driven in this process, for tests and benches.
+"""`InProcessRuntime`: a local provider's worker scheduler in this process, for tests and benches.
 
-The same `Host` a worker process runs (prepare thread, pass planner, compute threads) and the
+The same `Scheduler` a worker process runs (prepare thread, pass planner, compute threads) and the
 same `JobChannel` the process runtime answers jobs through, with the pipe replaced by a call:
 every frame still goes through msgpack both ways, so what a job carries and what comes back is
 exactly what crosses a worker's pipes. There is no watchdog and no process to end, so unloading
-stops the host's threads and drops the engine. The gateway never uses it: it imports torch
+stops the scheduler's threads and drops the engine. The gateway never uses it: it imports torch
 (through the engine it builds), which is why it sits apart from both sides.
 """
 
@@ -31,15 +31,12 @@ from decidealot.frames import (
 )
 from decidealot.jobs import Decision, EngineSpec, Job
 from decidealot.protocols import LocalRuntime
-from decidealot.providers.gateway.process_runtime import (
-    FAILED_JOB,
-    NOT_LOADED,
-    STOPPED,
-    JobChannel,
-)
-from decidealot.providers.worker.host import Host, build_engine
+from decidealot.providers.gateway.job_channel import FAILED_JOB, JobChannel
+from decidealot.providers.gateway.process_runtime import NOT_LOADED, STOPPED
+from decidealot.providers.worker.process import build_engine
+from decidealot.providers.worker.scheduler import Scheduler
 
-log = logging.getLogger("decidealot.worker")
+log = logging.getLogger("decidealot.runtime")
 
 
 def _over_the_pipe(frame: ToWorker) -> ToWorker:
@@ -56,7 +53,7 @@ class InProcessRuntime:
             spec, device=self.device, torch_threads=settings.torch_threads
         )
         self._settings = settings
-        self._host: Host | None = None
+        self._scheduler: Scheduler | None = None
         self._channel: JobChannel | None = None
         self._job_ids = itertools.count(1)
         self.jobs = 0
@@ -70,20 +67,20 @@ class InProcessRuntime:
 
     @property
     def loaded(self) -> bool:
-        return self._host is not None
+        return self._scheduler is not None
 
     @property
     def engine(self) -> object:
-        """The engine the host runs (for tests that look inside it)."""
-        host = self._host
-        if host is None:
+        """The engine the scheduler runs (for tests that look inside it)."""
+        scheduler = self._scheduler
+        if scheduler is None:
             raise ProviderUnavailable(NOT_LOADED)
-        return host.engine
+        return scheduler.engine
 
     async def load(self, replacing: LocalRuntime | None = None) -> None:
         if replacing is not None:
             await replacing.unload()
-        if self._host is not None:
+        if self._scheduler is not None:
             return
         start = start_frame(self._spec, self._settings)
         engine = await asyncio.to_thread(build_engine, start.spec)
@@ -94,22 +91,22 @@ class InProcessRuntime:
             answer = decode_from_worker(encode(frame)[4:])  # raises as the pipe's encoder would
             loop.call_soon_threadsafe(channel.deliver, answer)
 
-        host = Host(
+        scheduler = Scheduler(
             engine, emit, start.batch_token_budget, start.concurrent_passes, start.job_token_limit
         )
-        host.start()
-        self._host, self._channel = host, channel
+        scheduler.start()
+        self._scheduler, self._channel = scheduler, channel
 
     async def unload(self) -> None:
-        host, channel = self._host, self._channel
-        self._host = self._channel = None
-        if host is not None and channel is not None:
-            host.stop()
+        scheduler, channel = self._scheduler, self._channel
+        self._scheduler = self._channel = None
+        if scheduler is not None and channel is not None:
+            scheduler.stop()
             channel.fail_all(STOPPED)
 
     async def submit(self, job: Job, sent: Callable[[], None] | None = None) -> Decision:
-        host, channel = self._host, self._channel
-        if host is None or channel is None:
+        scheduler, channel = self._scheduler, self._channel
+        if scheduler is None or channel is None:
             raise ProviderUnavailable(NOT_LOADED)
         self.jobs += 1
         job_id = next(self._job_ids)
@@ -119,14 +116,14 @@ class InProcessRuntime:
             raise ProviderUnavailable(FAILED_JOB) from None
         assert isinstance(submit, Submit)
         future = channel.open(job_id)
-        host.receive(submit)
+        scheduler.receive(submit)
         try:
             if sent is not None:
                 sent()
             return await future
         except asyncio.CancelledError:
             if channel.close(job_id):
-                host.receive(Cancel(job_id))
+                scheduler.receive(Cancel(job_id))
             raise
         finally:
             channel.close(job_id)

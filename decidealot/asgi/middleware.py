@@ -68,7 +68,7 @@ async def send_error(send: Send, error: DecidealotError, extra: list[tuple[bytes
     await send({"type": "http.response.body", "body": body})
 
 
-class Gateway:
+class AuthAdmission:
     """Wraps the Litestar app so that nothing (404s and /mcp included) bypasses these rules."""
 
     def __init__(

@@ -405,7 +405,7 @@ def _remove_stale_partials(staging: Path) -> None:
             partial.unlink(missing_ok=True)
 
 
-def prepare(settings: Settings, *, progress: bool, rehash: bool = False) -> None:
+def install_enabled(settings: Settings, *, progress: bool, rehash: bool = False) -> None:
     """Make every enabled bundle installed and verified; raise BundleError otherwise.
 
     Every bundle is tried, so one message names all that failed, each with what replaces it: a

@@ -70,7 +70,7 @@ def enabled_bundles(settings: Settings) -> list[Placed]:
 
 
 def to_download(settings: Settings) -> list[Placed]:
-    """The enabled bundles no local checkpoint replaces: the ones `install.prepare` fetches."""
+    """The enabled bundles no local checkpoint replaces: what `install.install_enabled` fetches."""
     return [p for p in enabled_bundles(settings) if p.override(settings) is None]
 
 

@@ -13,7 +13,7 @@ from litestar.exceptions import HTTPException
 from decidealot import logs, metrics
 from decidealot.asgi.body import Incoming, read_body
 from decidealot.asgi.disconnect import CLIENT_GONE, ClientGone, unless_gone
-from decidealot.asgi.middleware import ASGIApp, Gateway, error_body
+from decidealot.asgi.middleware import ASGIApp, AuthAdmission, error_body
 from decidealot.contract import ErrorBody, ValidationErrorBody
 from decidealot.errors import DecidealotError, RequestInvalid, ShuttingDown
 from decidealot.http import docs, openapi
@@ -140,4 +140,4 @@ def create_app(service: Service) -> ASGIApp:
         logging_config=None,
     )
     routes = {route.path for route in app.routes if "{" not in route.path} - {MCP_PATH}
-    return Gateway(app, service, routes=routes, mounts=[MCP_PATH, docs.ASSETS_PATH])
+    return AuthAdmission(app, service, routes=routes, mounts=[MCP_PATH, docs.ASSETS_PATH])

@@ -56,7 +56,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from decidealot import preflight  # huggingface_hub: only when needed
 
         try:
-            preflight.prepare(settings, progress=False, rehash=False)
+            preflight.ready_to_serve(settings, progress=False, rehash=False)
         except preflight.ERRORS as exc:
             print(f"decidealot mcp: {exc}", file=sys.stderr)
             return 2 if isinstance(exc, ConfigError) else 1

@@ -47,7 +47,7 @@ def to_text(value: Json, indent: int = 0) -> str:
     return "\n".join(parts)
 
 
-def state_text(context: str, instructions: Json) -> str:
+def compose_state(context: str, instructions: Json) -> str:
     """Context (the state's stripped text) first, question last: the layout the state head was
     trained on."""
     question = to_text(instructions).strip()
@@ -126,7 +126,7 @@ def render_questions(
 
 def _render(context: str, question: Question) -> RenderedQuestion:
     return RenderedQuestion(
-        state_text=state_text(context, question.instructions),
+        state_text=compose_state(context, question.instructions),
         keys=option_keys(question),
         candidates=_candidates(question),
     )

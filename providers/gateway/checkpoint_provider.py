@@ -83,7 +83,7 @@ class CheckpointProvider:
     async def models(self) -> list[ModelInfo]:
         return list(self._selectors)
 
-    async def prepare(self, selector: str, request: SystemOneRequest) -> Job:
+    async def accept(self, selector: str, request: SystemOneRequest) -> Job:
         return Job(
             checkpoint=await self._choose(selector, request),
             state=request.state,

@@ -10,7 +10,13 @@ from decidealot.contract import ModelInfo
 from decidealot.protocols import Provider
 from decidealot.providers.gateway.checkpoint_provider import CheckpointProvider
 from decidealot.providers.laya.gateway.router import checkpoint_for
-from decidealot.registry import Bundle, ProviderDescriptor, Tiny, json_object, safetensors_header
+from decidealot.registry import (
+    Bundle,
+    ProviderDescriptor,
+    Tiny,
+    json_object_problem,
+    safetensors_header,
+)
 
 RELEASE = "2026-09-23"
 
@@ -43,11 +49,11 @@ FILES = (
 )
 """What the Laya engine reads from a checkpoint directory (docs/models.md lists them too)."""
 CHECKS = {
-    "rl_agent_config.json": json_object,
+    "rl_agent_config.json": json_object_problem,
     "model.safetensors": safetensors_header,
-    "encoder/config.json": json_object,
-    "tokenizer/tokenizer.json": json_object,
-    "tokenizer/tokenizer_config.json": json_object,
+    "encoder/config.json": json_object_problem,
+    "tokenizer/tokenizer.json": json_object_problem,
+    "tokenizer/tokenizer_config.json": json_object_problem,
 }
 """How startup reads each of them (a file that would not parse stops `serve`)."""
 

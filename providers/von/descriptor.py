@@ -9,7 +9,7 @@ from decidealot.config import Section, Settings, boolean, directory, setting
 from decidealot.contract import ModelInfo
 from decidealot.protocols import Provider
 from decidealot.providers.gateway.checkpoint_provider import CheckpointProvider, only
-from decidealot.registry import Bundle, ProviderDescriptor, Tiny, json_object
+from decidealot.registry import Bundle, ProviderDescriptor, Tiny, json_object_problem
 
 CHECKPOINT = "von-1.1"
 """The one checkpoint key; also the bundle name and the `model` every answer reports."""
@@ -30,7 +30,7 @@ FILES = (
     "marker_calibration.json",
 )
 """What the Von engine reads from a checkpoint directory (docs/models.md lists them too)."""
-CHECKS = {name: json_object for name in FILES if name.endswith(".json")}
+CHECKS = {name: json_object_problem for name in FILES if name.endswith(".json")}
 """How startup reads them: every JSON file must parse (option_marker.pt is torch's own)."""
 
 

@@ -1,1 +1,1 @@
-"""The worker process local providers share: its host, the pass planner, numerics, answers."""
+"""The worker process local providers share: scheduler, pass planner, precision, int8, readout."""

@@ -2,6 +2,6 @@
 
 import sys
 
-from decidealot.providers.worker.host import main
+from decidealot.providers.worker.process import main
 
 sys.exit(main())

@@ -2,8 +2,8 @@
 
 A freed tensor's pages stay in the process's malloc arenas (reusable by it, but counted in its
 resident memory) until glibc is asked to return them: after an engine is dropped
-(`host.release_memory`) and after int8 quantisation has dropped the fp32 weights and the
-probe's activations (`numerics.quantize_guarded`). Worker-side only.
+(`process.release_memory`) and after int8 quantisation has dropped the fp32 weights and the
+probe's activations (`int8.quantize_guarded`). Worker-side only.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from decidealot.providers.worker.files import json_object
+from decidealot.providers.worker.checkpoint_files import read_json_object
 
 FULL = "full_attention"
 SLIDING = "sliding_attention"
@@ -32,7 +32,7 @@ _ACTIVATIONS = {"gelu": F.gelu}
 """transformers' `ACT2FN` entries a ModernBERT checkpoint may name (`gelu` is the exact erf)."""
 
 
-class ConfigError(ValueError):
+class ModernBertConfigError(ValueError):
     """A `config.json` this encoder cannot run as transformers would."""
 
 
@@ -72,7 +72,7 @@ class Config:
     @classmethod
     def read(cls, path: Path) -> Config:
         """`path` (a `config.json`) as transformers 5 reads it, or transformers 4's RoPE keys."""
-        return cls.of(json_object(path, ConfigError))
+        return cls.of(read_json_object(path, ModernBertConfigError))
 
     @classmethod
     def of(cls, raw: Mapping[str, object]) -> Config:
@@ -101,17 +101,23 @@ class Config:
                 model_type=str(raw.get("model_type", "")),
             )
         except (TypeError, ValueError, AttributeError, KeyError) as exc:
-            if isinstance(exc, ConfigError):
+            if isinstance(exc, ModernBertConfigError):
                 raise
-            raise ConfigError(f"malformed ModernBERT config ({type(exc).__name__})") from exc
+            raise ModernBertConfigError(
+                f"malformed ModernBERT config ({type(exc).__name__})"
+            ) from exc
         if config.model_type != "modernbert":
-            raise ConfigError("not a ModernBERT config (model_type)")
+            raise ModernBertConfigError("not a ModernBERT config (model_type)")
         if set(config.layer_types) - {FULL, SLIDING}:
-            raise ConfigError("layer_types may hold only full_attention and sliding_attention")
+            raise ModernBertConfigError(
+                "layer_types may hold only full_attention and sliding_attention"
+            )
         if config.hidden_size % config.num_attention_heads:
-            raise ConfigError("hidden_size is not a multiple of num_attention_heads")
+            raise ModernBertConfigError("hidden_size is not a multiple of num_attention_heads")
         if config.hidden_activation not in _ACTIVATIONS:
-            raise ConfigError(f"unsupported hidden_activation {config.hidden_activation!r}")
+            raise ModernBertConfigError(
+                f"unsupported hidden_activation {config.hidden_activation!r}"
+            )
         return config
 
 
@@ -119,16 +125,16 @@ def _rope_theta(raw: Mapping[str, object]) -> tuple[tuple[str, float], ...]:
     """Per layer type: transformers 5's `rope_parameters`, else 4's `global_rope_theta` and
     `local_rope_theta`, else ModernBERT's defaults. Only the default (unscaled) RoPE runs."""
     if raw.get("rope_scaling") is not None:
-        raise ConfigError("rope_scaling is not supported")
+        raise ModernBertConfigError("rope_scaling is not supported")
     legacy = {FULL: raw.get("global_rope_theta"), SLIDING: raw.get("local_rope_theta")}
     parameters = raw.get("rope_parameters") or {}
     if not isinstance(parameters, dict):
-        raise ConfigError("rope_parameters is not an object")
+        raise ModernBertConfigError("rope_parameters is not an object")
     thetas = []
     for kind in (FULL, SLIDING):
         own = parameters.get(kind) or {}
         if own.get("rope_type", "default") != "default":
-            raise ConfigError(f"RoPE type {own['rope_type']!r} is not supported")
+            raise ModernBertConfigError(f"RoPE type {own['rope_type']!r} is not supported")
         theta = own.get("rope_theta", legacy[kind])
         thetas.append((kind, float(_DEFAULT_THETA[kind] if theta is None else theta)))
     return tuple(thetas)

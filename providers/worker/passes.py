@@ -29,7 +29,7 @@ from collections.abc import Hashable, Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import count
 
-from decidealot.jobs import Decision, Engine, PassShape, Prepared
+from decidealot.jobs import Decision, Engine, PassShape, PreparedJob
 
 STARVE_TURNS = 8
 """Turns a job with rows left may be overtaken, since its rows last ran, before it goes
@@ -37,11 +37,11 @@ first."""
 
 
 @dataclass(eq=False)
-class Task:
+class PlannedJob:
     """A prepared job while its rows are computed."""
 
     id: int
-    prepared: Prepared
+    prepared: PreparedJob
     seq: int
     order: list[int]
     """Row indices, shortest first; `order[taken:]` are not handed out yet."""
@@ -68,14 +68,14 @@ class Task:
 
 
 @dataclass(frozen=True)
-class Pass:
+class PlannedPass:
     """One forward pass: rows of one group, shortest first, with the task each belongs to."""
 
     group: Hashable
-    rows: list[tuple[Task, int]]
+    rows: list[tuple[PlannedJob, int]]
 
     @property
-    def tasks(self) -> list[Task]:
+    def tasks(self) -> list[PlannedJob]:
         """The tasks with rows in this pass, each once, in order of first row."""
         return list({id(task): task for task, _ in self.rows}.values())
 
@@ -90,7 +90,7 @@ class Planner:
     def __init__(self, token_budget: int, shape: PassShape) -> None:
         self._budget = token_budget
         self._shape = shape
-        self._tasks: dict[int, Task] = {}
+        self._tasks: dict[int, PlannedJob] = {}
         self._seq = count()
 
     def __len__(self) -> int:
@@ -103,10 +103,10 @@ class Planner:
     def has_rows(self) -> bool:
         return any(task.waiting for task in self._tasks.values())
 
-    def add(self, job_id: int, prepared: Prepared) -> Task:
+    def add(self, job_id: int, prepared: PreparedJob) -> PlannedJob:
         rows = prepared.rows
         order = sorted(range(len(rows)), key=lambda i: rows[i].tokens)
-        task = Task(
+        task = PlannedJob(
             job_id,
             prepared,
             next(self._seq),
@@ -117,25 +117,25 @@ class Planner:
         self._tasks[job_id] = task
         return task
 
-    def remove(self, job_id: int) -> Task | None:
+    def remove(self, job_id: int) -> PlannedJob | None:
         """Withdraw a job (cancelled, failed or finished); rows of it already in a turn run on,
         and their outputs are dropped."""
         return self._tasks.pop(job_id, None)
 
-    def live(self, task: Task) -> bool:
+    def live(self, task: PlannedJob) -> bool:
         return self._tasks.get(task.id) is task
 
-    def take(self) -> list[Pass]:
+    def take(self) -> list[PlannedPass]:
         """The next turn, cut into passes; empty when no row waits."""
         waiting = [task for task in self._tasks.values() if task.waiting]
         if not waiting:
             return []
         waiting.sort(key=lambda t: (t.overtaken < STARVE_TURNS, t.turns, t.seq))
         group = waiting[0].group
-        picked: list[tuple[Task, int]] = []
+        picked: list[tuple[PlannedJob, int]] = []
         tokens = 0
         full = False
-        skipped: list[Task] = []
+        skipped: list[PlannedJob] = []
         newest = -1
         for task in waiting:
             if full or task.group != group:
@@ -163,7 +163,7 @@ class Planner:
                 task.overtaken += 1
         picked.sort(key=lambda item: item[0].prepared.rows[item[1]].tokens)
         lengths = [task.prepared.rows[i].tokens for task, i in picked]
-        return [Pass(group, picked[start:stop]) for start, stop in cut(lengths, self._shape)]
+        return [PlannedPass(group, picked[start:stop]) for start, stop in cut(lengths, self._shape)]
 
 
 def cut(lengths: Sequence[int], shape: PassShape) -> Iterator[tuple[int, int]]:
@@ -183,7 +183,7 @@ def cut(lengths: Sequence[int], shape: PassShape) -> Iterator[tuple[int, int]]:
 
 
 def run_together(
-    engine: Engine, batch: Sequence[Prepared], token_budget: int | None = None
+    engine: Engine, batch: Sequence[PreparedJob], token_budget: int | None = None
 ) -> list[Decision]:
     """Run prepared jobs in this process through the same planning as a worker (turns within
     `token_budget`, default unbounded, cut by the engine's shape): for tests and benches."""
@@ -201,5 +201,5 @@ def run_together(
 class RunsTogether:
     """Gives an engine `run(batch)`: its prepared jobs through `run_together`."""
 
-    def run(self: Engine, batch: Sequence[Prepared]) -> list[Decision]:  # type: ignore[misc]
+    def run(self: Engine, batch: Sequence[PreparedJob]) -> list[Decision]:  # type: ignore[misc]
         return run_together(self, batch)

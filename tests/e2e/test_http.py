@@ -17,7 +17,7 @@ import pytest
 import zstandard
 
 from decidealot import registry
-from decidealot.asgi.middleware import Gateway
+from decidealot.asgi.middleware import AuthAdmission
 from decidealot.service import Service
 from tests.support.servers import ALL_FAKES, RunningServer
 
@@ -184,7 +184,7 @@ async def test_unexpected_errors_are_a_safe_500() -> None:
     async def send(message: dict[str, Any]) -> None:
         sent.append(message)
 
-    app = Gateway(broken, Service(registry.settings(), providers=[]))
+    app = AuthAdmission(broken, Service(registry.settings(), providers=[]))
     scope = {"type": "http", "method": "GET", "path": "/v1/models", "headers": []}
     await app(scope, None, send)  # type: ignore[arg-type]
     assert sent[0]["status"] == 500

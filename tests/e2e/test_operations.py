@@ -175,7 +175,7 @@ def test_log_lines_are_json_with_the_request_id_and_nothing_secret(
     # happened to start the worker; the worker's own stderr belongs to no request
     failure = [line for line in lines if line["message"].startswith("worker failed job")]
     assert [line["request_id"] for line in failure] == [failed]
-    forwarded = [line for line in lines if "decidealot.providers.worker" in line["message"]]
+    forwarded = [line for line in lines if "decidealot.worker:" in line["message"]]
     assert forwarded and {line["request_id"] for line in forwarded} == {"-"}
     access = [line for line in lines if line["request_id"] == failed]
     assert any(line["message"].startswith("POST /v1/systemone 503") for line in access)

@@ -47,7 +47,7 @@ def worker_events(server: RunningServer) -> list[tuple[str, str, int]]:
             continue
         logger = str(record.get("logger", ""))
         match = WORKER_LINE.match(str(record.get("message", "")))
-        if match and logger.startswith("decidealot.worker."):
+        if match and logger.startswith("decidealot.runtime."):
             kind = kinds.get(match[1], "stop")
             events.append((logger.rsplit(".", 1)[1], kind, int(match[2])))
     return events

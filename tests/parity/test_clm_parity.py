@@ -44,8 +44,8 @@ from decidealot.providers.clm.render import render_question
 from decidealot.providers.clm.tiny import build_clm_head
 from decidealot.providers.clm.worker.engine import confidence, create
 from decidealot.providers.clm.worker.head import HeadFileError
-from decidealot.providers.worker.answers import answer
 from decidealot.providers.worker.passes import run_together
+from decidealot.providers.worker.readout import answer
 from tests.support.clm_runner import clm_runtime
 from tests.support.decide import Deciding
 from tests.support.devices import DEVICES, assert_fp32_matmul_is_ieee

@@ -286,7 +286,7 @@ async def test_provider_routes_and_answers(
     selector: str, state: Any, names: list[str], checkpoint: str
 ) -> None:
     provider = CheckpointProvider("laya", None, SELECTORS, checkpoint_for)  # type: ignore[arg-type]
-    prepared = await provider.prepare(selector, _request(selector, state, names))
+    prepared = await provider.accept(selector, _request(selector, state, names))
     job = prepared
     assert await provider.job(prepared) == JobOrder(job, gateway_tokens=0)
     assert job.checkpoint == checkpoint

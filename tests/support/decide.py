@@ -26,7 +26,7 @@ class Deciding:
     async def decide(self, selector: str, request: SystemOneRequest) -> SystemOneResponse:
         if not self.provider.runtime.loaded:
             await self.provider.runtime.load()
-        prepared = await self.provider.prepare(selector, request)
+        prepared = await self.provider.accept(selector, request)
         order = await self.provider.job(prepared)
         return respond(order, await self.provider.runtime.submit(order.job))
 

@@ -147,7 +147,7 @@ class FakeProvider:
             raise ProviderUnavailable("the hosted model catalog is unavailable")
         return [ModelInfo(n, f"Hosted {n}.", "2026-09-15") for n in names]
 
-    async def prepare(self, selector: str, request: SystemOneRequest) -> Job:
+    async def accept(self, selector: str, request: SystemOneRequest) -> Job:
         return Job(selector, request.state, request.questions, request.config)
 
     async def job(self, prepared: Job) -> JobOrder:

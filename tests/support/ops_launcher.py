@@ -56,7 +56,7 @@ class WorkerProvider:
     async def models(self) -> list[ModelInfo]:
         return list(registry.descriptor(self.name).selectors)
 
-    async def prepare(self, selector: str, request: SystemOneRequest) -> Job:
+    async def accept(self, selector: str, request: SystemOneRequest) -> Job:
         steer = request.state.get("arith", {}) if isinstance(request.state, dict) else {}
         return Job(selector, request.state, request.questions, config=steer)
 

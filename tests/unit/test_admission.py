@@ -57,7 +57,7 @@ class Hold:
         self._portal = app.client.blocking_portal
         for provider in app.service.providers:
             if provider.local:
-                monkeypatch.setattr(provider, "prepare", self._held(provider.prepare))
+                monkeypatch.setattr(provider, "accept", self._held(provider.accept))
 
     def _held(self, prepare: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
         async def held(selector: str, request: SystemOneRequest) -> Any:

@@ -210,7 +210,7 @@ def _one_line(error: BundleError, *needles: str) -> str:
 
 def test_install_then_second_start_makes_no_request(hub_repo: TinyHub) -> None:
     settings = hub_repo.settings()
-    bundles.prepare(settings, progress=False)
+    bundles.install_enabled(settings, progress=False)
 
     folder = paths.find("von-1.1").path(settings)
     assert folder == hub_repo.models / "von-1.1"
@@ -235,7 +235,7 @@ def test_install_then_second_start_makes_no_request(hub_repo: TinyHub) -> None:
     assert hub_repo.hub.count("GET", "/cdn/") == 2  # both LFS files came through the CDN redirect
 
     hub_repo.hub.requests.clear()
-    bundles.prepare(hub_repo.settings(), progress=False)
+    bundles.install_enabled(hub_repo.settings(), progress=False)
     assert hub_repo.hub.requests == []
 
 
@@ -248,7 +248,7 @@ def test_laya_subfolders_and_clm_head_install_where_providers_look(
     names = [placed.name for placed in paths.to_download(settings)]
     assert names == ["laya-english", "laya-multilingual", "laya-typed-decisions", "clm-0.1-8b"]
     with caplog.at_level("INFO", logger="decidealot.bundles"):
-        bundles.prepare(settings, progress=False)  # no bars: progress goes to log lines
+        bundles.install_enabled(settings, progress=False)  # no bars: progress goes to log lines
     assert "downloading laya-multilingual/model.safetensors: 0.1 MB of 0.1 MB (100%)" in (
         caplog.messages
     )
@@ -269,7 +269,7 @@ def test_local_overrides_skip_their_bundles(hub_repo: TinyHub, tmp_path: Path) -
     settings = hub_repo.settings(von_checkpoint=own)
     assert paths.to_download(settings) == []
     assert paths.find("von-1.1").path(settings) == own
-    bundles.prepare(settings, progress=False)
+    bundles.install_enabled(settings, progress=False)
     assert hub_repo.hub.requests == []
 
 
@@ -287,12 +287,12 @@ def test_local_overrides_skip_their_bundles(hub_repo: TinyHub, tmp_path: Path) -
 def test_tampered_file_is_refused_and_discarded(hub_repo: TinyHub, path: str, against: str) -> None:
     hub_repo.hub.faults[path] = "tamper"
     with pytest.raises(BundleError) as caught:
-        bundles.prepare(hub_repo.settings(), progress=False)
+        bundles.install_enabled(hub_repo.settings(), progress=False)
     _one_line(caught.value, "bundle von-1.1", path, "digest mismatch", against)
     _assert_nothing_installed(hub_repo)
 
     del hub_repo.hub.faults[path]  # the discarded file is fetched afresh next time
-    bundles.prepare(hub_repo.settings(), progress=False)
+    bundles.install_enabled(hub_repo.settings(), progress=False)
     assert (hub_repo.models / "von-1.1" / path).read_bytes() == hub_repo.von[path][0]
 
 
@@ -302,7 +302,7 @@ def test_cut_transfer_resumes_with_range(
     # Small chunks, so the bytes before the cut reach the file (hub default: 10 MB chunks).
     monkeypatch.setattr(constants, "DOWNLOAD_CHUNK_SIZE", 16 * 1024)
     hub_repo.hub.faults["option_marker.pt"] = "truncate_once"
-    bundles.prepare(hub_repo.settings(), progress=False)
+    bundles.install_enabled(hub_repo.settings(), progress=False)
     ranged = [r for r in hub_repo.hub.requests if r.range and r.path.startswith("/cdn/")]
     assert len(ranged) == 1 and ranged[0].range != "bytes=0-"
     assert _record(hub_repo.models / "von-1.1").files
@@ -311,7 +311,7 @@ def test_cut_transfer_resumes_with_range(
 def test_short_transfer_is_refused(hub_repo: TinyHub) -> None:
     hub_repo.hub.faults["option_marker.pt"] = "short"
     with pytest.raises(BundleError) as caught:
-        bundles.prepare(hub_repo.settings(), progress=False)
+        bundles.install_enabled(hub_repo.settings(), progress=False)
     _one_line(caught.value, "option_marker.pt", "ended early")
     _assert_nothing_installed(hub_repo)
 
@@ -319,7 +319,7 @@ def test_short_transfer_is_refused(hub_repo: TinyHub) -> None:
 def test_missing_file_is_a_404_error(hub_repo: TinyHub) -> None:
     hub_repo.hub.faults["option_marker.pt"] = "missing"
     with pytest.raises(BundleError) as caught:
-        bundles.prepare(hub_repo.settings(), progress=False)
+        bundles.install_enabled(hub_repo.settings(), progress=False)
     _one_line(caught.value, "bundle von-1.1: option_marker.pt", "HTTP 404", VON_COMMIT)
     _assert_nothing_installed(hub_repo)
     assert hub_repo.hub.count("GET") == 0  # every file is checked on the hub before any download
@@ -328,13 +328,13 @@ def test_missing_file_is_a_404_error(hub_repo: TinyHub) -> None:
 def test_unknown_revision_and_server_errors(hub_repo: TinyHub) -> None:
     hub_repo.hub.repos["tiny/von"].commit = "f" * 40
     with pytest.raises(BundleError) as caught:
-        bundles.prepare(hub_repo.settings(), progress=False)
+        bundles.install_enabled(hub_repo.settings(), progress=False)
     _one_line(caught.value, f"revision {VON_COMMIT} not found")
 
     hub_repo.hub.repos["tiny/von"].commit = VON_COMMIT
     hub_repo.hub.faults["config.json"] = "error500"
     with pytest.raises(BundleError) as caught:
-        bundles.prepare(hub_repo.settings(), progress=False)
+        bundles.install_enabled(hub_repo.settings(), progress=False)
     _one_line(caught.value, "config.json", "HTTP 500")
     _assert_nothing_installed(hub_repo)
 
@@ -356,7 +356,7 @@ def test_hub_disagreeing_with_pins_is_refused_before_download(
             entry.update(pin)
     path.write_text(json.dumps(manifest))
     with pytest.raises(BundleError) as caught:
-        bundles.prepare(hub_repo.settings(), progress=False)
+        bundles.install_enabled(hub_repo.settings(), progress=False)
     _one_line(caught.value, "model.safetensors", needle)
     assert hub_repo.hub.count("GET") == 0
 
@@ -365,7 +365,7 @@ def test_mirror_serving_another_commit_is_refused(hub_repo: TinyHub) -> None:
     hub_repo.hub.any_revision = True
     hub_repo.hub.repos["tiny/von"].commit = "e" * 40
     with pytest.raises(BundleError) as caught:
-        bundles.prepare(hub_repo.settings(), progress=False)
+        bundles.install_enabled(hub_repo.settings(), progress=False)
     _one_line(caught.value, f"served commit {'e' * 40} instead of the pinned {VON_COMMIT}")
     assert hub_repo.hub.count("GET") == 0
 
@@ -373,12 +373,12 @@ def test_mirror_serving_another_commit_is_refused(hub_repo: TinyHub) -> None:
 def test_token_is_sent_and_never_echoed(hub_repo: TinyHub, monkeypatch: pytest.MonkeyPatch) -> None:
     hub_repo.hub.token = "hf_tinysecret"
     with pytest.raises(BundleError) as caught:
-        bundles.prepare(hub_repo.settings(), progress=False)
+        bundles.install_enabled(hub_repo.settings(), progress=False)
     _one_line(caught.value, "HF_TOKEN")
 
     monkeypatch.setenv("HF_TOKEN", "hf_tinysecret")
     hub_repo.hub.requests.clear()
-    bundles.prepare(hub_repo.settings(), progress=False)
+    bundles.install_enabled(hub_repo.settings(), progress=False)
     assert (hub_repo.models / "von-1.1" / RECORD_NAME).is_file()
     cdn = [r for r in hub_repo.hub.requests if r.path.startswith("/cdn/")]
     hub = [r for r in hub_repo.hub.requests if not r.path.startswith("/cdn/")]
@@ -392,14 +392,14 @@ def test_offline_mode_and_unreachable_hub(
 ) -> None:
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     with pytest.raises(BundleError) as caught:
-        bundles.prepare(hub_repo.settings(), progress=False)
+        bundles.install_enabled(hub_repo.settings(), progress=False)
     _one_line(caught.value, "HF_HUB_OFFLINE")
     assert hub_repo.hub.requests == []
 
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # nothing listens there
     with pytest.raises(BundleError) as caught:
-        bundles.prepare(hub_repo.settings(), progress=False)
+        bundles.install_enabled(hub_repo.settings(), progress=False)
     _one_line(caught.value, "cannot reach the hub at http://127.0.0.1:9")
     _assert_nothing_installed(hub_repo)
 
@@ -407,7 +407,7 @@ def test_offline_mode_and_unreachable_hub(
 def test_not_enough_disk_space(hub_repo: TinyHub, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(bundles.shutil, "disk_usage", lambda _: SimpleNamespace(free=1000))
     with pytest.raises(BundleError) as caught:
-        bundles.prepare(hub_repo.settings(), progress=False)
+        bundles.install_enabled(hub_repo.settings(), progress=False)
     _one_line(caught.value, "free in", "DECIDEALOT_MODEL_DIR")
     assert hub_repo.hub.count("GET") == 0
 
@@ -433,7 +433,7 @@ def test_unwritable_model_dir(hub_repo: TinyHub) -> None:
     else:  # root writes through permission bits: use a read-only mount instead
         guard = _tmpfs(hub_repo.models, "ro,size=1m")
     with guard, pytest.raises(BundleError) as caught:
-        bundles.prepare(hub_repo.settings(), progress=False)
+        bundles.install_enabled(hub_repo.settings(), progress=False)
     _one_line(caught.value, "bundle von-1.1", "cannot write", "writable")
 
 
@@ -443,7 +443,7 @@ def test_disk_fills_up_during_download(hub_repo: TinyHub, monkeypatch: pytest.Mo
     plenty = SimpleNamespace(free=10**12)
     monkeypatch.setattr(bundles.shutil, "disk_usage", lambda _: plenty)  # pass the pre-check
     with _tmpfs(hub_repo.models, "size=256k"), pytest.raises(BundleError) as caught:
-        bundles.prepare(hub_repo.settings(), progress=False)
+        bundles.install_enabled(hub_repo.settings(), progress=False)
     _one_line(caught.value, "no space left", "larger volume")
 
 
@@ -452,7 +452,7 @@ def test_unmanaged_folder_is_left_alone(hub_repo: TinyHub) -> None:
     folder.mkdir(parents=True)
     (folder / "mine.txt").write_text("keep")
     with pytest.raises(BundleError) as caught:
-        bundles.prepare(hub_repo.settings(), progress=False)
+        bundles.install_enabled(hub_repo.settings(), progress=False)
     _one_line(caught.value, "no install record", "DECIDEALOT_VON_CHECKPOINT=")
     assert (folder / "mine.txt").read_text() == "keep"
 
@@ -461,19 +461,19 @@ def test_unmanaged_folder_is_left_alone(hub_repo: TinyHub) -> None:
 
 
 def test_damaged_install_is_replaced(hub_repo: TinyHub) -> None:
-    bundles.prepare(hub_repo.settings(), progress=False)
+    bundles.install_enabled(hub_repo.settings(), progress=False)
     marker = hub_repo.models / "von-1.1" / "option_marker.pt"
     marker.write_bytes(marker.read_bytes()[:-1])  # size changed: caught by the quick check
-    bundles.prepare(hub_repo.settings(), progress=False)
+    bundles.install_enabled(hub_repo.settings(), progress=False)
     assert marker.read_bytes() == hub_repo.von["option_marker.pt"][0]
 
     flipped = bytearray(marker.read_bytes())
     flipped[0] ^= 1
     marker.write_bytes(bytes(flipped))  # same size: only a re-hash notices
     hub_repo.hub.requests.clear()
-    bundles.prepare(hub_repo.settings(), progress=False)
+    bundles.install_enabled(hub_repo.settings(), progress=False)
     assert hub_repo.hub.requests == []
-    bundles.prepare(hub_repo.settings(), progress=False, rehash=True)
+    bundles.install_enabled(hub_repo.settings(), progress=False, rehash=True)
     assert marker.read_bytes() == hub_repo.von["option_marker.pt"][0]
 
 
@@ -501,7 +501,7 @@ def test_killed_mid_download_then_restart_finishes_verified(hub_repo: TinyHub) -
     del hub_repo.hub.faults["option_marker.pt"]
     hub_repo.hub.release.set()
     hub_repo.hub.requests.clear()
-    bundles.prepare(hub_repo.settings(), progress=False)
+    bundles.install_enabled(hub_repo.settings(), progress=False)
     record = _record(hub_repo.models / "von-1.1")
     assert {f.path for f in record.files} == set(hub_repo.von)
     assert hub_repo.hub.count("GET", "/cdn/") == 1  # only option_marker.pt was fetched again
@@ -573,14 +573,14 @@ def test_bad_manifest_is_refused(hub_repo: TinyHub, change: dict, needle: str) -
     path = hub_repo.manifests / "von-1.1.json"
     path.write_text(json.dumps({**json.loads(path.read_text()), **change}))
     with pytest.raises(BundleError) as caught:
-        bundles.prepare(hub_repo.settings(), progress=False)
+        bundles.install_enabled(hub_repo.settings(), progress=False)
     _one_line(caught.value, "bundle von-1.1: manifest", needle)
 
 
 def test_missing_manifest_is_refused(hub_repo: TinyHub) -> None:
     (hub_repo.manifests / "von-1.1.json").unlink()
     with pytest.raises(BundleError) as caught:
-        bundles.prepare(hub_repo.settings(), progress=False)
+        bundles.install_enabled(hub_repo.settings(), progress=False)
     _one_line(caught.value, "von-1.1.json not found", "DECIDEALOT_BUNDLE_MANIFEST_DIR")
 
 

@@ -10,7 +10,7 @@ import json
 from typing import Any
 
 from decidealot import registry
-from decidealot.asgi.middleware import Gateway
+from decidealot.asgi.middleware import AuthAdmission
 from decidealot.service import Service
 
 
@@ -30,7 +30,7 @@ async def slow(scope: Any, receive: Any, send: Any) -> None:
     await send({"type": "http.response.body", "body": b"{}"})
 
 
-async def call(gateway: Gateway, seconds: float) -> list[dict[str, Any]]:
+async def call(gateway: AuthAdmission, seconds: float) -> list[dict[str, Any]]:
     sent: list[dict[str, Any]] = []
 
     async def send(message: dict[str, Any]) -> None:
@@ -42,7 +42,7 @@ async def call(gateway: Gateway, seconds: float) -> list[dict[str, Any]]:
 
 async def test_the_drain_answers_what_finishes_and_cuts_the_rest_with_a_503() -> None:
     service = Service(registry.settings(), providers=[])
-    gateway = Gateway(slow, service)
+    gateway = AuthAdmission(slow, service)
     quick, long, streaming = (asyncio.create_task(call(gateway, s)) for s in (0.05, 10, -1))
     await asyncio.sleep(0.01)  # all three admitted
     draining = asyncio.create_task(service.drain(0.3))

@@ -53,7 +53,12 @@ LAYERS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
         ("base",),
     ),
     "worker": (
-        ("decidealot.providers.worker*", "decidealot.providers.*.worker*"),
+        (
+            "decidealot.providers.worker",
+            "decidealot.providers.worker.*",
+            "decidealot.providers.*.worker",
+            "decidealot.providers.*.worker.*",
+        ),
         ("base", "provider shared"),
     ),
     "provider gateway": (

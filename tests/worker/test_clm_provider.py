@@ -295,17 +295,17 @@ async def test_the_executor_runs_the_encoder_calls_inside_the_hold_unless_parall
     residency = Residency(registry.settings(provider_idle_unload_seconds=0))
     residency.register(provider.runtime, "local", "clm")
     holding: dict[str, int] = {}
-    prepare, embed = provider.prepare, provider.job
+    accept, embed = provider.accept, provider.job
 
-    async def watched_prepare(selector: str, request: SystemOneRequest) -> object:
+    async def watched_accept(selector: str, request: SystemOneRequest) -> object:
         holding["prepare"] = residency.active("clm")  # decisions inside the hold now
-        return await prepare(selector, request)
+        return await accept(selector, request)
 
     async def watched_embed(*args: object) -> object:
         holding["encoder"] = residency.active("clm")
         return await embed(*args)  # type: ignore[arg-type]
 
-    provider.prepare = watched_prepare  # type: ignore[method-assign]
+    provider.accept = watched_accept  # type: ignore[method-assign]
     provider.job = watched_embed  # type: ignore[method-assign]
     routed = Routed(_request(), Route(provider, "clm"))
     response = await Executor(residency, ["clm"]).decide(routed)

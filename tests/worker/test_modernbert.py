@@ -19,8 +19,8 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoConfig, AutoTokenizer, ModernBertModel
 
 from decidealot.providers.worker import modernbert
+from decidealot.providers.worker.checkpoint_files import WeightsError, read_safetensors
 from decidealot.providers.worker.tokenizer import CachedIds, FastTokenizer, TokenizerError
-from decidealot.providers.worker.weights import WeightsError, read_safetensors
 from tests.support.checkpoints import TinyCheckpoints
 
 TEXTS = [
@@ -146,7 +146,7 @@ def test_configs_it_cannot_run_as_transformers_would_are_refused(
             {"model_type": "modernbert", "hidden_size": 32, "num_attention_heads": 2} | change
         )
     )
-    with pytest.raises(modernbert.ConfigError):
+    with pytest.raises(modernbert.ModernBertConfigError):
         modernbert.Config.read(tmp_path / "config.json")
 
 
@@ -269,7 +269,7 @@ def test_a_worker_running_laya_and_von_imports_no_transformers(tiny: TinyCheckpo
     script = (
         "import sys\n"
         "from decidealot.jobs import EngineSpec\n"
-        "from decidealot.providers.worker.host import build_engine\n"
+        "from decidealot.providers.worker.process import build_engine\n"
         f"build_engine(EngineSpec('decidealot.providers.laya.worker.engine:create', "
         f"{{'english': {str(laya)!r}}}, ['english']))\n"
         f"build_engine(EngineSpec('decidealot.providers.von.worker.engine:create', "

@@ -1,6 +1,6 @@
 """DECIDEALOT_PRECISION: the setting's checks, and int8 answers against fp32.
 
-int8 (providers/numerics.py) must stay within 0.05 of fp32 in every probability, for every
+int8 (providers/worker/int8.py) must stay within 0.05 of fp32 in every probability, for every
 question type, on the test checkpoints of both engines (Laya's three variants, Von in both
 attention modes), while really running int8 (answers move); a row's int8 answers must not
 depend on what it is batched with; and `decidealot serve` must run it end to end.

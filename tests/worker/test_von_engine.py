@@ -35,7 +35,7 @@ from decidealot.jobs import Decision, EngineSpec, Job
 from decidealot.providers.gateway.checkpoint_provider import CheckpointProvider, only
 from decidealot.providers.von.descriptor import SELECTORS
 from decidealot.providers.von.worker.engine import VonEngine, create
-from decidealot.providers.von.worker.model import WINDOW, CheckpointError
+from decidealot.providers.von.worker.model import WINDOW, VonCheckpointError
 from decidealot.providers.von.worker.render import (
     NO_TEXT,
     YES_TEXT,
@@ -337,7 +337,7 @@ def test_checkpoint_without_usable_calibration_is_refused(
         data = json.loads(calibration.read_text())
         data["independent_options"] = "false"
         calibration.write_text(json.dumps(data))
-    with pytest.raises(CheckpointError):
+    with pytest.raises(VonCheckpointError):
         _engine(copy)
 
 

@@ -15,12 +15,12 @@ import pytest
 
 from decidealot.contract import NoulQuestion, ValidationIssue
 from decidealot.frames import (
-    Begin,
     Cancel,
     Failed,
     FromWorker,
     JobFailed,
-    Pass,
+    PassBegun,
+    PassDone,
     Ready,
     Rejected,
     Result,
@@ -179,8 +179,8 @@ class WorkerProcess:
             factory="tests.support.engines.arith:create", checkpoints={}, options=options
         )
         self.send(Start(spec, budget, concurrent_passes=passes, job_token_limit=job_token_limit))
-        self.progress: list[Begin | Pass] = []
-        """The `Begin` and `Pass` frames `receive` skipped, in order."""
+        self.progress: list[PassBegun | PassDone] = []
+        """The `PassBegun` and `PassDone` frames `receive` skipped, in order."""
         self._held: list[FromWorker | None] = []
         """Frames read while waiting for passes to begin, for `receive`."""
 
@@ -198,21 +198,21 @@ class WorkerProcess:
         return None if payload is None else decode_from_worker(payload)
 
     def receive(self) -> FromWorker | None:
-        """The next frame that is not a pass's `Begin` or `Pass` (those go to `progress`)."""
+        """The next frame that is not a pass's `PassBegun` or `PassDone` (those: `progress`)."""
         if self._held:
             return self._held.pop(0)
         while True:
             frame = self._read()
-            if not isinstance(frame, Begin | Pass):
+            if not isinstance(frame, PassBegun | PassDone):
                 return frame
             self.progress.append(frame)
 
     def wait_begun(self, count: int = 1) -> None:
-        """Until `count` passes have begun (their `Begin` frames), keeping the other frames
+        """Until `count` passes have begun (their `PassBegun` frames), keeping the other frames
         read meanwhile for `receive`."""
-        while sum(isinstance(frame, Begin) for frame in self.progress) < count:
+        while sum(isinstance(frame, PassBegun) for frame in self.progress) < count:
             frame = self._read()
-            if isinstance(frame, Begin | Pass):
+            if isinstance(frame, PassBegun | PassDone):
                 self.progress.append(frame)
             else:
                 assert frame is not None, "the worker ended before the pass began"
@@ -336,8 +336,8 @@ def test_a_malformed_frame_ends_the_worker() -> None:
     assert worker.process.wait(timeout=10) == 2
 
 
-def passes_of(worker: WorkerProcess, job_id: int) -> list[Pass]:
-    return [f for f in worker.progress if isinstance(f, Pass) and job_id in f.jobs]
+def passes_of(worker: WorkerProcess, job_id: int) -> list[PassDone]:
+    return [f for f in worker.progress if isinstance(f, PassDone) and job_id in f.jobs]
 
 
 def test_a_job_of_many_rows_reports_every_pass_within_the_budget() -> None:
@@ -346,7 +346,7 @@ def test_a_job_of_many_rows_reports_every_pass_within_the_budget() -> None:
     worker.send(Submit(1, job("many rows", rows=5, cost=40)))
     assert worker.receive() == Result(1, answer(job("many rows", rows=5, cost=40)))
     kinds = [type(f).__name__ for f in worker.progress]
-    assert kinds == ["Begin", "Pass"] * 3  # announced and reported, pass by pass
+    assert kinds == ["PassBegun", "PassDone"] * 3  # announced and reported, pass by pass
     assert [(p.rows, p.tokens) for p in passes_of(worker, 1)] == [(2, 80), (2, 80), (1, 40)]
     assert worker.finish()[0] == 0
 

@@ -155,7 +155,7 @@ class ClmProvider:
     async def models(self) -> list[ModelInfo]:
         return list(self._selectors)
 
-    async def prepare(self, selector: str, request: SystemOneRequest) -> ClmPrepared:
+    async def accept(self, selector: str, request: SystemOneRequest) -> ClmPrepared:
         """Render, bound and de-duplicate every text (off the loop) and check the request's
         cost, before any wait."""
         texts = await asyncio.to_thread(encoder_texts, request, self._max_text_bytes)

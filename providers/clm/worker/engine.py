@@ -15,7 +15,6 @@ head (as upstream projects each distinct text once), and reads out
 
 from __future__ import annotations
 
-import math
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,16 +26,16 @@ from decidealot.contract import Answer, Question, ScoreQuestion
 from decidealot.jobs import Decision, EngineSpec, Job, PassShape
 from decidealot.providers.clm.render import option_keys, score_legend
 from decidealot.providers.clm.worker.head import HeadFileError, HeadPair, load_heads
-from decidealot.providers.worker.answers import answer as build_answer
-from decidealot.providers.worker.answers import first_max
 from decidealot.providers.worker.passes import RunsTogether
+from decidealot.providers.worker.readout import answer as build_answer
+from decidealot.providers.worker.readout import first_max, softmax
 
 FLOAT32_BYTES = 4
 _NORM_EPS = 1e-12  # upstream's l2: v / (|v| + 1e-12)
 
 
 @dataclass(frozen=True)
-class PreparedJob:
+class ClmPreparedJob:
     """One job's vectors, checked against its questions, waiting for a pass. The job is one
     row of a pass: the heads are tiny, and answering it whole matches upstream to the bit."""
 
@@ -56,16 +55,8 @@ class PreparedJob:
     """The head reads vectors; the gateway adds the encoder's prompt tokens itself."""
 
     @property
-    def rows(self) -> list[PreparedJob]:
+    def rows(self) -> list[ClmPreparedJob]:
         return [self]
-
-
-def softmax(logits: list[float]) -> list[float]:
-    """In float64 with the maximum subtracted, as upstream."""
-    top = max(logits)
-    weights = [math.exp(v - top) for v in logits]
-    total = sum(weights)
-    return [w / total for w in weights]
 
 
 def confidence(probs: Sequence[float]) -> float:
@@ -92,7 +83,7 @@ class ClmEngine(RunsTogether):
         self._heads = heads
         self._device = device
 
-    def prepare(self, job: Job) -> PreparedJob:
+    def prepare(self, job: Job) -> ClmPreparedJob:
         heads = self._heads.get(job.checkpoint)
         if heads is None:
             raise ValueError(f"unknown CLM checkpoint {job.checkpoint!r}")
@@ -114,7 +105,7 @@ class ClmEngine(RunsTogether):
         is_state[np.cumsum([0, *(count + 1 for count in counts[:-1])])] = True
         raw = np.frombuffer(job.vectors, dtype=np.float32).reshape(rows, width)
         unit = raw / (np.linalg.norm(raw, axis=-1, keepdims=True) + _NORM_EPS)
-        return PreparedJob(
+        return ClmPreparedJob(
             rows,
             job.checkpoint,
             job,
@@ -125,18 +116,18 @@ class ClmEngine(RunsTogether):
         )
 
     @torch.inference_mode()
-    def forward(self, group: Hashable, rows: Sequence[PreparedJob]) -> list[Decision]:
+    def forward(self, group: Hashable, rows: Sequence[ClmPreparedJob]) -> list[Decision]:
         """Each job's vectors go through the towers on their own: the heads are tiny, and a
         job's answers then match upstream's, and its own answers alone, to the bit."""
         heads = self._heads[str(group)]
         return [self._decide(heads, prepared) for prepared in rows]
 
-    def finish(self, prepared: PreparedJob, outputs: Sequence[object]) -> Decision:
+    def finish(self, prepared: ClmPreparedJob, outputs: Sequence[object]) -> Decision:
         (decision,) = outputs
         assert isinstance(decision, Decision)
         return decision
 
-    def _decide(self, heads: HeadPair, prepared: PreparedJob) -> Decision:
+    def _decide(self, heads: HeadPair, prepared: ClmPreparedJob) -> Decision:
         unit = prepared.vectors.to(self._device)
         # each distinct row through its tower once; questions then gather their projections
         state_ids, state_of = torch.unique(prepared.state_rows, return_inverse=True)

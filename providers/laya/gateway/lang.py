@@ -269,7 +269,7 @@ def _iter_text(state: Any, depth: int = 0) -> list[str]:
     return []
 
 
-def state_text(state: Any, max_chars: int = MAX_CHARS) -> str:
+def detection_text(state: Any, max_chars: int = MAX_CHARS) -> str:
     """The leaves joined by spaces, cut to `max_chars` (keys are ignored: usually English)."""
     parts: list[str] = []
     budget = max_chars
@@ -594,7 +594,7 @@ def analyse(state: Any) -> Detection:
     English is then checked line by line and field by field, because one non-English message
     among English fields must still leave the English checkpoint.
     """
-    result = _analyse_text(state_text(state))
+    result = _analyse_text(detection_text(state))
     if result["script"] == "latin" and result["is_english"]:
         leaves = _iter_text(state)
         if len(leaves) > 1 or any("\n" in leaf for leaf in leaves):

@@ -16,14 +16,12 @@ from dataclasses import dataclass
 import torch
 
 from decidealot.contract import Question
-from decidealot.frames import Loaded
 from decidealot.jobs import Decision, EngineSpec, Job, PassShape
 from decidealot.providers.laya.worker import readout
 from decidealot.providers.laya.worker.model import PASS_INPUTS, Checkpoint, load_checkpoint
-from decidealot.providers.laya.worker.render import Row, render_rows
-from decidealot.providers.worker.numerics import LoadReports
+from decidealot.providers.laya.worker.render import LayaRow, render_rows
 from decidealot.providers.worker.passes import RunsTogether
-from decidealot.providers.worker.precision import engine_precision
+from decidealot.providers.worker.precision import CheckpointLoad, LoadReports, engine_precision
 
 CHECKPOINT_KEYS = ("english", "multilingual", "typed-decisions")
 PASS_TOKEN_LIMIT = 262_144
@@ -35,13 +33,13 @@ is pure waste there: a turn is cut wherever that saves more padding than this.""
 
 
 @dataclass(frozen=True, slots=True)
-class PreparedJob:
+class LayaPreparedJob:
     """A job's rendered rows plus what readout needs."""
 
     group: str
     input_tokens: int
     questions: dict[str, Question]
-    rows: list[Row]
+    rows: list[LayaRow]
 
 
 class LayaEngine(RunsTogether):
@@ -83,11 +81,11 @@ class LayaEngine(RunsTogether):
                 self._loaded[key] = loaded
             return self._loaded[key]
 
-    def take_loaded(self) -> list[Loaded]:
-        """The checkpoints loaded since the last call (`host.ReportsLoads`)."""
+    def take_loaded(self) -> list[CheckpointLoad]:
+        """The checkpoints loaded since the last call (`scheduler.ReportsLoads`)."""
         return self._reports.take()
 
-    def prepare(self, job: Job) -> PreparedJob:
+    def prepare(self, job: Job) -> LayaPreparedJob:
         checkpoint = self._checkpoint(job.checkpoint)
         tokenizer = checkpoint.tokenizer
 
@@ -103,12 +101,12 @@ class LayaEngine(RunsTogether):
             checkpoint.texts,
         )
         tokens = sum(len(row.ids) for row in rows)
-        return PreparedJob(job.checkpoint, tokens, job.questions, rows)
+        return LayaPreparedJob(job.checkpoint, tokens, job.questions, rows)
 
-    def forward(self, group: Hashable, rows: Sequence[Row]) -> list[list[float]]:
+    def forward(self, group: Hashable, rows: Sequence[LayaRow]) -> list[list[float]]:
         return self._forward(self._checkpoint(str(group)), rows)
 
-    def finish(self, prepared: PreparedJob, outputs: Sequence[object]) -> Decision:
+    def finish(self, prepared: LayaPreparedJob, outputs: Sequence[object]) -> Decision:
         temperatures = self._checkpoint(prepared.group).temperatures
         answers = {
             name: readout.answer(question, outputs[i], temperatures)  # type: ignore[arg-type]
@@ -116,7 +114,7 @@ class LayaEngine(RunsTogether):
         }
         return Decision(f"laya-{prepared.group}", answers, prepared.input_tokens)
 
-    def _forward(self, checkpoint: Checkpoint, rows: Sequence[Row]) -> list[list[float]]:
+    def _forward(self, checkpoint: Checkpoint, rows: Sequence[LayaRow]) -> list[list[float]]:
         """One padded pass; returns each row's logits trimmed to its own option count."""
         inputs = pass_inputs(rows, checkpoint.pad_id)
         out = checkpoint.forward({name: t.to(self._device) for name, t in inputs.items()})
@@ -124,7 +122,7 @@ class LayaEngine(RunsTogether):
         return [values[i][: len(row.markers)] for i, row in enumerate(rows)]
 
 
-def pass_inputs(rows: Sequence[Row], pad_id: int) -> dict[str, torch.Tensor]:
+def pass_inputs(rows: Sequence[LayaRow], pad_id: int) -> dict[str, torch.Tensor]:
     """`rows` padded on the right into one pass's `PASS_INPUTS` tensors, on the CPU: each
     built from Python lists in one call (a tensor per row and a copy into the pass cost more
     than the lists)."""

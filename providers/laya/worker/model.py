@@ -21,16 +21,16 @@ from torch import nn
 from decidealot.providers.laya.worker.readout import Temperatures
 from decidealot.providers.laya.worker.render import Budget, Specials
 from decidealot.providers.worker import modernbert
-from decidealot.providers.worker.numerics import (
-    AUTOCAST,
+from decidealot.providers.worker.checkpoint_files import read_safetensors
+from decidealot.providers.worker.int8 import (
     PROBE_LENGTH,
     PROBE_ROWS,
     Quantised,
     quantize_guarded,
     unquantised,
 )
+from decidealot.providers.worker.precision import AUTOCAST
 from decidealot.providers.worker.tokenizer import CachedIds, FastTokenizer
-from decidealot.providers.worker.weights import read_safetensors
 
 LAYER_NORM_EPS = 1e-5
 MASKED_LOGIT = -1e4
@@ -173,7 +173,7 @@ def torch_pass(model: DecisionModel, device: torch.device, amp_dtype: torch.dtyp
 
 
 def int8_encoder(model: DecisionModel, specials: Specials, budget: Budget) -> Quantised:
-    """Make the encoder's linear layers int8 (`numerics`), checked on a probe of random
+    """Make the encoder's linear layers int8 (`int8`), checked on a probe of random
     rows with four markers each; the head and scorer stay fp32."""
     generator = torch.Generator().manual_seed(0)
     rows, options = PROBE_ROWS, 4

@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 
 from decidealot.contract import Answer, Question
 from decidealot.providers.laya.worker.render import QTYPES, question_type
-from decidealot.providers.worker import answers
+from decidealot.providers.worker import readout as shared_readout
 
 TEMPERATURE_MIN = 0.5
 TEMPERATURE_MAX = 5.0
@@ -49,14 +49,6 @@ class Temperatures:
         return self.by_options.get(temperature_bucket(qtype, options), fallback)
 
 
-def softmax(logits: Sequence[float], temperature: float) -> list[float]:
-    scaled = [float(x) / temperature for x in logits]
-    top = max(scaled)
-    exps = [math.exp(x - top) for x in scaled]
-    total = sum(exps)
-    return [e / total for e in exps]
-
-
 def entropy_confidence(probs: Sequence[float]) -> float:
     """Upstream `confidence_from_probs`: 1 - H(p)/ln k, clipped to [0, 1]; 1.0 below 2 options."""
     k = len(probs)
@@ -69,5 +61,5 @@ def entropy_confidence(probs: Sequence[float]) -> float:
 def answer(question: Question, logits: Sequence[float], temperatures: Temperatures) -> Answer:
     """One question's answer from its option logits (slot order = option order); a noul's
     options are [false, true]."""
-    probs = softmax(logits, temperatures.get(question_type(question), len(logits)))
-    return answers.answer(question, probs, entropy_confidence, true_index=1)
+    probs = shared_readout.softmax(logits, temperatures.get(question_type(question), len(logits)))
+    return shared_readout.answer(question, probs, entropy_confidence, true_index=1)

@@ -40,7 +40,7 @@ class Budget:
 
 
 @dataclass(frozen=True, slots=True)
-class Row:
+class LayaRow:
     """One question's encoder row: token ids, the position of each option's marker, its type."""
 
     ids: list[int]
@@ -59,7 +59,7 @@ def criterion_text(value: Json) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(", ", ": "), default=str)
 
 
-def state_text(state: State) -> str:
+def serialize_state(state: State) -> str:
     """Upstream `serialize_state`: strings as-is, anything else as JSON with default separators."""
     if isinstance(state, str):
         return state
@@ -119,7 +119,7 @@ def render_rows(
     specials: Specials,
     budget: Budget,
     encode_texts: Encode | None = None,
-) -> list[Row]:
+) -> list[LayaRow]:
     """One row per question, in `questions` order; the state is tokenised once, by `encode`,
     the questions' texts by `encode_texts` (default `encode`; the engine's keeps them, as
     they recur from request to request). Each text is tokenised alone, so which call does it
@@ -140,11 +140,11 @@ def render_rows(
         heads.append(f"{question_type(question)} question: {ins}")
         options.append([" " + text.replace(mask, " ") for text in option_texts(question)])
     flat_options = [text for texts in options for text in texts]
-    state_ids = encode([state_text(state).replace(mask, " ")])[0]
+    state_ids = encode([serialize_state(state).replace(mask, " ")])[0]
     encoded = (encode_texts or encode)([*heads, *flat_options])
     head_ids, option_ids = encoded[: len(names)], encoded[len(names) :]
     keep_tail = isinstance(state, list)  # a conversation keeps its newest turns
-    rows: list[Row] = []
+    rows: list[LayaRow] = []
     offset = 0
     for name, head, texts in zip(names, head_ids, options, strict=True):
         spans = [
@@ -176,7 +176,7 @@ def _assemble(
     keep_tail: bool,
     specials: Specials,
     budget: Budget,
-) -> Row:
+) -> LayaRow:
     """Upstream `build_head` + `build_sequence`: cap option spans, cap the head, fit the state."""
     option_budget = budget.head_max_len - sum(len(span) for span in spans)
     if option_budget < 16:
@@ -200,4 +200,4 @@ def _assemble(
             f"{budget.max_len}-token input; use fewer or shorter options",
             loc=["criteria"],
         )
-    return Row(ids=ids, markers=markers, qtype=qtype)
+    return LayaRow(ids=ids, markers=markers, qtype=qtype)

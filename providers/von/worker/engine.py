@@ -22,10 +22,9 @@ from decidealot.contract import (
     Question,
 )
 from decidealot.errors import RequestInvalid
-from decidealot.frames import Loaded
 from decidealot.jobs import Decision, EngineSpec, Job, PassShape
 from decidealot.providers.von.worker import readout
-from decidealot.providers.von.worker.model import CPU_PASS_TOKENS, WINDOW, Row, VonModel
+from decidealot.providers.von.worker.model import CPU_PASS_TOKENS, WINDOW, VonModel, VonRow
 from decidealot.providers.von.worker.render import (
     fit_state,
     format_state,
@@ -36,9 +35,8 @@ from decidealot.providers.von.worker.render import (
     pack,
     state_token_ids,
 )
-from decidealot.providers.worker.numerics import LoadReports
 from decidealot.providers.worker.passes import RunsTogether
-from decidealot.providers.worker.precision import engine_precision
+from decidealot.providers.worker.precision import CheckpointLoad, LoadReports, engine_precision
 
 DEFAULT_MAX_STATE_TOKENS = WINDOW
 """Upstream's `VON_MAX_STATE_TOKENS` default; `EngineSpec.options["max_state_tokens"]` lowers it."""
@@ -60,11 +58,11 @@ class _Plan:
 
 
 @dataclass(frozen=True)
-class VonPrepared:
+class VonPreparedJob:
     """A tokenised job, ready to share a forward pass with others of its checkpoint."""
 
     checkpoint: str
-    rows: list[Row]
+    rows: list[VonRow]
     plans: list[_Plan]
     input_tokens: int
     group: str
@@ -103,17 +101,17 @@ class VonEngine(RunsTogether):
                 self._models[checkpoint] = model
             return self._models[checkpoint]
 
-    def take_loaded(self) -> list[Loaded]:
-        """The checkpoints loaded since the last call (`host.ReportsLoads`)."""
+    def take_loaded(self) -> list[CheckpointLoad]:
+        """The checkpoints loaded since the last call (`scheduler.ReportsLoads`)."""
         return self._reports.take()
 
-    def prepare(self, job: Job) -> VonPrepared:
+    def prepare(self, job: Job) -> VonPreparedJob:
         model = self._model(job.checkpoint)
         tokenizer, calibration = model.tokenizer, model.calibration
         state = format_state(job.state)
         state_ids = state_token_ids(tokenizer, state, digit_split=calibration.digit_split)
         fitted_tokens: dict[str, int] = {}
-        rows: list[Row] = []
+        rows: list[VonRow] = []
         plans: list[_Plan] = []
         instruction_chars = 0
         for name, question in job.questions.items():
@@ -155,7 +153,7 @@ class VonEngine(RunsTogether):
             input_tokens = sum(len(row.ids) for row in rows)
         else:  # upstream's estimate when no pass ran
             input_tokens = max(1, len(state) // 4) + max(1, instruction_chars // 4)
-        return VonPrepared(job.checkpoint, rows, plans, input_tokens, job.checkpoint)
+        return VonPreparedJob(job.checkpoint, rows, plans, input_tokens, job.checkpoint)
 
     @staticmethod
     def _row(
@@ -166,7 +164,7 @@ class VonEngine(RunsTogether):
         options: list[str],
         *,
         shared: bool = False,
-    ) -> Row:
+    ) -> VonRow:
         text = pack(
             model.tokenizer, state, instructions, options, digit_split=model.calibration.digit_split
         )
@@ -174,13 +172,13 @@ class VonEngine(RunsTogether):
         markers = [t for t, token in enumerate(ids) if token == model.mask_id]
         if len(markers) != len(options):
             raise RequestInvalid.question(name, "criteria could not be packed as separate options")
-        return Row(ids, markers, shared)
+        return VonRow(ids, markers, shared)
 
-    def forward(self, group: Hashable, rows: Sequence[Row]) -> list[torch.Tensor]:
+    def forward(self, group: Hashable, rows: Sequence[VonRow]) -> list[torch.Tensor]:
         with torch.inference_mode():
             return self._model(str(group)).logits(rows)
 
-    def finish(self, prepared: VonPrepared, outputs: Sequence[object]) -> Decision:
+    def finish(self, prepared: VonPreparedJob, outputs: Sequence[object]) -> Decision:
         model = self._model(prepared.checkpoint)
         logits: list[torch.Tensor] = list(outputs)  # type: ignore[arg-type]
         with torch.inference_mode():

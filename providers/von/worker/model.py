@@ -21,15 +21,15 @@ import torch
 from torch import nn
 
 from decidealot.providers.worker import modernbert
-from decidealot.providers.worker.files import json_object
-from decidealot.providers.worker.numerics import (
-    AUTOCAST,
+from decidealot.providers.worker.checkpoint_files import read_json_object
+from decidealot.providers.worker.int8 import (
     PROBE_LENGTH,
     PROBE_ROWS,
     Quantised,
     quantize_guarded,
     unquantised,
 )
+from decidealot.providers.worker.precision import AUTOCAST
 from decidealot.providers.worker.tokenizer import FastTokenizer, TokenizerError
 
 WINDOW = 8192
@@ -51,7 +51,7 @@ Such a row is scored in a pass of its own, as upstream scores it, so its cached 
 same whichever request, batch or compute thread scored it first."""
 
 
-class CheckpointError(ValueError):
+class VonCheckpointError(ValueError):
     """A Von checkpoint directory that cannot be served as it is."""
 
 
@@ -96,16 +96,18 @@ def load_calibration(path: Path) -> Calibration:
     Upstream falls back to plain attention when the file is missing or unreadable, which
     answers 1.2+ weights in the wrong mode; a checkpoint without a usable file is refused.
     """
-    data = json_object(path, lambda message: CheckpointError(f"Von checkpoint: {message}"))
+    data = read_json_object(path, lambda message: VonCheckpointError(f"Von checkpoint: {message}"))
     try:
         temperature = float(data.get("temperature", 1.0))
     except (TypeError, ValueError) as exc:
-        raise CheckpointError(f"Von checkpoint: {path.name} has a non-numeric temperature") from exc
+        raise VonCheckpointError(
+            f"Von checkpoint: {path.name} has a non-numeric temperature"
+        ) from exc
     flags = {}
     for flag in ("independent_options", "digit_split"):
         value = data.get(flag, False)
         if not isinstance(value, bool):
-            raise CheckpointError(f"Von checkpoint: {path.name} field {flag} must be a boolean")
+            raise VonCheckpointError(f"Von checkpoint: {path.name} field {flag} must be a boolean")
         flags[flag] = value
     return Calibration(
         temperature=temperature,
@@ -131,7 +133,7 @@ class OptionMarkerScorer(nn.Module):
 
 
 @dataclass(frozen=True)
-class Row:
+class VonRow:
     """One packed sequence: token ids and the positions of its option markers."""
 
     ids: list[int]
@@ -144,7 +146,7 @@ class Row:
         return len(self.ids)
 
 
-def _independent_layout(row: Row, length: int) -> tuple[list[int], list[int]]:
+def _independent_layout(row: VonRow, length: int) -> tuple[list[int], list[int]]:
     """Option span of every token (-1 outside options) and position ids restarting per option.
 
     The trailing `[SEP]` belongs to no option and keeps its raw position, as upstream's does.
@@ -178,12 +180,12 @@ class VonModel:
         self.calibration = load_calibration(directory / "marker_calibration.json")
         try:
             config = modernbert.Config.read(directory / "config.json")
-        except modernbert.ConfigError as exc:
-            raise CheckpointError(f"Von checkpoint: config.json: {exc}") from None
+        except modernbert.ModernBertConfigError as exc:
+            raise VonCheckpointError(f"Von checkpoint: config.json: {exc}") from None
         try:
             self.tokenizer = FastTokenizer(directory, required=("mask_token", "sep_token"))
         except TokenizerError as exc:
-            raise CheckpointError(f"Von checkpoint: {exc}") from None
+            raise VonCheckpointError(f"Von checkpoint: {exc}") from None
         self.mask_id: int = self.tokenizer.mask_token_id  # type: ignore[assignment]
         self.pad_id: int = self.tokenizer.pad_token_id or 0  # padded keys are masked anyway
         with torch.device("meta"):  # shapes only: the checkpoint's tensors become the parameters
@@ -202,7 +204,7 @@ class VonModel:
         """How many of the encoder's linear layers run int8 (none outside `int8`)."""
 
     def _int8_encoder(self) -> Quantised:
-        """The encoder's linear layers in int8 (`numerics`), checked on a probe of random
+        """The encoder's linear layers in int8 (`int8`), checked on a probe of random
         rows with four markers each; the scorer stays fp32."""
         generator = torch.Generator().manual_seed(0)
         rows, options = PROBE_ROWS, 4
@@ -226,12 +228,12 @@ class VonModel:
         for key, tensor in weights.items():
             prefix, _, name = key.partition(".")
             if prefix not in parts:
-                raise CheckpointError(f"Von checkpoint: unexpected weight {key!r}")
+                raise VonCheckpointError(f"Von checkpoint: unexpected weight {key!r}")
             parts[prefix][name] = tensor
         modernbert.load(self.encoder, parts["encoder"])
         modernbert.load(self.scorer, parts["scorer"])
 
-    def logits(self, rows: Sequence[Row]) -> list[torch.Tensor]:
+    def logits(self, rows: Sequence[VonRow]) -> list[torch.Tensor]:
         """One logit vector per row: shared rows from the cache or a pass of their own, the
         others from one padded pass (the worker's planner sized it)."""
         scored: dict[int, torch.Tensor] = {}
@@ -264,7 +266,7 @@ class VonModel:
             if len(self._shared_logits) > SHARED_CACHE_ROWS:
                 self._shared_logits.popitem(last=False)
 
-    def _pass(self, rows: Sequence[Row]) -> list[torch.Tensor]:
+    def _pass(self, rows: Sequence[VonRow]) -> list[torch.Tensor]:
         """Score `rows` in one padded forward pass; one logit vector per row."""
         length = max(len(row.ids) for row in rows)
         ids = torch.full((len(rows), length), self.pad_id, dtype=torch.long)
@@ -286,7 +288,7 @@ class VonModel:
         return torch.autocast(device_type=self.device.type, dtype=self.amp_dtype)
 
     def _encode(
-        self, rows: Sequence[Row], ids: torch.Tensor, valid: torch.Tensor, length: int
+        self, rows: Sequence[VonRow], ids: torch.Tensor, valid: torch.Tensor, length: int
     ) -> torch.Tensor:
         """The encoder's last hidden states for one padded pass, in either attention mode."""
         if self.calibration.independent_options:
@@ -297,7 +299,7 @@ class VonModel:
         return hidden.last_hidden_state
 
     def _independent_masks(
-        self, rows: Sequence[Row], length: int, valid: torch.Tensor
+        self, rows: Sequence[VonRow], length: int, valid: torch.Tensor
     ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         """Each option sees the prefix and itself only, at positions restarting after the
         prefix; sliding layers window on those reset positions, not on raw indices."""

@@ -20,7 +20,7 @@ import torch
 
 from decidealot.contract import Answer, ChoiceAnswer, Question, ScoreAnswer
 from decidealot.providers.von.worker.model import Calibration
-from decidealot.providers.worker import answers
+from decidealot.providers.worker import readout as shared_readout
 
 _DEFAULT_DEBIAS = 0.7
 
@@ -78,7 +78,7 @@ def answer(question: Question, logits: torch.Tensor, probs: list[float]) -> Answ
     """The choice is the argmax of the raw logits (temperature never moves it); the legend
     echoes the caller's levels; options are packed as [yes, no], so P(true) comes first."""
     best = int(torch.argmax(logits).item())
-    return answers.answer(question, probs, margin_confidence, true_index=0, best=best)
+    return shared_readout.answer(question, probs, margin_confidence, true_index=0, best=best)
 
 
 def empty_answer(is_choice: bool) -> ChoiceAnswer | ScoreAnswer:

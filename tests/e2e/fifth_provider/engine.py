@@ -12,7 +12,7 @@ from pathlib import Path
 from decidealot.contract import ChoiceQuestion, NoulQuestion
 from decidealot.errors import RequestInvalid
 from decidealot.jobs import Decision, EngineSpec, Job, PassShape
-from decidealot.providers.worker.answers import answer
+from decidealot.providers.worker.readout import answer
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ readout is the same and lives here once. Nothing is rounded. Pure Python: no tor
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 
 from decidealot.contract import (
@@ -22,6 +23,15 @@ from decidealot.contract import (
 
 ConfidenceRule = Callable[[Sequence[float]], float]
 """Probabilities -> confidence in [0, 1]: each provider keeps its upstream's rule."""
+
+
+def softmax(logits: Sequence[float], temperature: float = 1.0) -> list[float]:
+    """In float64, the largest logit subtracted, as every upstream readout does."""
+    scaled = [float(x) / temperature for x in logits]
+    top = max(scaled)
+    exps = [math.exp(x - top) for x in scaled]
+    total = sum(exps)
+    return [e / total for e in exps]
 
 
 def first_max(values: Sequence[float]) -> int:

@@ -1,4 +1,5 @@
-"""Reading a checkpoint's tensors straight from a memory map of its file.
+"""Reading a checkpoint's files in the worker: its JSON objects (`read_json_object`, one message
+for each way one can be unusable) and its tensors straight from a memory map of their file.
 
 `safetensors.torch.load_file` copies the whole file into tensors and the caller's `.float()`
 then copies it again, so an fp16 checkpoint read as fp32 held both at once and paid two copies.
@@ -14,6 +15,7 @@ import json
 import mmap
 import struct
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -30,6 +32,18 @@ _DTYPES = {
     "U8": torch.uint8,
     "BOOL": torch.bool,
 }
+
+
+def read_json_object(path: Path, error: Callable[[str], Exception]) -> dict[str, object]:
+    """`path` as a JSON object; raises `error(message)` naming the file when it cannot be
+    read, is not JSON or is not an object."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise error(f"cannot read {path.name}") from exc
+    if not isinstance(data, dict):
+        raise error(f"{path.name} is not a JSON object")
+    return data
 
 
 class WeightsError(ValueError):

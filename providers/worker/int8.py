@@ -1,5 +1,4 @@
-"""Reduced-precision passes (`DECIDEALOT_PRECISION`): CUDA autocast dtypes, and int8 weights
-for an encoder's linear layers on CPU.
+"""int8 weights for an encoder's linear layers on CPU (`DECIDEALOT_PRECISION=int8`).
 
 Each chosen `nn.Linear` becomes an `Int8Linear`: weights int8 per output channel, activations
 quantised per token (symmetric, from that token's own largest value), multiplied by
@@ -15,18 +14,13 @@ the wide random test checkpoints the query/key projections must; on base-shaped 
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from decidealot.frames import Loaded
 from decidealot.providers.worker.memory import release_freed
-
-AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
-"""Autocast dtype per CUDA precision; the others compute in fp32 (int8 only inside linears)."""
 
 INT8_MAX = 127.0
 
@@ -73,27 +67,6 @@ class Quantised:
     linear_layers: int
     int8_layers: int
     kept: tuple[str, ...]
-
-
-class LoadReports:
-    """An engine's `Loaded` frames not yet taken (`host.ReportsLoads`): one per checkpoint it
-    loads, telling the gateway how that checkpoint runs. Safe across threads."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._frames: list[Loaded] = []
-
-    def add(self, checkpoint: str, path: str, precision: str, linears: Quantised) -> None:
-        counts = linears.linear_layers, linears.int8_layers
-        frame = Loaded(checkpoint, path, precision, *counts, list(linears.kept))
-        with self._lock:
-            self._frames.append(frame)
-
-    def take(self) -> list[Loaded]:
-        """The frames added since the last call."""
-        with self._lock:
-            frames, self._frames = self._frames, []
-        return frames
 
 
 def _linears(module: nn.Module) -> dict[str, list[tuple[nn.Module, str]]]:

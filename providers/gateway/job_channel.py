@@ -1,0 +1,130 @@
+"""One worker's jobs in flight, on the gateway side: a future per job id, and what each frame
+the worker sends does to them (answers, pass metrics and spans, checkpoint loads). The process
+runtime and the in-process runtime share it."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from decidealot import logs, metrics, tracing
+from decidealot.errors import ProviderUnavailable, RequestInvalid
+from decidealot.frames import (
+    FrameError,
+    FromWorker,
+    JobFailed,
+    Loaded,
+    PassBegun,
+    PassDone,
+    Rejected,
+    Result,
+)
+from decidealot.jobs import Decision
+
+FAILED_JOB = "the local provider failed to answer"
+
+
+class JobChannel:
+    """One worker's jobs in flight: a future per job id, answered by `deliver`."""
+
+    def __init__(self, provider: str, log: logging.Logger) -> None:
+        self._provider = provider
+        self._log = log
+        self.inflight: dict[int, asyncio.Future[Decision]] = {}
+        self._request_ids: dict[int, str] = {}
+        """The request id each job came with, for its failure's log line."""
+        self._spans: dict[int, tracing.SpanContext | None] = {}
+        """The span each job was submitted under, to parent its forward passes."""
+        self.heard_at = asyncio.get_running_loop().time()
+        """When the worker last sent a frame, or when jobs started waiting on an idle one."""
+        self.passes: dict[int, float] = {}
+        """Compute thread -> when its running pass began."""
+
+    def open(self, job_id: int) -> asyncio.Future[Decision]:
+        """The future `deliver` answers job `job_id` on; the caller `close`s it."""
+        loop = asyncio.get_running_loop()
+        if not self.inflight:
+            self.heard_at = loop.time()  # silence counts from here when it was idle
+        future: asyncio.Future[Decision] = loop.create_future()
+        self.inflight[job_id] = future
+        self._request_ids[job_id] = logs.request_id.get()
+        self._spans[job_id] = tracing.current()
+        return future
+
+    def close(self, job_id: int) -> bool:
+        """Forget job `job_id`; True if it was still waiting for its answer."""
+        self._request_ids.pop(job_id, None)
+        self._spans.pop(job_id, None)
+        return self.inflight.pop(job_id, None) is not None
+
+    def fail_all(self, message: str) -> None:
+        for future in self.inflight.values():
+            if not future.done():
+                future.set_exception(ProviderUnavailable(message))
+        self.inflight.clear()
+
+    def deliver(self, frame: FromWorker) -> None:
+        """Apply one frame after the handshake; FrameError for one that has no place here."""
+        self.heard_at = asyncio.get_running_loop().time()
+        if isinstance(frame, PassBegun):
+            self.passes[frame.thread] = self.heard_at
+        elif isinstance(frame, PassDone):
+            self._record(frame)
+        elif isinstance(frame, Result | Rejected | JobFailed):
+            self._answer(frame)
+        elif isinstance(frame, Loaded):
+            self._loaded(frame)
+        else:
+            raise FrameError(f"unexpected {type(frame).__name__} frame")
+
+    def _record(self, frame: PassDone) -> None:
+        self.passes.pop(frame.thread, None)
+        provider = self._provider
+        if frame.jobs:
+            metrics.FORWARD_PASS.observe(frame.seconds, provider=provider)
+            metrics.BATCH_SIZE.observe(len(frame.jobs), provider=provider)
+            metrics.BATCH_TOKENS.observe(frame.tokens, provider=provider)
+        for job_id in frame.jobs:
+            tracing.record(
+                "forward_pass",
+                self._spans.get(job_id),
+                frame.started,
+                frame.started + frame.seconds,
+                provider=provider,
+                jobs=len(frame.jobs),
+                rows=frame.rows,
+                tokens=frame.tokens,
+            )
+
+    def _loaded(self, frame: Loaded) -> None:
+        """A checkpoint loaded: the share of its linear layers that run int8, and a warning
+        when `DECIDEALOT_PRECISION=int8` left some in fp32 (answers then move less, and cost
+        more, than int8 promises)."""
+        share = frame.int8_layers / frame.linear_layers if frame.linear_layers else 0.0
+        metrics.INT8_LINEAR_SHARE.set(share, provider=self._provider, checkpoint=frame.checkpoint)
+        if frame.precision == "int8" and frame.kept_fp32:
+            self._log.warning(
+                "%s checkpoint %s (%s) runs %d of its %d linear layers in int8 under "
+                "DECIDEALOT_PRECISION=int8: the load-time probe kept %s in fp32, whose int8 "
+                "error moved its probabilities too far",
+                self._provider,
+                frame.checkpoint,
+                frame.path,
+                frame.int8_layers,
+                frame.linear_layers,
+                ", ".join(frame.kept_fp32),
+            )
+
+    def _answer(self, frame: Result | Rejected | JobFailed) -> None:
+        future = self.inflight.pop(frame.id, None)
+        if future is None or future.done():
+            return  # its caller gave up waiting
+        if isinstance(frame, Result):
+            future.set_result(frame.decision)
+        elif isinstance(frame, Rejected):
+            future.set_exception(RequestInvalid(frame.issues))
+        else:
+            token = logs.request_id.set(self._request_ids.get(frame.id, "-"))
+            self._log.error("worker failed job %d (%s)", frame.id, frame.error)
+            logs.request_id.reset(token)
+            future.set_exception(ProviderUnavailable(FAILED_JOB))
