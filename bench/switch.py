@@ -432,7 +432,7 @@ config = modernbert.Config.read(folder / "encoder" / "config.json")
 weights = folder / "model.safetensors"
 started = time.perf_counter()
 if mode == "meta":
-    model = modernbert.build(config)
+    model = modernbert.build_encoder(config)
 elif mode == "cpu-init":
     model = modernbert.ModernBert(config)
     for module in model.modules():

@@ -110,7 +110,7 @@ def create_app(service: Service) -> ASGIApp:
     @get("/openapi.json")
     async def openapi_json() -> Response[bytes]:
         models = await openapi.accepted_models(service.catalog)
-        return _json(openapi.build(settings, models))
+        return _json(openapi.document(settings, models))
 
     exposition = metrics.ServiceCollector(service.residency)
 

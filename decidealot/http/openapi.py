@@ -153,7 +153,7 @@ def _accepted(settings: Settings, models: dict[str, bool] | None) -> set[str]:
     return {info.name for d in registry.enabled_local(settings) for info in d.selectors}
 
 
-def build(settings: Settings, models: dict[str, bool] | None = None) -> dict[str, Any]:
+def document(settings: Settings, models: dict[str, bool] | None = None) -> dict[str, Any]:
     """The document; `models` (from `accepted_models`) lists the names `model` accepts."""
     secured = settings.api_key is not None
     guarded = {"401": _ERRORS["401"]} if secured else {}

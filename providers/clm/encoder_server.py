@@ -167,7 +167,7 @@ async def health() -> dict[str, str]:
     return {"status": "ok"}
 
 
-def create_app(options: EncoderOptions) -> Litestar:
+def create_encoder_app(options: EncoderOptions) -> Litestar:
     """Load the model, then build the app (called in the server's worker process, where the
     tracer provider must live)."""
     tracing.setup(config.Settings(trace_exporters=config.trace_exporters(os.environ)))
@@ -217,13 +217,13 @@ def main(argv: list[str] | None = None) -> int:
     from granian.server import Server
 
     server = Server(
-        target="decidealot.providers.clm.encoder_server:create_app",
+        target="decidealot.providers.clm.encoder_server:create_encoder_app",
         address=args.host,
         port=args.port,
         interface=Interfaces.ASGI,
         workers=1,
     )
-    server.serve(target_loader=partial(create_app, options), wrap_loader=False)
+    server.serve(target_loader=partial(create_encoder_app, options), wrap_loader=False)
     return 0
 
 

@@ -331,7 +331,7 @@ def additive(mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | No
     )
 
 
-def build(config: Config) -> ModernBert:
+def build_encoder(config: Config) -> ModernBert:
     """The encoder's modules on the meta device: shapes only, nothing allocated."""
     with torch.device("meta"):
         return ModernBert(config)

@@ -39,7 +39,7 @@ def first_max(values: Sequence[float]) -> int:
     return max(range(len(values)), key=values.__getitem__)
 
 
-def answer(
+def answer_from_probabilities(
     question: Question,
     probs: Sequence[float],
     confidence: ConfidenceRule,

@@ -42,7 +42,7 @@ ALL_CHECKS = list(CHECKS.get_all())
 EXAMPLES = {GenerationMode.POSITIVE: 30, GenerationMode.NEGATIVE: 20}
 KEY = "schema-key-Wd4Ns8"
 BEARER = {"Authorization": f"Bearer {KEY}"}
-_PATHS = openapi.build(registry.settings())["paths"]
+_PATHS = openapi.document(registry.settings())["paths"]
 OPERATIONS = [(method.upper(), path) for path, methods in _PATHS.items() for method in methods]
 CASES = [
     (method, path, mode)
@@ -223,7 +223,7 @@ def test_model_lists_the_catalog_as_it_is_now(launch: Callable[..., RunningServe
 
 
 def test_an_empty_catalog_still_gives_a_valid_schema() -> None:
-    components = openapi.build(registry.settings(), {})["components"]["schemas"]
+    components = openapi.document(registry.settings(), {})["components"]["schemas"]
     request = components["SystemOneRequest"]
     assert request["properties"]["model"]["enum"] == [] and "anyOf" not in request
     jsonschema.Draft202012Validator.check_schema(request)

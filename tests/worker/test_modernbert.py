@@ -59,7 +59,7 @@ def pair(directory: Path, seed: int = 0) -> tuple[ModernBertModel, modernbert.Mo
     """transformers' encoder with random weights, and ours holding the same tensors."""
     torch.manual_seed(seed)
     theirs = ModernBertModel(AutoConfig.from_pretrained(str(directory), attn_implementation="sdpa"))
-    ours = modernbert.build(modernbert.Config.read(directory / "config.json"))
+    ours = modernbert.build_encoder(modernbert.Config.read(directory / "config.json"))
     modernbert.load(ours, {k: v.clone() for k, v in theirs.state_dict().items()})
     return theirs.eval(), ours.eval()
 
@@ -153,14 +153,14 @@ def test_configs_it_cannot_run_as_transformers_would_are_refused(
 def test_building_allocates_nothing_and_loading_assigns_without_copying(
     encoders: dict[str, Path],
 ) -> None:
-    built = modernbert.build(modernbert.Config.read(encoders["von"] / "config.json"))
+    built = modernbert.build_encoder(modernbert.Config.read(encoders["von"] / "config.json"))
     assert {p.device.type for p in built.parameters()} == {"meta"}
     theirs, _ = pair(encoders["von"])
     state = {k: v.clone() for k, v in theirs.state_dict().items()}
     modernbert.load(built, state)
     assert all(p.data_ptr() == state[k].data_ptr() for k, p in built.named_parameters())
     with pytest.raises(RuntimeError):  # strict: a missing key is refused
-        modernbert.load(modernbert.build(built.config), dict(list(state.items())[1:]))
+        modernbert.load(modernbert.build_encoder(built.config), dict(list(state.items())[1:]))
 
 
 @pytest.mark.parametrize("name", ["laya-english", "laya-multilingual", "von"])

@@ -27,8 +27,7 @@ from decidealot.jobs import Decision, EngineSpec, Job, PassShape
 from decidealot.providers.clm.render import option_keys, score_legend
 from decidealot.providers.clm.worker.head import HeadFileError, HeadPair, load_heads
 from decidealot.providers.worker.passes import RunsTogether
-from decidealot.providers.worker.readout import answer as build_answer
-from decidealot.providers.worker.readout import first_max, softmax
+from decidealot.providers.worker.readout import answer_from_probabilities, first_max, softmax
 
 FLOAT32_BYTES = 4
 _NORM_EPS = 1e-12  # upstream's l2: v / (|v| + 1e-12)
@@ -71,7 +70,9 @@ def confidence(probs: Sequence[float]) -> float:
 def answer(question: Question, logits: list[float]) -> Answer:
     """Upstream's readout; nothing is rounded. A noul's options are `NOUL_KEYS`, [false, true]."""
     legend = score_legend(question) if isinstance(question, ScoreQuestion) else None
-    return build_answer(question, softmax(logits), confidence, true_index=1, legend=legend)
+    return answer_from_probabilities(
+        question, softmax(logits), confidence, true_index=1, legend=legend
+    )
 
 
 class ClmEngine(RunsTogether):

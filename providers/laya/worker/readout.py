@@ -62,4 +62,6 @@ def answer(question: Question, logits: Sequence[float], temperatures: Temperatur
     """One question's answer from its option logits (slot order = option order); a noul's
     options are [false, true]."""
     probs = shared_readout.softmax(logits, temperatures.get(question_type(question), len(logits)))
-    return shared_readout.answer(question, probs, entropy_confidence, true_index=1)
+    return shared_readout.answer_from_probabilities(
+        question, probs, entropy_confidence, true_index=1
+    )

@@ -78,7 +78,9 @@ def answer(question: Question, logits: torch.Tensor, probs: list[float]) -> Answ
     """The choice is the argmax of the raw logits (temperature never moves it); the legend
     echoes the caller's levels; options are packed as [yes, no], so P(true) comes first."""
     best = int(torch.argmax(logits).item())
-    return shared_readout.answer(question, probs, margin_confidence, true_index=0, best=best)
+    return shared_readout.answer_from_probabilities(
+        question, probs, margin_confidence, true_index=0, best=best
+    )
 
 
 def empty_answer(is_choice: bool) -> ChoiceAnswer | ScoreAnswer:

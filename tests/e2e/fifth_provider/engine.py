@@ -12,7 +12,7 @@ from pathlib import Path
 from decidealot.contract import ChoiceQuestion, NoulQuestion
 from decidealot.errors import RequestInvalid
 from decidealot.jobs import Decision, EngineSpec, Job, PassShape
-from decidealot.providers.worker.readout import answer
+from decidealot.providers.worker.readout import answer_from_probabilities
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,7 @@ class FifthEngine:
             else:
                 rest = (1 - self.weight) / max(len(question.criteria) - 1, 1)
                 probs = [self.weight] + [rest] * (len(question.criteria) - 1)
-            answers[name] = answer(question, probs, max, true_index=0)
+            answers[name] = answer_from_probabilities(question, probs, max, true_index=0)
         return Decision("fifth-1", answers, prepared.input_tokens)
 
 
