@@ -1,4 +1,4 @@
-"""`decidealot serve | prepare | mcp | encoder | models | checkpoints tiny DIR`.
+"""`decidealot serve | prepare | mcp | encoder | models | calibrate | checkpoints tiny DIR`.
 
 Every subcommand reads the settings once, from the environment; a bad value exits with status 2
 and one line naming the variable. Subcommands import their heavy parts lazily.
@@ -39,6 +39,24 @@ def _parser() -> argparse.ArgumentParser:
     kinds = checkpoints.add_subparsers(dest="kind", required=True)
     tiny = kinds.add_parser("tiny", help=f"random checkpoints of every local model ({TINY_NOTE})")
     tiny.add_argument("directory", help="where to write them (created)")
+    calibrate = commands.add_parser(
+        "calibrate",
+        help="fit a checkpoint's confidence on labelled rows, in its upstream package's format",
+        description="Fit a local checkpoint's temperatures on labelled rows (JSON lines in "
+        "von calibrate's format) with its upstream package's method, write the calibration "
+        "file in that package's format, and report log-loss, Brier score and ECE before and "
+        "after on held-out rows. Runs the model in this process; no server.",
+    )
+    calibrate.add_argument("labels", help="JSON lines: {state, question, gold} per row")
+    calibrate.add_argument(
+        "--model", required=True, help="the checkpoint: a selector naming one (laya-english, von)"
+    )
+    calibrate.add_argument(
+        "--out", help="where to write the file (default: calibration-<checkpoint>.json here)"
+    )
+    calibrate.add_argument("--plot", help="draw a reliability diagram (before, after) as a PNG")
+    calibrate.add_argument("--folds", type=int, default=5, help="held-out folds (default 5)")
+    calibrate.add_argument("--seed", type=int, default=0, help="fold split and fit seed")
     commands.add_parser("mcp", help="run the MCP server (arguments pass through)", add_help=False)
     commands.add_parser(
         "encoder", help="run CLM's local encoder (arguments pass through)", add_help=False
@@ -117,6 +135,85 @@ def _tiny_checkpoints(directory: str) -> int:
     return 0
 
 
+def _calibration_target(
+    settings: config.Settings, selector: str
+) -> tuple[registry.Descriptor, registry.Calibration]:
+    """The enabled local checkpoint `selector` names alone, and its calibration setting."""
+    offered = []
+    for descriptor in registry.enabled_local(settings):
+        for calibration in descriptor.calibrations:
+            if selector in calibration.selectors:
+                return descriptor, calibration
+            offered += calibration.selectors
+        if selector in {info.name for info in descriptor.selectors}:
+            raise config.ConfigError(
+                f"--model {selector}: it routes each request to one of several checkpoints; "
+                f"a calibration is fitted for one: {', '.join(offered)}"
+            )
+    raise config.ConfigError(
+        f"--model {selector}: not an enabled local checkpoint that takes a calibration file "
+        f"(these do: {', '.join(offered) or 'none is enabled'})"
+    )
+
+
+def _calibrate(settings: config.Settings, args: argparse.Namespace) -> int:
+    """`decidealot calibrate LABELS --model SELECTOR`: fit, write, report (and plot)."""
+    import importlib
+
+    from decidealot import preflight
+    from decidealot.device import resolve_device
+    from decidealot.validation.labels import LabelError, read
+
+    if args.folds < 2:
+        print("decidealot: --folds: expected an integer of at least 2", file=sys.stderr)
+        return 2
+    try:
+        descriptor, calibration = _calibration_target(settings, args.model)
+        preflight.check_device(settings)
+        checkpoint = preflight.checked_checkpoint(settings, calibration.bundle)
+        preflight.raise_all(preflight.calibration_problems(settings))
+        labels = read(Path(args.labels))
+    except (*preflight.ERRORS, LabelError) as exc:
+        print(f"decidealot: {exc}", file=sys.stderr)
+        return 2 if isinstance(exc, config.ConfigError) else 1
+    from decidealot.providers.calibrate import Setup, plot, report, write
+
+    out = Path(args.out or f"calibration-{calibration.bundle}.json").expanduser().resolve()
+    current = getattr(descriptor.of(settings), calibration.setting)
+
+    def progress(done: int, total: int) -> None:
+        if total > 1:
+            print(f"decidealot calibrate: {done}/{total} rows", file=sys.stderr, flush=True)
+
+    setup = Setup(
+        checkpoint=checkpoint,
+        key=calibration.key,
+        current=current,
+        labels=labels,
+        labels_path=Path(args.labels),
+        device=resolve_device(settings),
+        precision=settings.precision,
+        torch_threads=settings.torch_threads,
+        folds=args.folds,
+        seed=args.seed,
+        progress=progress,
+    )
+    module, _, function = descriptor.calibrator.partition(":")
+    try:
+        outcome = getattr(importlib.import_module(module), function)(setup)
+    except ValueError as exc:
+        print(f"decidealot: {exc}", file=sys.stderr)
+        return 1
+    write(out, outcome.body)
+    for line in report(outcome, out):
+        print(line)
+    if args.plot and outcome.gold:
+        plot(Path(args.plot), outcome, f"{calibration.bundle}: held-out rows")
+        print(f"drew {args.plot}")
+    print(f"use it: export {config.variable(calibration.setting)}={shlex.quote(str(out))}")
+    return 0
+
+
 def _models(settings: config.Settings) -> int:
     for descriptor in registry.enabled_local(settings):
         for info in descriptor.selectors:
@@ -160,4 +257,6 @@ def _main(argv: Sequence[str] | None) -> int:
         return _serve(settings)
     if args.command == "prepare":
         return _prepare(settings)
+    if args.command == "calibrate":
+        return _calibrate(settings, args)
     return _models(settings)

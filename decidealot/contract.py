@@ -60,6 +60,18 @@ class BatchRequest(msgspec.Struct, frozen=True):
     requests: list[SystemOneRequest]
 
 
+class Labelled(msgspec.Struct, frozen=True):
+    """One row of a label file (`decidealot calibrate`): a question and its right answer.
+
+    `gold` is the option's position in the contract's order: the choice label's among the
+    criteria, the score level, and for a noul 1 when the statement is true, 0 when false."""
+
+    line: int
+    state: State
+    question: Question
+    gold: int
+
+
 # -- answers ---------------------------------------------------------------------------------
 
 

@@ -2,7 +2,8 @@
 
 A checkpoint directory that lacks a file its engine reads, or holds one its engine cannot parse
 (each bundle declares how its files are read: `decidealot.registry.Bundle.checks`), would
-otherwise start, and fail every request to it with a worker traceback; `DECIDEALOT_DEVICE=cuda`
+otherwise start, and fail every request to it with a worker traceback (a calibration file set
+for a checkpoint too); `DECIDEALOT_DEVICE=cuda`
 on a machine where torch sees no GPU would start a worker that fails every pass. Both are told
 here, in one message naming the setting (or bundle) and the file. Nothing here imports torch.
 """
@@ -12,7 +13,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from decidealot import registry
+from decidealot import config, registry
 from decidealot.checkpoints import install
 from decidealot.checkpoints.manifest import BundleError
 from decidealot.checkpoints.paths import Placed, enabled_bundles
@@ -78,7 +79,70 @@ def checkpoint_problems(settings: Settings, *, overrides_only: bool = False) -> 
     return lines
 
 
-def _raise(problems: list[str]) -> None:
+def checked_checkpoint(settings: Settings, bundle: str) -> Path:
+    """Where enabled `bundle`'s checkpoint is, checked as startup checks it, without
+    downloading anything; CheckpointError naming the setting or bundle otherwise."""
+    for placed in enabled_bundles(settings):
+        if placed.name != bundle:
+            continue
+        path = placed.path(settings)
+        override = placed.override(settings) is not None
+        where = f"{placed.bundle.variable}={path}" if override else f"bundle {bundle}"
+        if not override and not path.exists():
+            raise CheckpointError(
+                f"bundle {bundle} is not installed: `decidealot prepare` installs it, "
+                f"or {placed.replacement}"
+            )
+        raise_all([f"{where}: {problem}" for problem in _problems(path, placed)])
+        return path
+    raise CheckpointError(f"bundle {bundle} is not enabled")
+
+
+def calibration_problems(settings: Settings) -> list[str]:
+    """One line per calibration file set for an enabled checkpoint that its engine would refuse,
+    naming the setting and the file."""
+    lines = []
+    for descriptor in registry.enabled_local(settings):
+        section = descriptor.of(settings)
+        for calibration in descriptor.calibrations:
+            path: Path | None = getattr(section, calibration.setting)
+            if path is None:
+                continue
+            try:
+                problem = calibration.check(path)
+            except OSError as exc:
+                problem = f"cannot be read ({exc.strerror or type(exc).__name__})"
+            if problem is not None:
+                engine = descriptor.name.capitalize()
+                lines.append(
+                    f"{config.variable(calibration.setting)}={path}: {problem} "
+                    f"(the {engine} engine would not load it)"
+                )
+    return lines
+
+
+def report_calibrations(settings: Settings) -> None:
+    """Log which calibration each enabled checkpoint runs with, and what its upstream package
+    warns of on loading that file (one fitted for another checkpoint, clamped temperatures)."""
+    placed = {p.name: p for p in enabled_bundles(settings)}
+    for descriptor in registry.enabled_local(settings):
+        section = descriptor.of(settings)
+        for calibration in descriptor.calibrations:
+            bundle = placed.get(calibration.bundle)
+            if bundle is None:
+                continue
+            path: Path | None = getattr(section, calibration.setting)
+            variable = config.variable(calibration.setting)
+            if path is None:
+                log.info("%s runs with its checkpoint's own calibration", bundle.name)
+                continue
+            log.info("%s runs with calibration %s=%s", bundle.name, variable, path)
+            for warning in calibration.warnings(path, bundle.path(settings)):
+                log.warning("%s=%s: %s", variable, path, warning)
+
+
+def raise_all(problems: list[str]) -> None:
+    """One CheckpointError telling every problem, if there are any."""
     if len(problems) == 1:
         raise CheckpointError(problems[0])
     if problems:
@@ -99,9 +163,10 @@ def ready_to_serve(settings: Settings, *, progress: bool, rehash: bool) -> None:
     if not registry.enabled_local(settings):
         return
     check_device(settings)
-    _raise(checkpoint_problems(settings, overrides_only=True))
+    raise_all(calibration_problems(settings) + checkpoint_problems(settings, overrides_only=True))
     install.install_enabled(settings, progress=progress, rehash=rehash)
-    _raise(checkpoint_problems(settings))
+    raise_all(checkpoint_problems(settings))
+    report_calibrations(settings)
 
 
 ERRORS = (ConfigError, BundleError, CheckpointError)

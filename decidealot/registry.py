@@ -105,6 +105,25 @@ class Bundle:
 
 
 @dataclass(frozen=True)
+class Calibration:
+    """A setting naming a calibration file, in the checkpoint's upstream format, that replaces
+    the confidence rule one bundle's checkpoint ships (its temperatures)."""
+
+    setting: str
+    bundle: str
+    """The bundle whose checkpoint it calibrates."""
+    key: str
+    """That checkpoint's key in the provider's engine (`EngineSpec.checkpoints`)."""
+    check: FileCheck
+    """What is wrong with a file (startup stops, naming the setting and the file), or None."""
+    warnings: Callable[[Path, Path], list[str]]
+    """(file, checkpoint directory) -> what upstream warns of when it loads that file there
+    (a file fitted for another checkpoint, temperatures it clamps)."""
+    selectors: tuple[str, ...]
+    """The selectors that name this checkpoint alone: `decidealot calibrate --model` takes them."""
+
+
+@dataclass(frozen=True)
 class Tiny:
     """How to write random checkpoints of a provider's bundles (`decidealot checkpoints tiny`)."""
 
@@ -151,6 +170,11 @@ class ProviderDescriptor(Generic[S]):
     check: Callable[[S], None] = lambda section: None
     """Raises `ConfigError` for other settings that each parse but contradict each other."""
     tiny: Tiny | None = None
+    calibrations: tuple[Calibration, ...] = ()
+    """Its calibration-file settings, one per checkpoint that takes one."""
+    calibrator: str = ""
+    """`module:function` that fits a calibration file on labelled rows (`decidealot
+    calibrate`); like `Tiny.writer` it imports torch, so it is named, not imported."""
 
     def of(self, settings: Settings) -> S:
         """This provider's section of `settings`."""
@@ -164,7 +188,12 @@ class ProviderDescriptor(Generic[S]):
     def refuse_contradictions(self, section: S) -> None:
         """`ConfigError` for a setting that is set while the provider is off, then `check`."""
         if not self.enabled(section):
-            for field in (*(b.setting for b in self.bundles), *self.only_while_on):
+            settings = (
+                *(b.setting for b in self.bundles),
+                *(c.setting for c in self.calibrations),
+                *self.only_while_on,
+            )
+            for field in settings:
                 if getattr(section, field) is not None:
                     raise ConfigError(f"{config.variable(field)} is set but {self.off}")
         self.check(section)

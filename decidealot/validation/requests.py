@@ -299,6 +299,13 @@ def _check_question(value: Json, loc: Loc, issues: _Issues) -> Question | None:
     return NoulQuestion(instructions=instructions, criteria=criteria)
 
 
+def question_issues(value: Json) -> tuple[Question | None, list[ValidationIssue]]:
+    """One question checked as a request's are (label files, `decidealot.validation.labels`);
+    `loc` starts at the question's type."""
+    issues = _Issues()
+    return _check_question(value, [], issues), list(issues)
+
+
 def _check_text(value: Json, loc: Loc, issues: _Issues, *, allow_null: bool) -> None:
     """Instructions and criterion values: TypeSafe's `string | object | array` (| null)."""
     if isinstance(value, str | dict | list) or (value is None and allow_null):

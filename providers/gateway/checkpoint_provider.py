@@ -61,15 +61,20 @@ class CheckpointProvider:
         settings: Settings,
         choose: ChooseCheckpoint,
         preload: tuple[str, ...] = (),
+        calibrations: dict[str, str] | None = None,
     ) -> Self:
         """The provider over a worker process running `factory`'s engine on `checkpoints`
         (key -> path; the service has filled every checkpoint setting, override or installed
-        bundle); the runtime applies `DECIDEALOT_DEVICE`, the torch threads and the precision."""
+        bundle); the runtime applies `DECIDEALOT_DEVICE`, the torch threads and the precision.
+        `calibrations` (key -> file) replace those checkpoints' own confidence rules."""
+        options: dict[str, object] = {"precision": settings.precision}
+        if calibrations:
+            options["calibrations"] = calibrations
         spec = EngineSpec(
             factory=factory,
             checkpoints={key: str(path) for key, path in checkpoints.items() if path is not None},
             preload=list(preload),
-            options={"precision": settings.precision},
+            options=options,
         )
         return cls(name, ProcessRuntime(name, spec, settings), selectors, choose)
 

@@ -5,13 +5,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated
 
-from decidealot.config import Section, Settings, boolean, directory, setting
+from decidealot.config import Section, Settings, boolean, directory, file, setting
 from decidealot.contract import ModelInfo
 from decidealot.protocols import Provider
 from decidealot.providers.gateway.checkpoint_provider import CheckpointProvider
-from decidealot.providers.laya.gateway.router import checkpoint_for
+from decidealot.providers.laya import calibration
+from decidealot.providers.laya.gateway.router import DIRECT_SELECTORS, checkpoint_for
 from decidealot.registry import (
     Bundle,
+    Calibration,
     ProviderDescriptor,
     Tiny,
     json_object_problem,
@@ -63,14 +65,24 @@ class LayaSettings(Section, frozen=True, kw_only=True):
     laya_english_checkpoint: Annotated[Path | None, setting(directory)] = None
     laya_multilingual_checkpoint: Annotated[Path | None, setting(directory)] = None
     laya_typed_decisions_checkpoint: Annotated[Path | None, setting(directory)] = None
+    laya_english_calibration: Annotated[Path | None, setting(file)] = None
+    laya_multilingual_calibration: Annotated[Path | None, setting(file)] = None
+    laya_typed_decisions_calibration: Annotated[Path | None, setting(file)] = None
+    """A payload of laya's `Agent.save_calibration` (or `decidealot calibrate`) replaces the
+    checkpoint's temperatures."""
 
     def checkpoint(self, key: str) -> Path | None:
         path: Path | None = getattr(self, _setting(key))
         return path
 
+    def calibrations(self) -> dict[str, str]:
+        """Checkpoint key -> the calibration file set for it."""
+        paths = {key: getattr(self, _setting(key, "calibration")) for key in CHECKPOINTS}
+        return {key: str(path) for key, path in paths.items() if path is not None}
 
-def _setting(key: str) -> str:
-    return f"laya_{key.replace('-', '_')}_checkpoint"
+
+def _setting(key: str, what: str = "checkpoint") -> str:
+    return f"laya_{key.replace('-', '_')}_{what}"
 
 
 def _build(settings: Settings, section: LayaSettings) -> Provider:
@@ -83,6 +95,7 @@ def _build(settings: Settings, section: LayaSettings) -> Provider:
         {key: section.checkpoint(key) for key in CHECKPOINTS},
         settings,
         checkpoint_for,
+        calibrations=section.calibrations(),
     )
 
 
@@ -100,4 +113,16 @@ DESCRIPTOR = ProviderDescriptor(
     ),
     lane_group="models",
     tiny=Tiny("decidealot.providers.laya.tiny:write_bundles"),
+    calibrations=tuple(
+        Calibration(
+            _setting(key, "calibration"),
+            f"laya-{key}",
+            key,
+            calibration.check,
+            calibration.warnings,
+            tuple(s for s, k in DIRECT_SELECTORS.items() if k == key),
+        )
+        for key in CHECKPOINTS
+    ),
+    calibrator="decidealot.providers.laya.calibrate:fit",
 )

@@ -5,11 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated
 
-from decidealot.config import Section, Settings, boolean, directory, setting
+from decidealot.config import Section, Settings, boolean, directory, file, setting
 from decidealot.contract import ModelInfo
 from decidealot.protocols import Provider
 from decidealot.providers.gateway.checkpoint_provider import CheckpointProvider, only
-from decidealot.registry import Bundle, ProviderDescriptor, Tiny, json_object_problem
+from decidealot.providers.von import calibration
+from decidealot.registry import Bundle, Calibration, ProviderDescriptor, Tiny, json_object_problem
 
 CHECKPOINT = "von-1.1"
 """The one checkpoint key; also the bundle name and the `model` every answer reports."""
@@ -37,6 +38,9 @@ CHECKS = {name: json_object_problem for name in FILES if name.endswith(".json")}
 class VonSettings(Section, frozen=True, kw_only=True):
     von_enabled: Annotated[bool, setting(boolean)] = True
     von_checkpoint: Annotated[Path | None, setting(directory)] = None
+    von_calibration: Annotated[Path | None, setting(file)] = None
+    """A `marker_calibration.json` (`von calibrate`'s or `decidealot calibrate`'s) that
+    replaces the checkpoint's own, as upstream's `VON_CALIBRATION`."""
 
 
 def _build(settings: Settings, section: VonSettings) -> Provider:
@@ -49,6 +53,9 @@ def _build(settings: Settings, section: VonSettings) -> Provider:
         settings,
         only(CHECKPOINT),
         preload=(CHECKPOINT,),
+        calibrations={CHECKPOINT: str(section.von_calibration)}
+        if section.von_calibration
+        else None,
     )
 
 
@@ -64,4 +71,15 @@ DESCRIPTOR = ProviderDescriptor(
     bundles=(Bundle(CHECKPOINT, "von_checkpoint", files=FILES, checks=CHECKS),),
     lane_group="models",
     tiny=Tiny("decidealot.providers.von.tiny:write_bundles"),
+    calibrations=(
+        Calibration(
+            "von_calibration",
+            CHECKPOINT,
+            CHECKPOINT,
+            calibration.check,
+            calibration.warnings,
+            tuple(info.name for info in SELECTORS),
+        ),
+    ),
+    calibrator="decidealot.providers.von.calibrate:fit",
 )

@@ -51,6 +51,7 @@ class LayaEngine(RunsTogether):
         if unknown:
             raise ValueError(f"unknown Laya checkpoint keys: {sorted(unknown)}")
         self._paths = dict(spec.checkpoints)
+        self._calibrations = calibrations(spec, CHECKPOINT_KEYS)
         self._device = torch.device(spec.device)
         self._precision = engine_precision(spec.options, spec.device)
         # On CUDA a pass is worth a large batch: cut only past the token limit.
@@ -76,7 +77,9 @@ class LayaEngine(RunsTogether):
         with self._load_lock:
             if key not in self._loaded:
                 path = self._paths[key]
-                loaded = load_checkpoint(path, self._device, self._precision)
+                loaded = load_checkpoint(
+                    path, self._device, self._precision, self._calibrations.get(key)
+                )
                 self._reports.add(key, path, self._precision, loaded.linears)
                 self._loaded[key] = loaded
             return self._loaded[key]
@@ -138,6 +141,17 @@ def pass_inputs(rows: Sequence[LayaRow], pad_id: int) -> dict[str, torch.Tensor]
     qtype = torch.tensor([row.qtype for row in rows], dtype=torch.long)
     tensors = (input_ids, attention, marker_pos, marker_mask, qtype)
     return dict(zip(PASS_INPUTS, tensors, strict=True))
+
+
+def calibrations(spec: EngineSpec, keys: Sequence[str]) -> dict[str, str]:
+    """`spec.options["calibrations"]`: checkpoint key -> the calibration file that replaces
+    its own temperatures (the descriptor's calibration settings)."""
+    given = spec.options.get("calibrations", {})
+    if not isinstance(given, dict) or not all(
+        key in keys and isinstance(path, str) for key, path in given.items()
+    ):
+        raise ValueError(f"calibrations must map checkpoint keys {list(keys)} to file paths")
+    return dict(given)
 
 
 def create(spec: EngineSpec) -> LayaEngine:

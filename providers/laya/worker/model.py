@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from decidealot.providers.laya import calibration as calibration_file
 from decidealot.providers.laya.worker.readout import Temperatures
 from decidealot.providers.laya.worker.render import Budget, Specials
 from decidealot.providers.worker import modernbert
@@ -203,11 +204,15 @@ def _require(path: Path, what: str) -> Path:
 
 
 def load_checkpoint(
-    directory: str | Path, device: torch.device, precision: str = "fp32"
+    directory: str | Path,
+    device: torch.device,
+    precision: str = "fp32",
+    calibration: str | Path | None = None,
 ) -> Checkpoint:
     """Build the model from `encoder/config.json` on the meta device, assign it the checkpoint's
     fp16 weights read as fp32 (strictly: every key, no extras), then apply `precision`
-    (`decidealot.providers.worker.precision.PRECISIONS`)."""
+    (`decidealot.providers.worker.precision.PRECISIONS`). A `calibration` file (laya's
+    `save_calibration` payload) replaces the checkpoint's temperatures."""
     root = Path(directory)
     config = json.loads(_require(root / "rl_agent_config.json", "its config").read_text())
     weights_path = _require(root / "model.safetensors", "its weights")
@@ -222,6 +227,8 @@ def load_checkpoint(
     temperatures = Temperatures(
         config.get("temperature", [1.0, 1.0, 1.0]), config.get("temperature_by_options", {})
     )
+    if calibration is not None:
+        temperatures = Temperatures.of(calibration_file.read(Path(calibration)))
 
     encoder_config = modernbert.Config.read(
         _require(encoder_dir / "config.json", "its encoder config")

@@ -10,24 +10,9 @@ import math
 from collections.abc import Mapping, Sequence
 
 from decidealot.contract import Answer, Question
+from decidealot.providers.laya.calibration import Payload, clamp_temperature
 from decidealot.providers.laya.worker.render import QTYPES, question_type
 from decidealot.providers.worker import readout as shared_readout
-
-TEMPERATURE_MIN = 0.5
-TEMPERATURE_MAX = 5.0
-
-
-def clamp_temperature(value: object) -> float:
-    """Upstream `clamp_temperature`: non-numbers (bools, NaN, inf) mean 1.0; else [0.5, 5]."""
-    if isinstance(value, bool):
-        return 1.0
-    try:
-        number = float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        return 1.0
-    if not math.isfinite(number):
-        return 1.0
-    return min(TEMPERATURE_MAX, max(TEMPERATURE_MIN, number))
 
 
 def temperature_bucket(qtype: str, options: int) -> str:
@@ -36,13 +21,20 @@ def temperature_bucket(qtype: str, options: int) -> str:
 
 
 class Temperatures:
-    """A checkpoint's softmax temperatures, clamped once at load as upstream does."""
+    """A checkpoint's softmax temperatures, clamped once at load as upstream does: its own
+    (`rl_agent_config.json`) or a calibration file's, which replaces them whole."""
 
     def __init__(self, by_type: Sequence[object], by_options: Mapping[str, object]):
         if not isinstance(by_type, list | tuple) or len(by_type) != 3:
             raise ValueError("rl_agent_config.json: temperature must be a list of 3 numbers")
         self.by_type = [clamp_temperature(t) for t in by_type]
         self.by_options = {key: clamp_temperature(t) for key, t in by_options.items()}
+
+    @classmethod
+    def of(cls, payload: Payload) -> Temperatures:
+        """A calibration file's (`laya.Agent.load_calibration`); its binning map recalibrates
+        only upstream's `answer_confidence`, which the contract does not report."""
+        return cls(payload.temperature, payload.temperature_by_options)
 
     def get(self, qtype: str, options: int) -> float:
         fallback = self.by_type[QTYPES[qtype]]

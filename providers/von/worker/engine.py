@@ -55,6 +55,8 @@ class _Plan:
     """Index of the zero-shot noul's no-state row, when the debias pass runs."""
     state_tokens: int
     """Tokens of the fitted state, the temperature map's length feature (1 without a map)."""
+    fitted: str = ""
+    """The fitted state (what `state_tokens` counts)."""
 
 
 @dataclass(frozen=True)
@@ -74,6 +76,13 @@ class VonEngine(RunsTogether):
 
     def __init__(self, spec: EngineSpec):
         self._checkpoints = {key: Path(path) for key, path in spec.checkpoints.items()}
+        calibrations = spec.options.get("calibrations", {})
+        if not isinstance(calibrations, dict) or not all(
+            key in self._checkpoints and isinstance(path, str) for key, path in calibrations.items()
+        ):
+            raise ValueError("Von engine option calibrations must map checkpoint keys to files")
+        self._calibrations = {key: Path(path) for key, path in calibrations.items()}
+        """Checkpoint key -> the file that replaces its `marker_calibration.json`."""
         self._device = torch.device(spec.device)
         self.shape = PassShape(CPU_PASS_TOKENS if self._device.type == "cpu" else None)
         max_state_tokens = spec.options.get("max_state_tokens", DEFAULT_MAX_STATE_TOKENS)
@@ -96,7 +105,8 @@ class VonEngine(RunsTogether):
         with self._load_lock:
             if checkpoint not in self._models:
                 path = self._checkpoints[checkpoint]
-                model = VonModel(path, self._device, self._precision)
+                calibration = self._calibrations.get(checkpoint)
+                model = VonModel(path, self._device, self._precision, calibration)
                 self._reports.add(checkpoint, str(path), self._precision, model.linears)
                 self._models[checkpoint] = model
             return self._models[checkpoint]
@@ -148,7 +158,7 @@ class VonEngine(RunsTogether):
                 fitted_ids = tokenizer(fitted, add_special_tokens=False)["input_ids"]
                 fitted_tokens[fitted] = max(1, len(fitted_ids))
             state_tokens = fitted_tokens.get(fitted, 1)
-            plans.append(_Plan(name, question, options, row, null_row, state_tokens))
+            plans.append(_Plan(name, question, options, row, null_row, state_tokens, fitted))
         if rows:
             input_tokens = sum(len(row.ids) for row in rows)
         else:  # upstream's estimate when no pass ran
@@ -185,16 +195,40 @@ class VonEngine(RunsTogether):
             answers = {plan.name: self._answer(model, plan, logits) for plan in prepared.plans}
         return Decision(prepared.checkpoint, answers, prepared.input_tokens)
 
+    def tempered(
+        self, prepared: VonPreparedJob, outputs: Sequence[object]
+    ) -> dict[str, tuple[torch.Tensor, int]]:
+        """Each scored question's logits as its temperature divides them (a zero-shot noul's
+        debiased) and its state's tokens (the map's length feature, counted even without a
+        map): what `von calibrate` records, for `decidealot calibrate`."""
+        model = self._model(prepared.checkpoint)
+        logits: list[torch.Tensor] = list(outputs)  # type: ignore[arg-type]
+        found = {}
+        for plan in prepared.plans:
+            if plan.row is None:
+                continue
+            tokens = plan.state_tokens
+            if model.calibration.calibration_map is None:
+                ids = model.tokenizer(plan.fitted, add_special_tokens=False)["input_ids"]
+                tokens = max(1, len(ids))
+            found[plan.name] = (self._logits(model, plan, logits), tokens)
+        return found
+
     @staticmethod
-    def _answer(model: VonModel, plan: _Plan, logits: list[torch.Tensor]) -> Answer:
+    def _logits(model: VonModel, plan: _Plan, logits: list[torch.Tensor]) -> torch.Tensor:
+        assert plan.row is not None
+        row_logits = logits[plan.row]
+        if plan.null_row is not None:
+            row_logits = readout.debias(row_logits, logits[plan.null_row], model.calibration)
+        return row_logits
+
+    @classmethod
+    def _answer(cls, model: VonModel, plan: _Plan, logits: list[torch.Tensor]) -> Answer:
         question = plan.question
         if plan.row is None:
             return readout.empty_answer(isinstance(question, ChoiceQuestion))
-        calibration = model.calibration
-        row_logits = logits[plan.row]
-        if plan.null_row is not None:
-            row_logits = readout.debias(row_logits, logits[plan.null_row], calibration)
-        probs = readout.probabilities(row_logits, plan.state_tokens, calibration)
+        row_logits = cls._logits(model, plan, logits)
+        probs = readout.probabilities(row_logits, plan.state_tokens, model.calibration)
         return readout.answer(question, row_logits, probs)
 
 

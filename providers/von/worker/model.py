@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from decidealot.providers.von.calibration import Calibration, CalibrationError, parse
 from decidealot.providers.worker import modernbert
 from decidealot.providers.worker.checkpoint_files import read_json_object
 from decidealot.providers.worker.int8 import (
@@ -35,8 +36,6 @@ from decidealot.providers.worker.tokenizer import FastTokenizer, TokenizerError
 WINDOW = 8192
 """Upstream forces `max_position_embeddings` to this; the state cut fits rows to it (a cut
 row may still end a few tokens past it, as upstream's does: RoPE has no position table)."""
-
-_MAP_FEATURES = ("bias", "entropy", "log_tokens", "n_options")
 
 CPU_PASS_TOKENS = 1024
 """Padded tokens per forward pass on CPU (the engine's `PassShape`). There, a row of a few
@@ -55,41 +54,6 @@ class VonCheckpointError(ValueError):
     """A Von checkpoint directory that cannot be served as it is."""
 
 
-@dataclass(frozen=True)
-class Calibration:
-    """`marker_calibration.json`: temperature rule, noul prior and the two forward-pass flags."""
-
-    temperature: float
-    calibration_map: dict[str, float] | None
-    noul_prior: tuple[float, float] | None
-    independent_options: bool
-    digit_split: bool
-
-
-def _calibration_map(raw: object) -> dict[str, float] | None:
-    """Upstream's validation: unusable maps are dropped and the scalar temperature applies."""
-    if not isinstance(raw, dict):
-        return None
-    try:
-        values = {str(key): float(value) for key, value in raw.items()}
-    except (TypeError, ValueError):
-        return None
-    if not any(key in values for key in _MAP_FEATURES):
-        return None
-    values.setdefault("lo", 0.5)
-    values.setdefault("hi", 12.0)
-    return None if values["lo"] > values["hi"] else values
-
-
-def _noul_prior(raw: object) -> tuple[float, float] | None:
-    if not isinstance(raw, dict):
-        return None
-    try:
-        return float(raw["a"]), float(raw["b"])
-    except (KeyError, TypeError, ValueError):
-        return None
-
-
 def load_calibration(path: Path) -> Calibration:
     """Read the calibration file, refusing what upstream would silently reset.
 
@@ -98,23 +62,9 @@ def load_calibration(path: Path) -> Calibration:
     """
     data = read_json_object(path, lambda message: VonCheckpointError(f"Von checkpoint: {message}"))
     try:
-        temperature = float(data.get("temperature", 1.0))
-    except (TypeError, ValueError) as exc:
-        raise VonCheckpointError(
-            f"Von checkpoint: {path.name} has a non-numeric temperature"
-        ) from exc
-    flags = {}
-    for flag in ("independent_options", "digit_split"):
-        value = data.get(flag, False)
-        if not isinstance(value, bool):
-            raise VonCheckpointError(f"Von checkpoint: {path.name} field {flag} must be a boolean")
-        flags[flag] = value
-    return Calibration(
-        temperature=temperature,
-        calibration_map=_calibration_map(data.get("calibration_map")),
-        noul_prior=_noul_prior(data.get("noul_zero_shot_prior")),
-        **flags,
-    )
+        return parse(data)
+    except CalibrationError as exc:
+        raise VonCheckpointError(f"Von checkpoint: {path.name}: {exc}") from None
 
 
 class OptionMarkerScorer(nn.Module):
@@ -175,9 +125,17 @@ def _additive(allowed: torch.Tensor) -> torch.Tensor:
 class VonModel:
     """A loaded Von checkpoint: tokenizer, encoder, scorer and calibration, on one device."""
 
-    def __init__(self, directory: Path, device: torch.device, precision: str = "fp32"):
-        """Load `directory` onto `device` in `precision` (`DECIDEALOT_PRECISION`)."""
-        self.calibration = load_calibration(directory / "marker_calibration.json")
+    def __init__(
+        self,
+        directory: Path,
+        device: torch.device,
+        precision: str = "fp32",
+        calibration: Path | None = None,
+    ):
+        """Load `directory` onto `device` in `precision` (`DECIDEALOT_PRECISION`), with its
+        own `marker_calibration.json` or the `calibration` file that replaces it whole
+        (upstream's `VON_CALIBRATION`)."""
+        self.calibration = load_calibration(calibration or directory / "marker_calibration.json")
         try:
             config = modernbert.Config.read(directory / "config.json")
         except modernbert.ModernBertConfigError as exc:

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 import torch
 
 from decidealot.contract import Answer, ChoiceAnswer, Question, ScoreAnswer
-from decidealot.providers.von.worker.model import Calibration
+from decidealot.providers.von.calibration import Calibration
 from decidealot.providers.worker import readout as shared_readout
 
 _DEFAULT_DEBIAS = 0.7
@@ -34,18 +34,24 @@ def entropy_ratio(logits: torch.Tensor) -> float:
     return -(probs * torch.log(probs.clamp_min(1e-12))).sum().item() / math.log(n)
 
 
-def temperature(logits: torch.Tensor, state_tokens: int, calibration: Calibration) -> float:
-    """The scalar temperature, or the map's input-conditioned one clamped to [lo, hi]."""
-    params = calibration.calibration_map
-    if params is None:
-        return calibration.temperature
-    features = {
+def features(logits: torch.Tensor, state_tokens: int) -> dict[str, float]:
+    """The map's inputs for one question (upstream `_calib_features`)."""
+    return {
         "bias": 1.0,
         "entropy": entropy_ratio(logits),
         "log_tokens": math.log10(state_tokens) / 4.0,
         "n_options": logits.numel() / 8.0,
     }
-    raw = sum(params.get(name, 0.0) * value for name, value in features.items())
+
+
+def temperature(logits: torch.Tensor, state_tokens: int, calibration: Calibration) -> float:
+    """The scalar temperature, or the map's input-conditioned one clamped to [lo, hi]."""
+    params = calibration.calibration_map
+    if params is None:
+        return calibration.temperature
+    raw = sum(
+        params.get(name, 0.0) * value for name, value in features(logits, state_tokens).items()
+    )
     return min(params["hi"], max(params["lo"], raw))
 
 

@@ -1,0 +1,252 @@
+"""`decidealot calibrate`'s shared part: label rows through a worker engine, the report, the plot.
+
+Each local provider that takes a calibration file fits one in its upstream package's format
+with its upstream's method (`ProviderDescriptor.calibrator` names that function: Laya's in
+`decidealot.providers.laya.calibrate`, Von's in `decidealot.providers.von.calibrate`). Both run
+the rows the way a worker does: the provider's own engine, its pass planner
+(`decidealot.providers.worker.passes.run_together`), in this process and without a server; the
+engine's `finish` still answers each row (the probabilities before), and the provider reads the
+logits its temperature divides from the same pass. How sure the fitted file makes the model is
+scored on held-out rows: `folds` cross-fitted folds, each fitted on the other rows, so every
+used row is scored once by a fit that did not see it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import tempfile
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Generic, TypeVar
+
+from decidealot.contract import ChoiceAnswer, Labelled, NoulAnswer, ScoreAnswer
+from decidealot.errors import RequestInvalid
+from decidealot.jobs import Decision, Engine, Job, PassShape, PreparedJob
+from decidealot.providers.worker.passes import run_together
+
+CHUNK_ROWS = 64
+"""Label rows run together (one planner's worth of passes), and how often progress is told."""
+ECE_BINS = 15
+"""Equal-width confidence bins of the expected calibration error (laya's `ece_score`)."""
+
+R = TypeVar("R")
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What the command hands a provider's calibrator."""
+
+    checkpoint: Path
+    """The checkpoint's directory."""
+    key: str
+    """Its key in the provider's engine."""
+    current: Path | None
+    """The calibration file the service runs it with (its setting), or None: its own."""
+    labels: Sequence[Labelled]
+    labels_path: Path
+    device: str
+    precision: str
+    torch_threads: int
+    folds: int = 5
+    seed: int = 0
+    progress: Callable[[int, int], None] = lambda done, total: None
+
+
+@dataclass
+class Row(Generic[R]):
+    """A used label row: what the service answers now (`before`, contract order) and what the
+    provider reads to fit (`record`)."""
+
+    label: Labelled
+    before: list[float]
+    record: R
+
+
+@dataclass
+class Outcome:
+    """A fit: the file to write, what it says, and every used row's held-out probabilities."""
+
+    body: dict[str, Any]
+    """The calibration file, in the upstream format."""
+    summary: list[str]
+    """Lines saying what was fitted (and what the upstream method left unfitted)."""
+    rows: int
+    skipped: list[tuple[int, str]]
+    """(line, why) for every row the model cannot take."""
+    before: list[list[float]] = field(default_factory=list)
+    after: list[list[float]] = field(default_factory=list)
+    gold: list[int] = field(default_factory=list)
+    """Per used row, in contract order: probabilities now, cross-fitted ones, the answer."""
+
+
+class _Reading(Generic[R]):
+    """The engine, with `finish` also returning what `read` takes from the same outputs."""
+
+    def __init__(self, engine: Engine, read: Callable[[PreparedJob, Sequence[object]], R]):
+        self._engine = engine
+        self._read = read
+        self.shape: PassShape = engine.shape
+
+    def prepare(self, job: Job) -> PreparedJob:
+        return self._engine.prepare(job)
+
+    def forward(self, group: Hashable, rows: Sequence[Any]) -> Sequence[object]:
+        return self._engine.forward(group, rows)
+
+    def finish(self, prepared: PreparedJob, outputs: Sequence[object]) -> tuple[Decision, R]:
+        return self._engine.finish(prepared, outputs), self._read(prepared, outputs)
+
+
+QUESTION = "q"
+"""The one question of a label row's job."""
+
+
+def collect(
+    engine: Engine,
+    read: Callable[[PreparedJob, Sequence[object]], R | None],
+    setup: Setup,
+) -> tuple[list[Row[R]], list[tuple[int, str]]]:
+    """Every label row through `engine` as one-question jobs on `setup.key`, `CHUNK_ROWS` at a
+    time. A row the engine refuses (`RequestInvalid`), or one `read` finds nothing in, is
+    skipped with its reason."""
+    reading = _Reading(engine, read)
+    used: list[Row[R]] = []
+    skipped: list[tuple[int, str]] = []
+    total = len(setup.labels)
+    for start in range(0, total, CHUNK_ROWS):
+        chunk = setup.labels[start : start + CHUNK_ROWS]
+        prepared, kept = [], []
+        for label in chunk:
+            job = Job(setup.key, label.state, {QUESTION: label.question})
+            try:
+                prepared.append(reading.prepare(job))
+            except RequestInvalid as exc:
+                skipped.append((label.line, "; ".join(i.msg for i in exc.issues)))
+                continue
+            kept.append(label)
+        finished: list[Any] = run_together(reading, prepared)  # type: ignore[arg-type]
+        for label, (decision, record) in zip(kept, finished, strict=True):
+            if record is None:
+                skipped.append((label.line, "the model scores no options for it"))
+                continue
+            used.append(Row(label, probabilities(decision, QUESTION), record))
+        setup.progress(min(start + CHUNK_ROWS, total), total)
+    return used, skipped
+
+
+def probabilities(decision: Decision, name: str) -> list[float]:
+    """One answer's probabilities in contract order (a noul's as [false, true])."""
+    answer = decision.answers[name]
+    if isinstance(answer, NoulAnswer):
+        return [1.0 - answer.noul, answer.noul]
+    assert isinstance(answer, ChoiceAnswer | ScoreAnswer)
+    return list(answer.probabilities.values())
+
+
+def folds_of(count: int, folds: int, seed: int) -> list[list[int]]:
+    """Held-out index sets: von-sdk's split (`random.Random(seed)` shuffles, fold f holds every
+    `folds`-th index from f), at least 2 folds and at most one per row."""
+    order = list(range(count))
+    random.Random(seed).shuffle(order)
+    folds = max(2, min(folds, count))
+    return [sorted(order[f::folds]) for f in range(folds)]
+
+
+# -- the report ---------------------------------------------------------------------------------
+
+
+def log_loss(probs: Sequence[Sequence[float]], gold: Sequence[int]) -> float:
+    return sum(-math.log(max(p[g], 1e-15)) for p, g in zip(probs, gold, strict=True)) / len(gold)
+
+
+def brier(probs: Sequence[Sequence[float]], gold: Sequence[int]) -> float:
+    """Multi-class Brier score: squared distance to the one-hot answer, summed over options."""
+    total = 0.0
+    for p, g in zip(probs, gold, strict=True):
+        total += sum((q - (i == g)) ** 2 for i, q in enumerate(p))
+    return total / len(gold)
+
+
+def reliability(
+    probs: Sequence[Sequence[float]], gold: Sequence[int], bins: int = ECE_BINS
+) -> list[tuple[int, float, float]]:
+    """Per equal-width bin of top-label confidence: (rows, mean confidence, accuracy); laya's
+    `ece_score` bins (the first closed at 0, the others open below)."""
+    table: list[list[float]] = [[0, 0.0, 0.0] for _ in range(bins)]
+    for p, g in zip(probs, gold, strict=True):
+        top = max(range(len(p)), key=p.__getitem__)
+        conf = p[top]
+        b = min(bins - 1, max(0, math.ceil(conf * bins) - 1))
+        table[b][0] += 1
+        table[b][1] += conf
+        table[b][2] += top == g
+    return [(int(n), c / n, a / n) if n else (0, 0.0, 0.0) for n, c, a in table]
+
+
+def ece(probs: Sequence[Sequence[float]], gold: Sequence[int], bins: int = ECE_BINS) -> float:
+    return sum(n * abs(c - a) for n, c, a in reliability(probs, gold, bins)) / len(gold)
+
+
+def report(outcome: Outcome, out: Path) -> list[str]:
+    """The lines `decidealot calibrate` prints."""
+    lines = [f"rows used: {outcome.rows}", f"rows skipped: {len(outcome.skipped)}"]
+    lines += [f"  line {line}: {why}" for line, why in outcome.skipped]
+    lines += outcome.summary
+    if outcome.gold:
+        held = len(outcome.gold)
+        lines.append(f"on held-out rows ({held}, each scored by a fit that did not see it):")
+        lines.append(f"  {'':12}{'before':>10}{'after':>10}")
+        for name, metric in (("log-loss", log_loss), ("Brier", brier), ("ECE", ece)):
+            before = metric(outcome.before, outcome.gold)
+            after = metric(outcome.after, outcome.gold)
+            lines.append(f"  {name:12}{before:10.4f}{after:10.4f}")
+    lines.append(f"wrote {out}")
+    return lines
+
+
+def write(path: Path, body: dict[str, Any]) -> None:
+    """The file as indented JSON, replaced atomically (a reader never sees half of it)."""
+    destination = Path(os.path.realpath(path))
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    fd, temporary = tempfile.mkstemp(dir=destination.parent, prefix=".calibration.")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as stream:
+            json.dump(body, stream, indent=2)
+            stream.write("\n")
+        os.replace(temporary, destination)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
+def plot(path: Path, outcome: Outcome, title: str) -> None:
+    """A reliability diagram of the held-out rows, before and after, as a PNG (matplotlib)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot
+
+    figure, axes = pyplot.subplots(figsize=(5.5, 5.5), dpi=100)
+    axes.plot([0, 1], [0, 1], color="grey", linestyle=":", label="perfect calibration")
+    for name, probs, style in (
+        ("before", outcome.before, "o-"),
+        ("after", outcome.after, "s-"),
+    ):
+        table = [(c, a) for n, c, a in reliability(probs, outcome.gold) if n]
+        score = ece(probs, outcome.gold)
+        axes.plot(*zip(*table, strict=True), style, label=f"{name} (ECE {score:.3f})")
+    axes.set(
+        xlim=(0, 1),
+        ylim=(0, 1),
+        xlabel="confidence (top answer's probability)",
+        ylabel="accuracy",
+        title=title,
+    )
+    axes.legend(loc="upper left")
+    figure.tight_layout()
+    figure.savefig(path, format="png")
+    pyplot.close(figure)

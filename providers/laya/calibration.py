@@ -1,0 +1,256 @@
+"""Laya calibration files: the JSON payload laya 0.4.15's `Agent.save_calibration` writes.
+
+Read with upstream's own rules (`laya.calibrate.apply_calibration_payload`): the payload's shape
+is refused with a message naming the field (a `temperature` that is not a list of three, a
+`temperature_by_options` or `binning_map` that is not an object, a binning entry without an
+integer `bins` and that many values in [0, 1], a `version` that is not an integer), while a
+temperature that is not a number, or lies outside [0.5, 5], is forgiven and clamped at load as the
+checkpoint's own are. A version-2 file records the checkpoint it was fitted for; a mismatch warns
+and still loads. Written the same way (`payload`, `write`), so a file fitted here loads in laya.
+Pure Python: the gateway checks files with it before listening, the worker loads them with it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+VERSION = 2
+"""laya's `CALIBRATION_VERSION`: files without a `version` are version 1 (no identity)."""
+QTYPE_NAMES = ("choice", "score", "noul")
+TEMPERATURE_MIN = 0.5
+TEMPERATURE_MAX = 5.0
+_IDENTITY_SKIP = ("temperature", "temperature_by_options")
+
+
+class CalibrationError(ValueError):
+    """A calibration file laya itself would refuse to load; the message names the field."""
+
+
+def clamp_temperature(value: object) -> float:
+    """Upstream `clamp_temperature`: non-numbers (bools, NaN, inf) mean 1.0; else [0.5, 5]."""
+    if isinstance(value, bool):
+        return 1.0
+    try:
+        number = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return 1.0
+    if not math.isfinite(number):
+        return 1.0
+    return min(TEMPERATURE_MAX, max(TEMPERATURE_MIN, number))
+
+
+def rejected(raw: object, applied: float) -> bool:
+    """Upstream `temperature_rejected`: `raw` is not the number that was applied."""
+    if isinstance(raw, bool):
+        return True
+    try:
+        return float(raw) != applied  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return True
+
+
+def config_identity(config: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """A checkpoint's `rl_agent_config.json` without the temperatures a payload carries."""
+    if config is None:
+        return None
+    return {str(k): config[k] for k in config if k not in _IDENTITY_SKIP}
+
+
+@dataclass(frozen=True)
+class Payload:
+    """A parsed calibration file: its temperatures as written (clamped where they are used)."""
+
+    version: int
+    temperature: list[Any]
+    temperature_by_options: dict[str, Any]
+    binning_map: dict[str, dict[str, Any]] | None
+    """Recalibrates laya's `answer_confidence` only, a field the contract does not carry."""
+    model_id_or_path: Any = None
+    subfolder: Any = None
+    config: Any = None
+
+    def clamped(self) -> tuple[list[float], dict[str, float]]:
+        """The temperatures inference applies."""
+        by_type = [clamp_temperature(t) for t in self.temperature]
+        by_options = {key: clamp_temperature(t) for key, t in self.temperature_by_options.items()}
+        return by_type, by_options
+
+    def rejected(self) -> list[str]:
+        """Entries the clamp changed, as upstream's load warning names them."""
+        by_type, by_options = self.clamped()
+        entries = [(f"temperature[{i}]", raw, by_type[i]) for i, raw in enumerate(self.temperature)]
+        entries += [(k, self.temperature_by_options[k], by_options[k]) for k in by_options]
+        return [
+            f"{name}={raw!r} -> {applied:g}"
+            for name, raw, applied in entries
+            if rejected(raw, applied)
+        ]
+
+    def mismatch(self, checkpoint_config: Mapping[str, Any]) -> str | None:
+        """Why this file may be for another checkpoint, or None.
+
+        Upstream compares the recorded `model_id_or_path`, `subfolder` and config with the
+        agent's. Decidealot knows a checkpoint by its directory, not by the Hub id or path
+        laya loaded it from, so the config (everything but the temperatures) is what tells
+        checkpoints apart here; a version-1 file records nothing and is never questioned.
+        """
+        if self.version < VERSION or self.config == config_identity(checkpoint_config):
+            return None
+        return (
+            f"calibration was fitted for model_id_or_path={self.model_id_or_path!r} "
+            f"subfolder={self.subfolder!r}, whose config differs from this checkpoint's "
+            "rl_agent_config.json; loading the temperatures anyway"
+        )
+
+
+def _version(payload: Mapping[str, Any]) -> int:
+    version = payload.get("version", 1)
+    if version is None:
+        version = 1
+    wrong = CalibrationError(f"version must be an integer, got {version!r}")
+    if isinstance(version, bool) or not isinstance(version, int | float | str):
+        raise wrong
+    if isinstance(version, float) and not version.is_integer():
+        raise wrong
+    try:
+        return int(version)
+    except (TypeError, ValueError, OverflowError):
+        raise wrong from None
+
+
+def _binning_map(binning: object) -> dict[str, dict[str, Any]] | None:
+    if binning is None:
+        return None
+    if not isinstance(binning, dict):
+        raise CalibrationError(
+            f"binning_map must be an object of bucket -> {{bins, values}}, "
+            f"got {type(binning).__name__}"
+        )
+    for name, entry in binning.items():
+        if not isinstance(entry, dict):
+            raise CalibrationError(
+                f'binning_map[{name!r}] must be an object with "bins" and "values", '
+                f"got {type(entry).__name__}"
+            )
+        bins, values = entry.get("bins"), entry.get("values")
+        if isinstance(bins, bool) or not isinstance(bins, int) or bins < 1:
+            raise CalibrationError(f'binning_map[{name!r}] must have an integer "bins" >= 1')
+        if not isinstance(values, list) or len(values) != bins:
+            raise CalibrationError(f'binning_map[{name!r}] must have "values" of length {bins}')
+        for value in values:
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise CalibrationError(f"binning_map[{name!r}] values must be numbers")
+            if not math.isfinite(value) or not 0.0 <= value <= 1.0:
+                raise CalibrationError(f"binning_map[{name!r}] values must be in [0, 1]")
+    return binning
+
+
+def parse(payload: object) -> Payload:
+    """A payload's fields, checked as `apply_calibration_payload` checks them."""
+    if not isinstance(payload, dict):
+        raise CalibrationError(f"not a JSON object but {type(payload).__name__}")
+    version = _version(payload)
+    temperature = payload.get("temperature")
+    if not isinstance(temperature, list) or len(temperature) != len(QTYPE_NAMES):
+        raise CalibrationError("temperature must be a list of 3 numbers")
+    by_options = payload.get("temperature_by_options")
+    if by_options is None:
+        by_options = {}
+    if not isinstance(by_options, dict):
+        raise CalibrationError(
+            "temperature_by_options must be an object of bucket -> number, "
+            f"got {type(by_options).__name__}"
+        )
+    return Payload(
+        version=version,
+        temperature=list(temperature),
+        temperature_by_options={str(k): v for k, v in by_options.items()},
+        binning_map=_binning_map(payload.get("binning_map")),
+        model_id_or_path=payload.get("model_id_or_path"),
+        subfolder=payload.get("subfolder"),
+        config=payload.get("config"),
+    )
+
+
+def read(path: Path) -> Payload:
+    """The file at `path`, parsed as laya reads it (Python's `json`, so NaN literals load
+    and are then clamped, as upstream's)."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise CalibrationError("not UTF-8 JSON") from None
+    except json.JSONDecodeError as exc:
+        raise CalibrationError(f"not valid JSON ({exc})") from None
+    return parse(data)
+
+
+def check(path: Path) -> str | None:
+    """What stops this file from loading (a `registry.FileCheck`), or None."""
+    try:
+        read(path)
+    except CalibrationError as exc:
+        return str(exc)
+    return None
+
+
+def warnings(path: Path, checkpoint: Path) -> list[str]:
+    """What laya warns of when it loads the file at `path` onto `checkpoint` (a directory):
+    a file fitted for another checkpoint, temperatures it had to clamp."""
+    loaded = read(path)
+    found = []
+    config = json.loads((checkpoint / "rl_agent_config.json").read_text(encoding="utf-8"))
+    mismatch = loaded.mismatch(config)
+    if mismatch is not None:
+        found.append(mismatch)
+    clamped = loaded.rejected()
+    if clamped:
+        found.append(
+            f"calibration temperatures are invalid or outside [{TEMPERATURE_MIN:g}, "
+            f"{TEMPERATURE_MAX:g}]; using {', '.join(clamped)}. Treat confidence from the "
+            "affected entries as uncalibrated."
+        )
+    return found
+
+
+def payload(
+    temperature: Sequence[float],
+    temperature_by_options: Mapping[str, float],
+    *,
+    model_id_or_path: str | None,
+    config: Mapping[str, Any] | None,
+    subfolder: str | None = None,
+    binning_map: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The JSON body `Agent.save_calibration` writes (`laya.calibrate.calibration_payload`)."""
+    body: dict[str, Any] = {
+        "version": VERSION,
+        "temperature": [float(t) for t in temperature],
+        "temperature_by_options": {str(k): float(v) for k, v in temperature_by_options.items()},
+        "model_id_or_path": model_id_or_path,
+        "subfolder": subfolder,
+        "config": config_identity(config),
+    }
+    if binning_map is not None:
+        body["binning_map"] = dict(binning_map)
+    return body
+
+
+def write(path: Path, body: Mapping[str, Any]) -> None:
+    """Write `body` as `save_calibration` does: indented JSON, replaced atomically."""
+    destination = Path(os.path.realpath(path))
+    fd, temporary = tempfile.mkstemp(dir=destination.parent, prefix=".calibration.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as stream:
+            json.dump(body, stream, indent=2)
+            stream.write("\n")
+        os.replace(temporary, destination)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise

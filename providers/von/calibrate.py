@@ -1,0 +1,295 @@
+"""Von's temperature map refitted on the user's labels, by von-sdk 1.3.7's `von calibrate`.
+
+Each row's logits as the temperature divides them (a zero-shot noul's debiased) and the map's
+features (bias, entropy of the raw softmax over ln K, log10 of the fitted state's tokens over 4,
+K over 8) are recorded from the engine's own pass, as `von calibrate` records them from its
+backend. A scalar temperature (a map of `bias` alone) and the full map are each fitted by NLL
+(torch, float64: Adam, then an LBFGS polish, best of four seeded restarts, T clamped to
+[0.3, 12]); the one with the lower k-fold cross-validated NLL is written, so a few dozen labels
+give a safe scalar and a few hundred can earn the map. The file is the checkpoint's
+`marker_calibration.json` (the one the service runs with) with the map and `von calibrate`'s
+report fields replaced, so its forward-pass flags and noul prior carry over.
+
+One difference from `von calibrate`: it replays an object or array state as its JSON text,
+which the backend then scores as text, while `von serve` (and Decidealot) format such a state as
+`key: value` lines; here every row runs as the service runs it, so the map is fitted on the
+logits it will be applied to.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from importlib.metadata import version
+from typing import Any
+
+import torch
+
+from decidealot.contract import NoulQuestion
+from decidealot.jobs import EngineSpec
+from decidealot.providers import calibrate
+from decidealot.providers.von.calibration import MAP_FEATURES, read_object
+from decidealot.providers.von.worker import readout
+from decidealot.providers.von.worker.engine import VonPreparedJob, create
+
+LO, HI = 0.3, 12.0
+"""The bounds `von calibrate` writes with every map."""
+RESTARTS, ITERATIONS = 4, 400
+FEATURES_TEXT = (
+    "T = bias + entropy*H_norm + log_tokens*log10(state_tokens)/4 + n_options*(K/8), "
+    "clamped to [lo,hi]"
+)
+UPSTREAM = "von-sdk 1.3.7"
+
+
+@dataclass(frozen=True)
+class Record:
+    """`von calibrate`'s record: logits, the map's features, the gold option (von's order)."""
+
+    logits: list[float]
+    feats: dict[str, float]
+    gold: int
+
+
+def _temp(params: dict[str, float], feats: dict[str, float]) -> float:
+    raw = sum(params.get(k, 0.0) * feats.get(k, 0.0) for k in MAP_FEATURES)
+    return min(HI, max(LO, raw))
+
+
+def _log_softmax(logits: Sequence[float], t: float) -> list[float]:
+    z = [x / t for x in logits]
+    m = max(z)
+    lse = m + math.log(sum(math.exp(v - m) for v in z))
+    return [v - lse for v in z]
+
+
+def nll(params: dict[str, float], records: Sequence[Record]) -> float:
+    total = 0.0
+    for r in records:
+        total -= _log_softmax(r.logits, _temp(params, r.feats))[r.gold]
+    return total / max(len(records), 1)
+
+
+def ece(params: dict[str, float] | None, records: Sequence[Record], bins: int = 10) -> float:
+    """`von calibrate`'s top-label ECE (10 equal-width bins), for its report fields."""
+    buckets: dict[int, list[tuple[float, bool]]] = {}
+    for r in records:
+        lp = _log_softmax(r.logits, _temp(params, r.feats) if params else 1.0)
+        top = max(range(len(lp)), key=lp.__getitem__)
+        conf = math.exp(lp[top])
+        buckets.setdefault(min(int(conf * bins), bins - 1), []).append((conf, top == r.gold))
+    out = 0.0
+    for b in buckets.values():
+        out += (
+            len(b)
+            / len(records)
+            * abs(sum(c for c, _ in b) / len(b) - sum(h for _, h in b) / len(b))
+        )
+    return out
+
+
+def _fit(records: Sequence[Record], keys: Sequence[str], seed: int = 0) -> dict[str, float]:
+    """`von calibrate`'s `_fit`: NLL over the map's `keys`, with the rows of one option count
+    scored together (the same sum, in fewer operations)."""
+    groups: dict[int, list[Record]] = {}
+    for r in records:
+        groups.setdefault(len(r.logits), []).append(r)
+    tensors = []
+    for width in groups:
+        rows = groups[width]
+        tensors.append(
+            (
+                torch.tensor([[r.feats[k] for k in keys] for r in rows], dtype=torch.float64),
+                torch.tensor([r.logits for r in rows], dtype=torch.float64),
+                torch.tensor([r.gold for r in rows], dtype=torch.long),
+            )
+        )
+    count = len(records)
+
+    def loss_fn(w: torch.Tensor) -> torch.Tensor:
+        acc = torch.zeros((), dtype=torch.float64)
+        for x, logits, gold in tensors:
+            t = (x @ w).clamp(LO, HI)
+            picked = torch.log_softmax(logits / t[:, None], dim=-1).gather(1, gold[:, None])
+            acc = acc - picked.sum()
+        return acc / count
+
+    best_w, best_loss = None, float("inf")
+    rng = random.Random(seed)
+    for _ in range(RESTARTS):
+        w = torch.zeros(len(keys), dtype=torch.float64)
+        w[0] = rng.uniform(0.8, 3.0)
+        for j in range(1, len(keys)):
+            w[j] = rng.uniform(-1.0, 1.0)
+        final, w = _descend(loss_fn, w)
+        if final < best_loss:
+            best_loss, best_w = final, w
+    assert best_w is not None
+    return {k: float(v) for k, v in zip(keys, best_w, strict=True)}
+
+
+def _descend(
+    loss_fn: Callable[[torch.Tensor], torch.Tensor], w: torch.Tensor
+) -> tuple[float, torch.Tensor]:
+    """One restart of `_fit`: Adam from `w`, then an LBFGS polish (kept if it fails)."""
+    with torch.enable_grad():
+        w.requires_grad_(True)
+        adam = torch.optim.Adam([w], lr=0.05)
+        for _ in range(ITERATIONS):
+            adam.zero_grad()
+            loss = loss_fn(w)
+            loss.backward()
+            adam.step()
+        lbfgs = torch.optim.LBFGS([w], max_iter=50, line_search_fn="strong_wolfe")
+
+        def closure() -> torch.Tensor:
+            lbfgs.zero_grad()
+            loss = loss_fn(w)
+            loss.backward()
+            return loss
+
+        with contextlib.suppress(RuntimeError):
+            lbfgs.step(closure)  # type: ignore[arg-type]
+        return float(loss_fn(w).detach()), w.detach().clone()
+
+
+@dataclass(frozen=True)
+class CrossValidated:
+    nll: float
+    folds: list[tuple[list[int], dict[str, float]]]
+    """(held-out indices, the params fitted without them) per fold."""
+
+
+def cross_validate(
+    records: Sequence[Record], keys: Sequence[str], folds: int, seed: int = 0
+) -> CrossValidated:
+    """`von calibrate`'s `cross_validate`, keeping each fold's fit for the held-out report."""
+    order = list(range(len(records)))
+    random.Random(seed).shuffle(order)
+    folds = max(2, min(folds, len(records)))
+    total, fits = 0.0, []
+    for f in range(folds):
+        test = set(order[f::folds])
+        train = [records[i] for i in order if i not in test]
+        held = sorted(test)
+        params = _fit(train, keys, seed=seed)
+        total += nll(params, [records[i] for i in held]) * len(held)
+        fits.append((held, params))
+    return CrossValidated(total / len(records), fits)
+
+
+def fit_map(records: Sequence[Record], folds: int, seed: int, shipped: Any) -> dict[str, Any]:
+    """`von calibrate`'s `fit_map`: the CV winner as `calibration_map`, its report, and the
+    winner's folds (`cv`) for the held-out scores."""
+    scalar_cv = cross_validate(records, ("bias",), folds, seed)
+    map_cv = cross_validate(records, MAP_FEATURES, folds, seed)
+    scalar = _fit(records, ("bias",), seed=seed)
+    full = _fit(records, MAP_FEATURES, seed=seed)
+    winner_name = "map" if map_cv.nll < scalar_cv.nll else "scalar"
+    winner = dict(full if winner_name == "map" else scalar)
+    for k in MAP_FEATURES:
+        winner.setdefault(k, 0.0)
+    winner["lo"], winner["hi"] = LO, HI
+    report: dict[str, Any] = {
+        "n": len(records),
+        "folds": folds,
+        "cv_nll": {"scalar": round(scalar_cv.nll, 4), "map": round(map_cv.nll, 4)},
+        "in_sample_nll": {
+            "raw_T1": round(nll({"bias": 1.0}, records), 4),
+            "scalar": round(nll(scalar, records), 4),
+            "map": round(nll(full, records), 4),
+        },
+        "ece": {
+            "raw_T1": round(ece(None, records), 4),
+            "scalar": round(ece(scalar, records), 4),
+            "map": round(ece(full, records), 4),
+        },
+        "scalar_temperature": round(scalar["bias"], 4),
+        "winner": winner_name,
+    }
+    if isinstance(shipped, dict):
+        report["in_sample_nll"]["shipped"] = round(nll(shipped, records), 4)
+        report["ece"]["shipped"] = round(ece(shipped, records), 4)
+    cv = map_cv if winner_name == "map" else scalar_cv
+    return {"calibration_map": winner, "report": report, "cv": cv}
+
+
+def _read(
+    engine: Any, prepared: VonPreparedJob, outputs: Sequence[object]
+) -> tuple[list[float], dict[str, float]] | None:
+    tempered = engine.tempered(prepared, outputs)
+    if not tempered:
+        return None
+    ((logits, tokens),) = tempered.values()
+    return logits.float().cpu().tolist(), readout.features(logits, tokens)
+
+
+def _von_order(row: calibrate.Row[Any]) -> tuple[int, bool]:
+    """The row's gold as von orders the options (a noul's are [yes, no], the contract's
+    [false, true]), and whether it is a noul."""
+    noul = isinstance(row.label.question, NoulQuestion)
+    return (1 - row.label.gold if noul else row.label.gold), noul
+
+
+def fit(setup: calibrate.Setup) -> calibrate.Outcome:
+    """Fit and score a Von calibration for `setup`'s checkpoint (see the module's docstring)."""
+    calibrations = {setup.key: str(setup.current)} if setup.current is not None else {}
+    engine = create(
+        EngineSpec(
+            factory="decidealot.providers.von.worker.engine:create",
+            checkpoints={setup.key: str(setup.checkpoint)},
+            preload=[setup.key],
+            device=setup.device,
+            torch_threads=setup.torch_threads,
+            options={"precision": setup.precision, "calibrations": calibrations},
+        )
+    )
+    rows, skipped = calibrate.collect(
+        engine,
+        lambda prepared, outputs: _read(engine, prepared, outputs),  # type: ignore[arg-type]
+        setup,
+    )
+    records = [Record(*row.record, _von_order(row)[0]) for row in rows]
+    current = read_object(setup.current or setup.checkpoint / "marker_calibration.json")
+    if len(records) < 2:
+        raise ValueError(f"{len(records)} usable rows: a cross-validated fit needs at least 2")
+    fitted = fit_map(records, setup.folds, setup.seed, current.get("calibration_map"))
+    body = {k: v for k, v in current.items() if not k.startswith("calibration_")}
+    body["calibration_map"] = {k: round(v, 4) for k, v in fitted["calibration_map"].items()}
+    body["calibration_map_features"] = FEATURES_TEXT
+    report = fitted["report"]
+    body["calibration_fitted_on"] = (
+        f"decidealot calibrate: {report['n']} labelled rows from "
+        f"{os.path.basename(setup.labels_path)}; objective NLL; "
+        f"{report['folds']}-fold CV chose {report['winner']}"
+    )
+    body["calibration_report"] = report
+    body["calibration_timestamp"] = time.time()
+    body["calibrated_with_engine"] = f"decidealot {version('decidealot')} ({UPSTREAM}'s method)"
+    body.setdefault("weights_id", body.get("model_id"))
+    winner = report["winner"]
+    summary = [
+        f"fitted ({UPSTREAM}'s cross-validated temperature map):",
+        f"  {report['folds']}-fold CV NLL: scalar {report['cv_nll']['scalar']}, "
+        f"map {report['cv_nll']['map']} -> {winner} written",
+        "  "
+        + ", ".join(f"{k} {body['calibration_map'][k]:g}" for k in (*MAP_FEATURES, "lo", "hi")),
+    ]
+    outcome = calibrate.Outcome(body, summary, len(rows), skipped)
+    after: dict[int, list[float]] = {}
+    for held, params in fitted["cv"].folds:
+        for i in held:
+            record, row = records[i], rows[i]
+            probs = torch.softmax(
+                torch.tensor(record.logits) / max(_temp(params, record.feats), 1e-4), dim=-1
+            ).tolist()
+            after[i] = probs[::-1] if _von_order(row)[1] else probs
+    outcome.before = [r.before for r in rows]
+    outcome.after = [after[i] for i in range(len(records))]
+    outcome.gold = [r.label.gold for r in rows]
+    return outcome

@@ -1,0 +1,143 @@
+"""Von calibration files: `marker_calibration.json`, as a checkpoint ships it or `von calibrate`
+writes it (von-sdk 1.3.7).
+
+The file holds the temperature rule (a scalar `temperature`, or an input-conditioned
+`calibration_map` clamped to [lo, hi]), the zero-shot noul prior, and two flags that set how the
+forward pass runs (`independent_options`, `digit_split`); `von calibrate` carries the shipped
+file's flags into the file it writes, and `VON_CALIBRATION` replaces the checkpoint's file whole,
+flags included. Maps and priors upstream cannot use are dropped as upstream drops them; a file
+that does not parse, a non-numeric temperature or a flag that is not a boolean is refused.
+Pure Python: the gateway checks files with it before listening, the worker loads them with it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+MAP_FEATURES = ("bias", "entropy", "log_tokens", "n_options")
+"""The map's features, in the order `von calibrate` fits them."""
+FLAGS = ("independent_options", "digit_split")
+TEMPERATURE_SANITY_MAX = 50.0
+
+
+class CalibrationError(ValueError):
+    """A calibration file Von cannot run with; the message names the field."""
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """`marker_calibration.json`: temperature rule, noul prior and the two forward-pass flags."""
+
+    temperature: float
+    calibration_map: dict[str, float] | None
+    noul_prior: tuple[float, float] | None
+    independent_options: bool
+    digit_split: bool
+
+
+def _calibration_map(raw: object) -> dict[str, float] | None:
+    """Upstream's validation: unusable maps are dropped and the scalar temperature applies."""
+    if not isinstance(raw, dict):
+        return None
+    try:
+        values = {str(key): float(value) for key, value in raw.items()}
+    except (TypeError, ValueError):
+        return None
+    if not any(key in values for key in MAP_FEATURES):
+        return None
+    values.setdefault("lo", 0.5)
+    values.setdefault("hi", 12.0)
+    return None if values["lo"] > values["hi"] else values
+
+
+def _noul_prior(raw: object) -> tuple[float, float] | None:
+    if not isinstance(raw, dict):
+        return None
+    try:
+        return float(raw["a"]), float(raw["b"])
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def parse(data: dict[str, Any]) -> Calibration:
+    """A file's rule and flags; `CalibrationError` for what upstream would silently reset
+    (a reset answers in the wrong attention mode, so it is refused instead)."""
+    try:
+        temperature = float(data.get("temperature", 1.0))
+    except (TypeError, ValueError):
+        raise CalibrationError("temperature must be a number") from None
+    flags = {}
+    for flag in FLAGS:
+        value = data.get(flag, False)
+        if not isinstance(value, bool):
+            raise CalibrationError(f"{flag} must be a boolean")
+        flags[flag] = value
+    return Calibration(
+        temperature=temperature,
+        calibration_map=_calibration_map(data.get("calibration_map")),
+        noul_prior=_noul_prior(data.get("noul_zero_shot_prior")),
+        **flags,
+    )
+
+
+def read_object(path: Path) -> dict[str, Any]:
+    """The file as a JSON object, read as upstream reads it (Python's `json`)."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise CalibrationError("not UTF-8 JSON") from None
+    except json.JSONDecodeError as exc:
+        raise CalibrationError(f"not valid JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise CalibrationError("not a JSON object")
+    return data
+
+
+def check(path: Path) -> str | None:
+    """What stops this file from loading (a `registry.FileCheck`), or None."""
+    try:
+        parse(read_object(path))
+    except CalibrationError as exc:
+        return str(exc)
+    return None
+
+
+def warnings(path: Path, checkpoint: Path) -> list[str]:
+    """What to warn of when the file at `path` replaces `checkpoint`'s own (a directory)."""
+    data = read_object(path)
+    found = []
+    problem = mismatch(data, read_object(checkpoint / "marker_calibration.json"))
+    if problem is not None:
+        found.append(problem)
+    rule = parse(data).calibration_map
+    if rule is not None and (rule["lo"] <= 0 or rule["hi"] > TEMPERATURE_SANITY_MAX):
+        found.append(  # upstream's own load warning
+            f"calibration map bounds [{rule['lo']:g}, {rule['hi']:g}] are outside the sane "
+            f"range (0, {TEMPERATURE_SANITY_MAX:g}]; confidences may be distorted."
+        )
+    return found
+
+
+def mismatch(data: dict[str, Any], shipped: dict[str, Any]) -> str | None:
+    """Why a file may be for other weights than the checkpoint's own file describes, or None.
+
+    The flags say how the weights were trained to be run: a file that sets them otherwise
+    changes the answers, not only their confidence. `weights_id` (`model_id` in a shipped
+    file) names the weights.
+    """
+    problems = [
+        f"{flag}={data.get(flag, False)} where the checkpoint's own file has "
+        f"{shipped.get(flag, False)}"
+        for flag in FLAGS
+        if bool(data.get(flag, False)) != bool(shipped.get(flag, False))
+    ]
+    theirs = data.get("weights_id", data.get("model_id"))
+    ours = shipped.get("model_id")
+    if theirs is not None and ours is not None and theirs != ours:
+        problems.append(f"it was fitted for weights {theirs!r}, the checkpoint is {ours!r}")
+    if not problems:
+        return None
+    return "may be for another checkpoint: " + "; ".join(problems)
