@@ -40,6 +40,8 @@ from decidealot.providers.von.worker.engine import VonPreparedJob, create
 LO, HI = 0.3, 12.0
 """The bounds `von calibrate` writes with every map."""
 RESTARTS, ITERATIONS = 4, 400
+PADDING = -1e300
+"""Fills a row out to the widest: its exp is exactly 0 in every softmax, and its gradient 0."""
 FEATURES_TEXT = (
     "T = bias + entropy*H_norm + log_tokens*log10(state_tokens)/4 + n_options*(K/8), "
     "clamped to [lo,hi]"
@@ -94,30 +96,19 @@ def ece(params: dict[str, float] | None, records: Sequence[Record], bins: int = 
 
 
 def _fit(records: Sequence[Record], keys: Sequence[str], seed: int = 0) -> dict[str, float]:
-    """`von calibrate`'s `_fit`: NLL over the map's `keys`, with the rows of one option count
-    scored together (the same sum, in fewer operations)."""
-    groups: dict[int, list[Record]] = {}
-    for r in records:
-        groups.setdefault(len(r.logits), []).append(r)
-    tensors = []
-    for width in groups:
-        rows = groups[width]
-        tensors.append(
-            (
-                torch.tensor([[r.feats[k] for k in keys] for r in rows], dtype=torch.float64),
-                torch.tensor([r.logits for r in rows], dtype=torch.float64),
-                torch.tensor([r.gold for r in rows], dtype=torch.long),
-            )
-        )
-    count = len(records)
+    """`von calibrate`'s `_fit`: NLL over the map's `keys`, every row in one padded matrix (the
+    same sum as upstream's row-by-row loop, in a few operations a step)."""
+    width = max(len(r.logits) for r in records)
+    x = torch.tensor([[r.feats[k] for k in keys] for r in records], dtype=torch.float64)
+    logits = torch.tensor(
+        [[*r.logits, *[PADDING] * (width - len(r.logits))] for r in records], dtype=torch.float64
+    )
+    gold = torch.tensor([[r.gold] for r in records], dtype=torch.long)
 
     def loss_fn(w: torch.Tensor) -> torch.Tensor:
-        acc = torch.zeros((), dtype=torch.float64)
-        for x, logits, gold in tensors:
-            t = (x @ w).clamp(LO, HI)
-            picked = torch.log_softmax(logits / t[:, None], dim=-1).gather(1, gold[:, None])
-            acc = acc - picked.sum()
-        return acc / count
+        t = (x @ w).clamp(LO, HI)
+        picked = torch.log_softmax(logits / t[:, None], dim=-1).gather(1, gold)
+        return -picked.sum() / len(records)
 
     best_w, best_loss = None, float("inf")
     rng = random.Random(seed)

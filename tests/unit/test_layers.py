@@ -75,6 +75,8 @@ LAYERS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
             "decidealot.providers.*.tiny",
             "decidealot.providers.clm.encoder_server",
             "decidealot.providers.inprocess",
+            "decidealot.providers.calibrate",
+            "decidealot.providers.*.calibrate",
         ),
         ("base", "provider shared", "worker", "provider gateway"),
     ),
