@@ -169,10 +169,10 @@ def _calibrate(settings: config.Settings, args: argparse.Namespace) -> int:
         return 2
     try:
         descriptor, calibration = _calibration_target(settings, args.model)
+        labels = read(Path(args.labels))
         preflight.check_device(settings)
         checkpoint = preflight.checked_checkpoint(settings, calibration.bundle)
         preflight.raise_all(preflight.calibration_problems(settings))
-        labels = read(Path(args.labels))
     except (*preflight.ERRORS, LabelError) as exc:
         print(f"decidealot: {exc}", file=sys.stderr)
         return 2 if isinstance(exc, config.ConfigError) else 1
@@ -208,7 +208,7 @@ def _calibrate(settings: config.Settings, args: argparse.Namespace) -> int:
     for line in report(outcome, out):
         print(line)
     if args.plot and outcome.gold:
-        plot(Path(args.plot), outcome, f"{calibration.bundle}: held-out rows")
+        plot(Path(args.plot), outcome)
         print(f"drew {args.plot}")
     print(f"use it: export {config.variable(calibration.setting)}={shlex.quote(str(out))}")
     return 0

@@ -26,6 +26,7 @@ from typing import Any, Generic, TypeVar
 from decidealot.contract import ChoiceAnswer, Labelled, NoulAnswer, ScoreAnswer
 from decidealot.errors import RequestInvalid
 from decidealot.jobs import Decision, Engine, Job, PassShape, PreparedJob
+from decidealot.providers import reliability_png
 from decidealot.providers.worker.passes import run_together
 
 CHUNK_ROWS = 64
@@ -223,30 +224,10 @@ def write(path: Path, body: dict[str, Any]) -> None:
         raise
 
 
-def plot(path: Path, outcome: Outcome, title: str) -> None:
-    """A reliability diagram of the held-out rows, before and after, as a PNG (matplotlib)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    from matplotlib import pyplot
-
-    figure, axes = pyplot.subplots(figsize=(5.5, 5.5), dpi=100)
-    axes.plot([0, 1], [0, 1], color="grey", linestyle=":", label="perfect calibration")
-    for name, probs, style in (
-        ("before", outcome.before, "o-"),
-        ("after", outcome.after, "s-"),
-    ):
-        table = [(c, a) for n, c, a in reliability(probs, outcome.gold) if n]
-        score = ece(probs, outcome.gold)
-        axes.plot(*zip(*table, strict=True), style, label=f"{name} (ECE {score:.3f})")
-    axes.set(
-        xlim=(0, 1),
-        ylim=(0, 1),
-        xlabel="confidence (top answer's probability)",
-        ylabel="accuracy",
-        title=title,
-    )
-    axes.legend(loc="upper left")
-    figure.tight_layout()
-    figure.savefig(path, format="png")
-    pyplot.close(figure)
+def plot(path: Path, outcome: Outcome) -> None:
+    """A reliability diagram of the held-out rows, before and after, as a PNG."""
+    series = []
+    for name, probs in (("before", outcome.before), ("after", outcome.after)):
+        points = [(c, a) for n, c, a in reliability(probs, outcome.gold) if n]
+        series.append((f"{name} (ECE {ece(probs, outcome.gold):.3f})", points))
+    reliability_png.draw(path, series)

@@ -353,3 +353,51 @@ def test_von_file_we_fit_loads_in_von(
     file = tmp_path / "ours.json"
     calibrate.write(file, body)
     _assert_von_parity(von_checkpoint, file, "von-ours")
+
+
+PAYLOADS: list[Any] = [
+    {"temperature": [1, 2, 3]},
+    {"version": 2, "temperature": [1.0, "x", None], "temperature_by_options": None},
+    {"version": "2", "temperature": [True, 0.1, 9], "temperature_by_options": {"noul:2": "7"}},
+    {"version": 2.0, "temperature": [1, 1, 1], "binning_map": {}},
+    {"version": 2, "temperature": [1, 1, 1], "binning_map": {"a": {"bins": 1, "values": [1]}}},
+    [1, 2, 3],
+    {"temperature": [1, 2]},
+    {"temperature": {"a": 1, "b": 2, "c": 3}},
+    {"temperature": "abc"},
+    {"version": 1.9, "temperature": [1, 1, 1]},
+    {"version": "two", "temperature": [1, 1, 1]},
+    {"version": True, "temperature": [1, 1, 1]},
+    {"version": [2], "temperature": [1, 1, 1]},
+    {"temperature": [1, 1, 1], "temperature_by_options": [["choice:2", 1]]},
+    {"temperature": [1, 1, 1], "binning_map": []},
+    {"temperature": [1, 1, 1], "binning_map": {"a": [0.5]}},
+    {"temperature": [1, 1, 1], "binning_map": {"a": {"bins": 0, "values": []}}},
+    {"temperature": [1, 1, 1], "binning_map": {"a": {"bins": 2.0, "values": [0, 1]}}},
+    {"temperature": [1, 1, 1], "binning_map": {"a": {"bins": 2, "values": [0, "1"]}}},
+    {"temperature": [1, 1, 1], "binning_map": {"a": {"bins": 2, "values": [0, True]}}},
+    {"temperature": [1, 1, 1], "binning_map": {"a": {"bins": 2, "values": [0, 1.5]}}},
+    {"temperature": [1, 1, 1], "binning_map": {"a": {"bins": 1, "values": [float("nan")]}}},
+]
+
+
+@pytest.mark.parametrize("payload", PAYLOADS)
+def test_laya_files_are_refused_and_clamped_as_laya_does(payload: Any) -> None:
+    """`apply_calibration_payload` refuses exactly the payloads our startup check refuses, and
+    installs the temperatures ours apply."""
+    from types import SimpleNamespace
+
+    from decidealot.providers.laya.calibration import CalibrationError, parse
+
+    agent = SimpleNamespace(model_id_or_path=None, subfolder=None, cfg=None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            laya_upstream_calibrate.apply_calibration_payload(agent, payload)
+        except ValueError:
+            with pytest.raises(CalibrationError):
+                parse(payload)
+            return
+    by_type, by_options = parse(payload).clamped()
+    assert by_type == agent.temperature
+    assert by_options == agent.temperature_by_options
