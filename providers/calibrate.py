@@ -108,12 +108,12 @@ QUESTION = "q"
 
 def collect(
     engine: Engine,
-    read: Callable[[PreparedJob, Sequence[object]], R | None],
+    read: Callable[[PreparedJob, Sequence[object]], R],
     setup: Setup,
 ) -> tuple[list[Row[R]], list[tuple[int, str]]]:
     """Every label row through `engine` as one-question jobs on `setup.key`, `CHUNK_ROWS` at a
-    time. A row the engine refuses (`RequestInvalid`), or one `read` finds nothing in, is
-    skipped with its reason."""
+    time. A row the engine refuses (`RequestInvalid`) is skipped with its reason; `ValueError`
+    when no row is left."""
     reading = _Reading(engine, read)
     used: list[Row[R]] = []
     skipped: list[tuple[int, str]] = []
@@ -131,11 +131,10 @@ def collect(
             kept.append(label)
         finished: list[Any] = run_together(reading, prepared)  # type: ignore[arg-type]
         for label, (decision, record) in zip(kept, finished, strict=True):
-            if record is None:
-                skipped.append((label.line, "the model scores no options for it"))
-                continue
             used.append(Row(label, probabilities(decision, QUESTION), record))
         setup.progress(min(start + CHUNK_ROWS, total), total)
+    if not used:
+        raise ValueError(f"no row of {setup.labels_path} could be used: {skipped[0][1]}")
     return used, skipped
 
 

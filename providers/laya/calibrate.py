@@ -113,11 +113,11 @@ def fit_temperatures(records: Sequence[Record]) -> Fit:
     return Fit(temperature, by_options, clamped, [len(rows) for rows in by_type])
 
 
-def _read(prepared: LayaPreparedJob, outputs: Sequence[object]) -> Record:
-    """A one-question job's record: its question type and its option logits."""
+def _read(prepared: LayaPreparedJob, outputs: Sequence[object]) -> tuple[int, list[float]]:
+    """A one-question job's question type and option logits (what laya records)."""
     (question,) = prepared.questions.values()
     logits: list[float] = list(outputs[0])  # type: ignore[call-overload]
-    return Record(QTYPES[question_type(question)], logits, 0)
+    return QTYPES[question_type(question)], logits
 
 
 def _summary(fit: Fit) -> list[str]:
@@ -156,7 +156,7 @@ def fit(setup: calibrate.Setup) -> calibrate.Outcome:
         )
     )
     rows, skipped = calibrate.collect(engine, _read, setup)  # type: ignore[arg-type]
-    records = [Record(r.record.qtype, r.record.logits, r.label.gold) for r in rows]
+    records = [Record(*r.record, r.label.gold) for r in rows]
     fitted = fit_temperatures(records)
     config = json.loads((setup.checkpoint / "rl_agent_config.json").read_text(encoding="utf-8"))
     body = calibration.payload(

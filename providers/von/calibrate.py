@@ -35,7 +35,7 @@ from decidealot.jobs import EngineSpec
 from decidealot.providers import calibrate
 from decidealot.providers.von.calibration import MAP_FEATURES, read_object
 from decidealot.providers.von.worker import readout
-from decidealot.providers.von.worker.engine import VonPreparedJob, create
+from decidealot.providers.von.worker.engine import VonEngine, VonPreparedJob, create
 
 LO, HI = 0.3, 12.0
 """The bounds `von calibrate` writes with every map."""
@@ -211,12 +211,10 @@ def fit_map(records: Sequence[Record], folds: int, seed: int, shipped: Any) -> d
 
 
 def _read(
-    engine: Any, prepared: VonPreparedJob, outputs: Sequence[object]
-) -> tuple[list[float], dict[str, float]] | None:
-    tempered = engine.tempered(prepared, outputs)
-    if not tempered:
-        return None
-    ((logits, tokens),) = tempered.values()
+    engine: VonEngine, prepared: VonPreparedJob, outputs: Sequence[object]
+) -> tuple[list[float], dict[str, float]]:
+    """A one-question job's logits as its temperature divides them, and the map's features."""
+    ((logits, tokens),) = engine.tempered(prepared, outputs).values()
     return logits.float().cpu().tolist(), readout.features(logits, tokens)
 
 

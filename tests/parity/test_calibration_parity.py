@@ -191,7 +191,7 @@ def test_laya_fit_equals_upstream_fit(
     engine = _laya_engine(key, path, None)
     rows, skipped = calibrate.collect(engine, laya_calibrate._read, _setup(path, key, labels))
     assert not skipped and len(rows) == len(theirs)
-    ours = [laya_calibrate.Record(r.record.qtype, r.record.logits, r.label.gold) for r in rows]
+    ours = [laya_calibrate.Record(*r.record, r.label.gold) for r in rows]
     for record, (qtype, logits, target, k) in zip(ours, theirs, strict=True):
         assert (record.qtype, len(record.logits), record.gold) == (qtype, k, target.argmax())
         assert record.logits == pytest.approx(logits.tolist(), abs=1e-5)

@@ -264,3 +264,22 @@ def test_calibrate_takes_a_selector_naming_one_checkpoint(
     assert cli.main(["calibrate", str(path), "--model", model]) == 2
     err = capsys.readouterr().err
     assert message in err and "laya-english" in err
+
+
+def test_the_settings_reach_the_engines(tmp_path: Path) -> None:
+    """Each calibration setting is handed to its worker's engine for its own checkpoint."""
+    laya_path, von_path = tmp_path / "laya.json", tmp_path / "von.json"
+    settings = registry.settings(
+        laya_multilingual_calibration=laya_path, von_calibration=von_path, device="cpu"
+    )
+    specs = {}
+    for name in ("laya", "von"):
+        descriptor = registry.descriptor(name)
+        provider = descriptor.build(settings, descriptor.of(settings))
+        specs[name] = provider.runtime._spec  # type: ignore[attr-defined]
+    assert specs["laya"].options["calibrations"] == {"multilingual": str(laya_path)}
+    assert specs["von"].options["calibrations"] == {"von-1.1": str(von_path)}
+    plain = registry.descriptor("von").build(
+        registry.settings(), registry.settings().sections["von"]
+    )
+    assert "calibrations" not in plain.runtime._spec.options  # type: ignore[attr-defined]
