@@ -25,9 +25,10 @@ from typing import Any, Generic, TypeVar
 
 from decidealot.contract import ChoiceAnswer, Labelled, NoulAnswer, ScoreAnswer
 from decidealot.errors import RequestInvalid
-from decidealot.jobs import Decision, Engine, Job, PassShape, PreparedJob
+from decidealot.jobs import Decision, Engine, EngineSpec, Job, PassShape, PreparedJob
 from decidealot.providers import reliability_png
 from decidealot.providers.worker.passes import run_together
+from decidealot.providers.worker.process import build_engine
 
 CHUNK_ROWS = 64
 """Label rows run together (one planner's worth of passes), and how often progress is told."""
@@ -82,6 +83,21 @@ class Outcome:
     after: list[list[float]] = field(default_factory=list)
     gold: list[int] = field(default_factory=list)
     """Per used row, in contract order: probabilities now, cross-fitted ones, the answer."""
+
+
+def build(setup: Setup, factory: str) -> Engine:
+    """The provider's engine on `setup`'s checkpoint, built as a worker builds it (its torch
+    threads, precision and device), with the calibration the service runs it with."""
+    calibrations = {setup.key: str(setup.current)} if setup.current is not None else {}
+    spec = EngineSpec(
+        factory=factory,
+        checkpoints={setup.key: str(setup.checkpoint)},
+        preload=[setup.key],
+        device=setup.device,
+        torch_threads=setup.torch_threads,
+        options={"precision": setup.precision, "calibrations": calibrations},
+    )
+    return build_engine(spec)
 
 
 class _Reading(Generic[R]):

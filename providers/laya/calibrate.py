@@ -19,11 +19,10 @@ from dataclasses import dataclass
 
 import torch
 
-from decidealot.jobs import EngineSpec
 from decidealot.providers import calibrate
 from decidealot.providers.laya import calibration
 from decidealot.providers.laya.calibration import QTYPE_NAMES, TEMPERATURE_MAX, TEMPERATURE_MIN
-from decidealot.providers.laya.worker.engine import LayaPreparedJob, create
+from decidealot.providers.laya.worker.engine import LayaPreparedJob
 from decidealot.providers.laya.worker.readout import Temperatures, temperature_bucket
 from decidealot.providers.laya.worker.render import QTYPES, question_type
 from decidealot.providers.worker.readout import softmax
@@ -144,17 +143,7 @@ def _summary(fit: Fit) -> list[str]:
 
 def fit(setup: calibrate.Setup) -> calibrate.Outcome:
     """Fit and score a Laya calibration for `setup`'s checkpoint (see the module's docstring)."""
-    calibrations = {setup.key: str(setup.current)} if setup.current is not None else {}
-    engine = create(
-        EngineSpec(
-            factory="decidealot.providers.laya.worker.engine:create",
-            checkpoints={setup.key: str(setup.checkpoint)},
-            preload=[setup.key],
-            device=setup.device,
-            torch_threads=setup.torch_threads,
-            options={"precision": setup.precision, "calibrations": calibrations},
-        )
-    )
+    engine = calibrate.build(setup, "decidealot.providers.laya.worker.engine:create")
     rows, skipped = calibrate.collect(engine, _read, setup)  # type: ignore[arg-type]
     records = [Record(*r.record, r.label.gold) for r in rows]
     fitted = fit_temperatures(records)

@@ -31,11 +31,10 @@ from typing import Any
 import torch
 
 from decidealot.contract import NoulQuestion
-from decidealot.jobs import EngineSpec
 from decidealot.providers import calibrate
 from decidealot.providers.von.calibration import MAP_FEATURES, read_object
 from decidealot.providers.von.worker import readout
-from decidealot.providers.von.worker.engine import VonEngine, VonPreparedJob, create
+from decidealot.providers.von.worker.engine import VonEngine, VonPreparedJob
 
 LO, HI = 0.3, 12.0
 """The bounds `von calibrate` writes with every map."""
@@ -227,17 +226,8 @@ def _von_order(row: calibrate.Row[Any]) -> tuple[int, bool]:
 
 def fit(setup: calibrate.Setup) -> calibrate.Outcome:
     """Fit and score a Von calibration for `setup`'s checkpoint (see the module's docstring)."""
-    calibrations = {setup.key: str(setup.current)} if setup.current is not None else {}
-    engine = create(
-        EngineSpec(
-            factory="decidealot.providers.von.worker.engine:create",
-            checkpoints={setup.key: str(setup.checkpoint)},
-            preload=[setup.key],
-            device=setup.device,
-            torch_threads=setup.torch_threads,
-            options={"precision": setup.precision, "calibrations": calibrations},
-        )
-    )
+    engine = calibrate.build(setup, "decidealot.providers.von.worker.engine:create")
+    assert isinstance(engine, VonEngine)
     rows, skipped = calibrate.collect(
         engine,
         lambda prepared, outputs: _read(engine, prepared, outputs),  # type: ignore[arg-type]
