@@ -16,6 +16,7 @@ import logging
 import os
 import signal
 import sys
+from collections import Counter
 from collections.abc import AsyncIterable, AsyncIterator, Sequence
 from typing import Any, NoReturn
 
@@ -23,8 +24,18 @@ import anyio
 import httpx
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from mcp.server.stdio import stdio_server
+from mcp.shared.dispatcher import coerce_request_id
+from mcp.shared.jsonrpc_dispatcher import cancelled_request_id_from_params
 from mcp.shared.message import SessionMessage
-from mcp_types import ErrorData, JSONRPCError
+from mcp_types import (
+    ErrorData,
+    JSONRPCError,
+    JSONRPCMessage,
+    JSONRPCNotification,
+    JSONRPCRequest,
+    JSONRPCResponse,
+    RequestId,
+)
 
 from decidealot import logs, tracing
 from decidealot.config import ConfigError, Settings
@@ -152,32 +163,67 @@ async def _session(
     backend: Backend, wire: AsyncIterable[bytes] | None = None, stdout: Any = None
 ) -> None:
     """One MCP session over `wire` (the client's lines; None: this process's stdin) and
-    `stdout` (None: this process's)."""
+    `stdout` (None: this process's).
+
+    Every line read is answered before the session ends. At end of file the SDK cancels the
+    requests it is still running (a tool call was answered "Connection closed", a `tools/list`
+    not at all) and a refusal not yet written was lost, so the SDK sees the end of its input
+    only once everything owed has been written (`_ScreenedStdin`, `_Owed`)."""
     server = build_server(backend)
-    refusals, to_answer = anyio.create_memory_object_stream[JsonRpcRefusal](float("inf"))
+    owed = _Owed()
+    to_client, from_server = anyio.create_memory_object_stream[SessionMessage](0)
     lines = _claim_stdin() if wire is None else wire
-    stdin: Any = _ScreenedStdin(lines, refusals)  # the SDK only iterates its lines
+    stdin: Any = _ScreenedStdin(lines, to_client.clone(), owed)  # the SDK only iterates it
     async with (
         stdio_server(stdin=stdin, stdout=stdout) as (read_stream, write_stream),
-        anyio.create_task_group() as answering,
+        anyio.create_task_group() as relaying,
     ):
-        answering.start_soon(_answer_refusals, to_answer, write_stream)
-        await server.run(read_stream, write_stream, server.create_initialization_options())
-        answering.cancel_scope.cancel()
+        relaying.start_soon(_relay, from_server, write_stream, owed)
+        await server.run(read_stream, to_client, server.create_initialization_options())
 
 
-async def _answer_refusals(
-    refusals: MemoryObjectReceiveStream[JsonRpcRefusal],
-    write_stream: MemoryObjectSendStream[SessionMessage],
+class _Owed:
+    """The requests passed to the SDK and not answered yet, by id as the SDK correlates them
+    (`"7"` and `7` are one id), repeats counted."""
+
+    def __init__(self) -> None:
+        self._ids: Counter[RequestId] = Counter()
+        self._none = asyncio.Event()
+        self._none.set()
+
+    def owe(self, request_id: RequestId) -> None:
+        self._ids[coerce_request_id(request_id)] += 1
+        self._none.clear()
+
+    def settle(self, request_id: RequestId) -> None:
+        """`request_id` was answered, or the client cancelled it (a cancelled request is owed
+        nothing: the spec forbids answering it); an id not owed is ignored."""
+        key = coerce_request_id(request_id)
+        if self._ids[key] > 1:
+            self._ids[key] -= 1
+        else:
+            self._ids.pop(key, None)
+        if not self._ids:
+            self._none.set()
+
+    async def paid(self) -> None:
+        """Return once nothing is owed."""
+        await self._none.wait()
+
+
+async def _relay(
+    from_server: MemoryObjectReceiveStream[SessionMessage],
+    to_client: MemoryObjectSendStream[SessionMessage],
+    owed: _Owed,
 ) -> None:
-    """Each line `_ScreenedStdin` kept from the SDK gets its JSON-RPC error on stdout, written
-    by the SDK's own writer so that no two messages share a line."""
-    async for refusal in refusals:
-        error = ErrorData(code=refusal.code, message=refusal.message)
-        if refusal.data is not None:
-            error.data = refusal.data
-        reply = JSONRPCError(jsonrpc="2.0", id=refusal.request_id, error=error)
-        await write_stream.send(SessionMessage(reply))
+    """The SDK's messages and `_ScreenedStdin`'s refusals to the SDK's stdout writer (which
+    writes and flushes each before it ends), each answer settling its request."""
+    async with from_server, to_client:
+        async for message in from_server:
+            await to_client.send(message)
+            answer = message.message
+            if isinstance(answer, JSONRPCResponse | JSONRPCError) and answer.id is not None:
+                owed.settle(answer.id)
 
 
 def _claim_stdin() -> anyio.AsyncFile[bytes]:
@@ -195,29 +241,56 @@ class _ScreenedStdin:
     """stdin as the SDK reads it (UTF-8 lines, undecodable bytes replaced), each line screened
     by the HTTP API's strict parser first and held to the SDK's schema
     (`decidealot.mcp.strict.checked`): a line that is not one JSON-RPC message (not JSON, a
-    batch) never reaches the SDK, which would answer it nothing, and its refusal goes to
-    `refusals` instead; so does a 2026-07-28 request naming a version not served, whose -32022
-    names every version served (the SDK's names one). Blank lines are skipped."""
+    batch) never reaches the SDK, which would answer it nothing, and its refusal goes to the
+    client instead (`to_client`); so does a 2026-07-28 request naming a version not served,
+    whose -32022 names every version served (the SDK's names one). Blank lines are skipped.
+
+    Each request passed on is `owed` an answer; at end of file the SDK sees the end only once
+    every one has been written (a `notifications/cancelled` settles the request it names)."""
 
     def __init__(
-        self, wire: AsyncIterable[bytes], refusals: MemoryObjectSendStream[JsonRpcRefusal]
+        self,
+        wire: AsyncIterable[bytes],
+        to_client: MemoryObjectSendStream[SessionMessage],
+        owed: _Owed,
     ) -> None:
         self._wire = wire
-        self._refusals = refusals
+        self._to_client = to_client
+        self._owed = owed
 
     async def __aiter__(self) -> AsyncIterator[str]:
-        async for line in self._wire:
-            if not line.strip():
-                continue
-            try:
-                screened, message = await asyncio.to_thread(checked, line)  # off the loop
-                version = modern_version(message)
-                if version is not None and version not in SERVED_VERSIONS:
-                    raise unsupported_version(str(version), getattr(message, "id", None))
-            except JsonRpcRefusal as refusal:
-                self._refusals.send_nowait(refusal)
-                continue
-            yield screened.decode("utf-8", errors="replace")
+        async with self._to_client:
+            async for line in self._wire:
+                if not line.strip():
+                    continue
+                try:
+                    screened, message = await asyncio.to_thread(checked, line)  # off the loop
+                    version = modern_version(message)
+                    if version is not None and version not in SERVED_VERSIONS:
+                        raise unsupported_version(str(version), getattr(message, "id", None))
+                except JsonRpcRefusal as refusal:
+                    await self._to_client.send(SessionMessage(_error(refusal)))
+                    continue
+                if isinstance(message, JSONRPCRequest):
+                    self._owed.owe(message.id)
+                elif (cancelled := _cancelled(message)) is not None:
+                    self._owed.settle(cancelled)
+                yield screened.decode("utf-8", errors="replace")
+            await self._owed.paid()
+
+
+def _error(refusal: JsonRpcRefusal) -> JSONRPCError:
+    error = ErrorData(code=refusal.code, message=refusal.message)
+    if refusal.data is not None:
+        error.data = refusal.data
+    return JSONRPCError(jsonrpc="2.0", id=refusal.request_id, error=error)
+
+
+def _cancelled(message: JSONRPCMessage) -> RequestId | None:
+    """The request a `notifications/cancelled` withdraws; None for any other message."""
+    if not isinstance(message, JSONRPCNotification) or message.method != "notifications/cancelled":
+        return None
+    return cancelled_request_id_from_params(message.params)
 
 
 def _leave_now() -> NoReturn:
