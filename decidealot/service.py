@@ -122,6 +122,11 @@ class Service:
         if self._in_flight == 0:
             self._idle.set()
 
+    @property
+    def in_flight(self) -> int:
+        """Requests admitted and not yet finished: what a drain waits for."""
+        return self._in_flight
+
     def was_cut(self, task: asyncio.Task[Any]) -> bool:
         """Whether the drain cancelled `task` (then its request is answered `ShuttingDown`)."""
         return task in self._cut

@@ -101,7 +101,7 @@ def _body_settings(settings: Settings) -> Settings:
 def _session_manager(service: Service) -> StreamableHTTPSessionManager:
     settings = service.settings
     return StreamableHTTPSessionManager(
-        app=build_server(ServiceBackend(service)),
+        app=build_server(ServiceBackend(service, admits=False)),  # the gateway admits /mcp
         stateless=True,
         security_settings=transport_security(settings.mcp_allowed_hosts),
         max_request_body_size=_SCREENED_GROWTH * (settings.max_request_bytes + _FRAMING_BYTES)

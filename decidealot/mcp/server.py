@@ -110,10 +110,15 @@ def _check_size(arguments: Arguments, limit: int) -> None:
 
 
 class ServiceBackend:
-    """Runs tool calls on this process's `Service`, through the HTTP API's validator."""
+    """Runs tool calls on this process's `Service`, through the HTTP API's validator.
 
-    def __init__(self, service: Service) -> None:
+    `admits`: each call is admitted here (stdio). False where the transport has admitted the
+    request already (the gateway admits every `/mcp` request, and a drain that runs out cuts
+    it there), so that the drain's count and the pending bound see an MCP request once."""
+
+    def __init__(self, service: Service, *, admits: bool = True) -> None:
         self._service = service
+        self._admits = admits
 
     async def system_one(self, arguments: Arguments) -> Json:
         async with self._admitted():
@@ -140,8 +145,9 @@ class ServiceBackend:
 
     @asynccontextmanager
     async def _admitted(self) -> AsyncIterator[None]:
-        """Admission as for HTTP requests; every error becomes the HTTP API's envelope."""
-        if not self._service.enter():
+        """Admission as for HTTP requests, unless the transport admitted the call; every error
+        becomes the HTTP API's envelope."""
+        if self._admits and not self._service.enter():
             raise failure_of(ShuttingDown())
         try:
             yield
@@ -153,7 +159,8 @@ class ServiceBackend:
             logs.log_failure(log, exc, "an MCP tool call")
             raise failure_of(DecidealotError()) from None
         finally:
-            self._service.leave()
+            if self._admits:
+                self._service.leave()
 
 
 def build_server(backend: Backend) -> Server[Any]:

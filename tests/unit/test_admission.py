@@ -10,6 +10,7 @@ broken bound shows as a wrong answer, not a hang.
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -23,6 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from decidealot.contract import SystemOneRequest
 from tests.support.app import InProcessApp, in_process
+from tests.support.mcp_clients import MCP_HEADERS, sse_json, tool_outcome
 from tests.support.servers import ALL_FAKES
 
 
@@ -139,3 +141,49 @@ def test_zero_turns_the_pending_bound_off(tmp_path: Path, monkeypatch: pytest.Mo
         hold.release()
         responses = [each.result(timeout=30) for each in sent]
     assert [r.status_code for r in responses] == [200] * 8
+
+
+def mcp_decision(app: InProcessApp, body: dict[str, object], request_id: int) -> httpx.Response:
+    """`system_one` over `POST /mcp`."""
+    call = {"name": "system_one", "arguments": body}
+    message = {"jsonrpc": "2.0", "id": request_id, "method": "tools/call", "params": call}
+    return app.client.post("/mcp", json=message, headers=MCP_HEADERS)
+
+
+def test_an_mcp_decision_is_admitted_once_beside_http_ones(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """At a pending bound of 2, one decision over HTTP and one over /mcp fill it: the next of
+    either kind is refused, and the drain counts the two as two requests (the gateway admits
+    /mcp requests; the tool does not admit them again)."""
+    with (
+        in_process(
+            tmp_path,
+            **ALL_FAKES,
+            DECIDEALOT_MAX_PENDING_REQUESTS="2",
+            DECIDEALOT_MCP_ALLOWED_HOSTS="testserver.local",
+        ) as app,
+        ThreadPoolExecutor(2) as pool,
+        Hold(app, monkeypatch) as hold,
+    ):
+        over_http = pool.submit(post, app, "/v1/systemone", request("laya", "http", held=True))
+        over_mcp = pool.submit(mcp_decision, app, request("von", "mcp", held=True), 1)
+        hold.wait_admitted(2)
+        assert app.service.in_flight == 2
+        assert scraped(app)["decidealot_pending_requests"] == 2
+        refused = post(app, "/v1/systemone", request("clm"))
+        is_error, refused_mcp = tool_outcome(
+            sse_json(mcp_decision(app, request("clm"), 2))["result"]
+        )
+        assert refused.status_code == 503
+        assert refused.json()["code"] == "PROVIDER_UNAVAILABLE"
+        assert is_error and refused_mcp == refused.json()
+        assert app.service.in_flight == 2
+        with caplog.at_level(logging.WARNING, logger="decidealot.service"):
+            app.client.blocking_portal.call(app.service.drain, 0.0)
+        answered = over_http.result(timeout=30)
+        assert answered.status_code == 503
+        assert answered.json()["message"] == "the service shut down before this request finished"
+        over_mcp.result(timeout=30)
+        assert app.service.in_flight == 0
+    assert "2 requests still running after 0 s of draining" in caplog.text
