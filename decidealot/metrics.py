@@ -70,6 +70,11 @@ class Gauge:
     def dec(self, amount: float = 1.0, **labels: str) -> None:
         self._child(labels).dec(amount)
 
+    def remove(self, **labels: str) -> None:
+        """Drop the series with these label values (every series they match, when they name
+        fewer labels than the gauge has) from `/metrics`; a series never set is no error."""
+        self._metric.remove_by_labels(labels)
+
 
 class Histogram:
     """A prometheus_client histogram whose label values are keywords of `observe`."""
@@ -207,9 +212,10 @@ PROVIDER_UNLOADS = REGISTRY.counter(
 )
 INT8_LINEAR_SHARE = REGISTRY.gauge(
     "decidealot_int8_linear_share",
-    "Share (0-1) of a checkpoint's encoder linear layers that run int8, by provider and "
-    "checkpoint, as of its last load: 1 when DECIDEALOT_PRECISION=int8 quantised them all, "
-    "less where the load-time probe kept some in fp32, 0 under the other precisions.",
+    "Share (0-1) of a loaded checkpoint's encoder linear layers that run int8, by provider "
+    "and checkpoint: 1 when DECIDEALOT_PRECISION=int8 quantised them all, less where the "
+    "load-time probe kept some in fp32, 0 under the other precisions. A checkpoint has a "
+    "series only while it is loaded.",
     ("provider", "checkpoint"),
 )
 WORKER_STARTS = REGISTRY.counter(

@@ -102,7 +102,7 @@ class InProcessRuntime:
         self._scheduler = self._channel = None
         if scheduler is not None and channel is not None:
             scheduler.stop()
-            channel.fail_all(STOPPED)
+            channel.end(STOPPED)
 
     async def submit(self, job: Job, sent: Callable[[], None] | None = None) -> Decision:
         scheduler, channel = self._scheduler, self._channel

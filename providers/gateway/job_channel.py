@@ -39,6 +39,9 @@ class JobChannel:
         """When the worker last sent a frame, or when jobs started waiting on an idle one."""
         self.passes: dict[int, float] = {}
         """Compute thread -> when its running pass began."""
+        self._checkpoints: set[str] = set()
+        """The checkpoints the worker reported loaded (`Loaded`), whose gauges `end` removes."""
+        self._ended = False
 
     def open(self, job_id: int) -> asyncio.Future[Decision]:
         """The future `deliver` answers job `job_id` on; the caller `close`s it."""
@@ -57,11 +60,19 @@ class JobChannel:
         self._spans.pop(job_id, None)
         return self.inflight.pop(job_id, None) is not None
 
-    def fail_all(self, message: str) -> None:
+    def end(self, message: str) -> None:
+        """The engine behind this channel is gone (unloaded, released for another provider's,
+        or its worker lost): every job in flight fails with `message`, and the gauges of the
+        checkpoints it reported are removed, so that `/metrics` describes no checkpoint that is
+        not loaded; a `Loaded` frame that still arrives sets none."""
+        self._ended = True
         for future in self.inflight.values():
             if not future.done():
                 future.set_exception(ProviderUnavailable(message))
         self.inflight.clear()
+        for checkpoint in self._checkpoints:
+            metrics.INT8_LINEAR_SHARE.remove(provider=self._provider, checkpoint=checkpoint)
+        self._checkpoints.clear()
 
     def deliver(self, frame: FromWorker) -> None:
         """Apply one frame after the handshake; FrameError for one that has no place here."""
@@ -100,8 +111,11 @@ class JobChannel:
         """A checkpoint loaded: the share of its linear layers that run int8, and a warning
         when `DECIDEALOT_PRECISION=int8` left some in fp32 (answers then move less, and cost
         more, than int8 promises)."""
+        if self._ended:
+            return
         share = frame.int8_layers / frame.linear_layers if frame.linear_layers else 0.0
         metrics.INT8_LINEAR_SHARE.set(share, provider=self._provider, checkpoint=frame.checkpoint)
+        self._checkpoints.add(frame.checkpoint)
         if frame.precision == "int8" and frame.kept_fp32:
             self._log.warning(
                 "%s checkpoint %s (%s) runs %d of its %d linear layers in int8 under "

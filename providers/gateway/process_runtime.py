@@ -250,7 +250,7 @@ class ProcessRuntime:
         worker.alive = False
         if worker.watchdog is not None:
             worker.watchdog.cancel()
-        worker.channel.fail_all(STOPPED)
+        worker.channel.end(STOPPED)
         released = worker.released = asyncio.get_running_loop().create_future()
         await worker.send(encode(Release()))
         try:
@@ -296,7 +296,7 @@ class ProcessRuntime:
         worker.alive = False
         if worker.watchdog is not None:
             worker.watchdog.cancel()
-        worker.channel.fail_all(STOPPED)
+        worker.channel.end(STOPPED)
         process = worker.process
         if process.stdin is not None and not process.stdin.is_closing():
             process.stdin.close()

@@ -60,7 +60,7 @@ class WorkerProcess:
     def abandon(self, message: str) -> None:
         """Fail every job in flight and kill the process; its reader task reaps it."""
         self.alive = False
-        self.channel.fail_all(message)
+        self.channel.end(message)
         if self.process.returncode is None:
             with contextlib.suppress(ProcessLookupError):
                 self.process.kill()

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.checkpoints import TinyCheckpoints
 from tests.support.ops_launcher import children
@@ -236,3 +237,55 @@ def test_a_worker_that_dies_after_a_switch_gives_503_and_the_next_request_recove
     check_answer("von", decide(gateway, "von", 2))
     check_answer("laya-english", decide(gateway, "laya-english", 3))
     assert children(gateway.process.pid) - {worker}
+
+
+def reported_checkpoints(server: RunningServer) -> set[tuple[str, str]]:
+    """(provider, checkpoint) of each `decidealot_int8_linear_share` series in /metrics."""
+    text = httpx.get(server.url + "/metrics", timeout=10).text
+    return {
+        (sample.labels["provider"], sample.labels["checkpoint"])
+        for family in text_string_to_metric_families(text)
+        if family.name == "decidealot_int8_linear_share"
+        for sample in family.samples
+    }
+
+
+def wait_reported(server: RunningServer, expected: set[tuple[str, str]]) -> set[tuple[str, str]]:
+    """The reported checkpoints once they are `expected` (or after 30 s, as they are then)."""
+    deadline = time.monotonic() + 30
+    while (reported := reported_checkpoints(server)) != expected and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return reported
+
+
+def test_a_checkpoints_gauges_go_when_it_unloads_whatever_unloads_it(
+    tmp_path: Path, tiny: TinyCheckpoints
+) -> None:
+    """`decidealot_int8_linear_share` has a series for a checkpoint only while it is loaded: a
+    switch (eviction), unload-all, the worker's death and the idle unload each remove it. The
+    first three take it away before the request or the kill they follow is done with;
+    the idle unload and a death are waited for."""
+    server = serve(tmp_path / "gauges", tiny, DECIDEALOT_PROVIDER_IDLE_UNLOAD_SECONDS="3")
+    laya, von = ("laya", "english"), ("von", "von-1.1")
+    try:
+        check_answer("laya-english", decide(server, "laya-english"))
+        assert reported_checkpoints(server) == {laya}
+        check_answer("von", decide(server, "von"))  # evicts laya: its worker swaps engines
+        assert reported_checkpoints(server) == {von}
+        assert server.metric("decidealot_provider_unloads_total", reason="evicted") == 1
+
+        assert httpx.post(server.url + "/v1/models/unload", timeout=30).status_code == 200
+        assert reported_checkpoints(server) == set()
+
+        check_answer("von", decide(server, "von"))
+        (worker,) = children(server.process.pid)
+        os.kill(worker, signal.SIGKILL)
+        assert wait_reported(server, set()) == set()
+        assert server.metric("decidealot_worker_failures_total", reason="exited") == 1
+
+        check_answer("von", decide(server, "von"))
+        assert reported_checkpoints(server) == {von}
+        assert wait_reported(server, set()) == set()  # the idle unload, 3 s after
+        assert server.metric("decidealot_provider_unloads_total", reason="idle") == 1
+    finally:
+        assert server.stop() == 0
