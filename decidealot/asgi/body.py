@@ -6,9 +6,10 @@ so neither a huge upload nor a zip bomb is ever held in memory. A zstd frame may
 the window its decoder must hold (up to 128 MiB by zstd's default); the window is bounded by the
 body limit too, so decoding memory never depends on what a frame declares.
 
-An answer given before the body has all arrived (413 up front, 415) is followed by reading and
-dropping the rest (`Incoming.discard`, bounded): a client that writes its whole body before it
-reads, as httpx does, would otherwise find the connection reset and lose the answer.
+An answer given before the body has all arrived (401, 413 up front, 415) is followed by reading
+and dropping the rest (`Incoming.discard`, bounded; the gateway in `decidealot.asgi.middleware`
+does it for every route): a client that writes its whole body before it reads, as httpx does,
+would otherwise find the connection reset and may lose the answer.
 """
 
 from __future__ import annotations
@@ -54,11 +55,6 @@ class Incoming:
         if message["type"] != "http.request" or not message.get("more_body", False):
             self.complete = True
         return message
-
-    def unread_after(self, error: Exception) -> bool:
-        """Whether the body is still on its way after `error` answered the request early; a body
-        that timed out is not waited for again."""
-        return not self.complete and not isinstance(error, RequestTimeout)
 
     async def discard(self, settings: Settings) -> None:
         """After an early answer, read and drop what is left of the body (for at most the read

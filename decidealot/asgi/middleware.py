@@ -2,6 +2,11 @@
 request ids, bearer auth, admission while draining, an access line, a last-resort 500, and the
 request's trace span (continuing the caller's `traceparent`). A request still running when the
 drain runs out is cancelled by it (`Service.drain`) and answered 503 here, never cut off.
+
+Whatever answered a request before its body had all arrived (a 401 here, a 503 while draining,
+a 413 or 415 from a route, a 404), the rest of the body is then read and dropped
+(`Incoming.discard`, bounded): a server that closes a connection with bytes still coming makes
+the kernel reset it, and a client still writing sees the reset, not the answer.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import msgspec
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
 from decidealot import logs, metrics, tracing
+from decidealot.asgi.body import Incoming
 from decidealot.contract import ErrorBody
 from decidealot.errors import DecidealotError, ShuttingDown, Unauthorized
 from decidealot.service import Service
@@ -100,6 +106,7 @@ class AuthAdmission:
             await self._app(scope, receive, send)
             return
         headers = dict(scope["headers"])
+        incoming = Incoming(receive)  # the app reads through it: `complete` is known here
         request_id = request_id_from(headers.get(b"x-request-id"))
         token = logs.request_id.set(request_id)
         stamp = request_id.encode()
@@ -131,19 +138,19 @@ class AuthAdmission:
         ) as span:
             try:
                 if path in PUBLIC_PATHS or path.startswith(PUBLIC_PREFIXES):
-                    await self._app(scope, receive, send_with_id)
+                    await self._app(scope, incoming, send_with_id)
                 elif self._keys is not None and not (by := self._authorized(headers)):
                     challenge = _challenge(headers)
                     await send_error(
                         send_with_id, Unauthorized(), [(b"www-authenticate", challenge)]
                     )
                 elif path in UNADMITTED_PATHS:
-                    await self._app(scope, receive, send_with_id)
+                    await self._app(scope, incoming, send_with_id)
                 elif not self._service.enter(task := asyncio.current_task()):
                     await send_error(send_with_id, ShuttingDown(), [])
                 else:
                     try:
-                        await self._app(scope, receive, send_with_id)
+                        await self._app(scope, incoming, send_with_id)
                     except asyncio.CancelledError:
                         if task is None or not self._service.was_cut(task):
                             raise
@@ -168,6 +175,8 @@ class AuthAdmission:
                 metrics.HTTP_REQUESTS.inc(route=route, method=method, status=str(status))
                 metrics.HTTP_DURATION.observe(seconds, route=route)
                 logs.request_id.reset(token)
+        if answered and status != 408 and not incoming.complete and _has_body(headers):
+            await incoming.discard(self._service.settings)  # a 408's body is not waited for
 
     def _authorized(self, headers: dict[bytes, bytes]) -> str:
         """` key <id>` of the key the request's bearer token matches; "" when none does."""
@@ -180,6 +189,12 @@ class AuthAdmission:
             if hmac.compare_digest(token, key):
                 matched = f" key {ident}"
         return matched if scheme.lower() == b"bearer" else ""
+
+
+def _has_body(headers: dict[bytes, bytes]) -> bool:
+    """Whether the request says a body follows (a GET without one has nothing to drop)."""
+    length = headers.get(b"content-length", b"").strip()
+    return b"transfer-encoding" in headers or (length.isdigit() and int(length) > 0)
 
 
 def key_id(key: str) -> str:

@@ -7,11 +7,10 @@ from typing import Any
 
 import msgspec
 from litestar import Litestar, Request, Response, get, post
-from litestar.background_tasks import BackgroundTask
 from litestar.exceptions import HTTPException
 
 from decidealot import logs, metrics
-from decidealot.asgi.body import Incoming, read_body
+from decidealot.asgi.body import read_body
 from decidealot.asgi.disconnect import CLIENT_GONE, ClientGone, unless_gone
 from decidealot.asgi.middleware import ASGIApp, AuthAdmission, error_body
 from decidealot.contract import ErrorBody, ValidationErrorBody
@@ -56,17 +55,10 @@ def create_app(service: Service) -> ASGIApp:
     settings = service.settings
     mcp = McpEndpoint(service)
 
-    async def body_of(request: Request[Any, Any, Any], incoming: Incoming) -> Any:
-        return parse_json(await read_body(incoming, dict(request.scope["headers"]), settings))
-
-    def refusal(
-        request: Request[Any, Any, Any], exc: DecidealotError, incoming: Incoming
-    ) -> Response[bytes]:
-        """The error's answer; a body still arriving is read and dropped after it is sent."""
-        response = _on_error(request, exc)
-        if incoming.unread_after(exc):
-            response.background = BackgroundTask(incoming.discard, settings)
-        return response
+    async def body_of(request: Request[Any, Any, Any]) -> Any:
+        """The body, parsed; what an early refusal leaves unread the gateway drops."""
+        headers = dict(request.scope["headers"])
+        return parse_json(await read_body(request.receive, headers, settings))
 
     @get("/health", sync_to_thread=False)
     def health() -> Response[bytes]:
@@ -80,26 +72,24 @@ def create_app(service: Service) -> ASGIApp:
 
     @post("/v1/systemone")
     async def systemone(request: Request[Any, Any, Any]) -> Response[bytes]:
-        incoming = Incoming(request.receive)
         try:  # answered here, not raised: rejections are the hot path under bad clients
-            validated = await validate_request(await body_of(request, incoming), service.catalog)
+            validated = await validate_request(await body_of(request), service.catalog)
             return _json(await unless_gone(request.receive, service.executor.decide(validated)))
         except DecidealotError as exc:
-            return refusal(request, exc, incoming)
+            return _on_error(request, exc)
         except ClientGone:
             return Response(b"", status_code=CLIENT_GONE)
 
     @post("/v1/systemone/batch")
     async def systemone_batch(request: Request[Any, Any, Any]) -> Response[bytes]:
-        incoming = Incoming(request.receive)
         try:
             batch = await validate_batch(
-                await body_of(request, incoming), service.catalog, settings.max_batch_requests
+                await body_of(request), service.catalog, settings.max_batch_requests
             )
             decided = service.executor.decide_batch(batch)
             return _json(await unless_gone(request.receive, decided))
         except DecidealotError as exc:
-            return refusal(request, exc, incoming)
+            return _on_error(request, exc)
         except ClientGone:
             return Response(b"", status_code=CLIENT_GONE)
 

@@ -33,7 +33,7 @@ from mcp.shared.inbound import (
 from mcp_types import UNSUPPORTED_PROTOCOL_VERSION, JSONRPCMessage, JSONRPCRequest
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
-from decidealot.asgi.body import Incoming, read_body
+from decidealot.asgi.body import read_body
 from decidealot.asgi.middleware import send_error
 from decidealot.config import Settings
 from decidealot.errors import DecidealotError, UnsupportedMediaType
@@ -195,18 +195,15 @@ class McpEndpoint:
                 await send_error(send, MethodNotAllowed(), [(b"allow", b"POST")])
                 return
             headers = dict(scope["headers"])
-            incoming = Incoming(receive)
             try:
                 if b"content-type" not in headers:
                     raise UnsupportedMediaType("send the JSON-RPC message as application/json")
-                body = await read_body(incoming, headers, body_settings)
+                body = await read_body(receive, headers, body_settings)
                 screened, message = await asyncio.to_thread(checked, body)  # off the loop
                 if (misrouted := _misrouted(message, headers)) is not None:
                     raise misrouted
             except DecidealotError as error:  # 400, 408, 413 or 415, as the REST API
-                await send_error(send, error, [])
-                if incoming.unread_after(error):
-                    await incoming.discard(body_settings)
+                await send_error(send, error, [])  # the gateway drops what is left of the body
                 return
             except JsonRpcRefusal as refusal:
                 await send_refusal(send, refusal)
