@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, cast
 
 from decidealot import logs, registry
@@ -20,6 +21,7 @@ from decidealot.catalog import Catalog
 from decidealot.checkpoints.paths import with_checkpoints
 from decidealot.config import Settings
 from decidealot.contract import Health, ModelList
+from decidealot.errors import ShuttingDown
 from decidealot.executor import Executor
 from decidealot.protocols import LocalProvider, LocalRuntime, Provider
 from decidealot.residency import Residency
@@ -28,6 +30,13 @@ log = logging.getLogger("decidealot.service")
 
 _UNWIND_SECONDS = 5.0
 """How long requests cancelled at the end of a drain get to unwind and answer."""
+
+CUT_SHORT = ShuttingDown("the service shut down before this request finished")
+"""What a request the drain cancelled is answered (503)."""
+
+ADMITTED = contextvars.ContextVar[asyncio.Task[Any] | None]("decidealot_admitted", default=None)
+"""The task of the admitted request being served here, where a transport hands its work to
+another task (the MCP SDK runs each `/mcp` tool call on a task of its own): see `cut_instead`."""
 
 
 def build_providers(settings: Settings) -> list[Provider]:
@@ -126,6 +135,27 @@ class Service:
     def in_flight(self) -> int:
         """Requests admitted and not yet finished: what a drain waits for."""
         return self._in_flight
+
+    @contextlib.contextmanager
+    def cut_instead(
+        self, request: asyncio.Task[Any] | None, worker: asyncio.Task[Any] | None
+    ) -> Iterator[None]:
+        """While the block runs, a drain that runs out cancels `worker`, the task doing the
+        work of admitted request `request`, instead of `request` itself: the work then answers
+        `CUT_SHORT` in its own terms (an MCP tool error) and the request's response completes,
+        where cancelling the request would cut its response off. Nothing changes for a request
+        not admitted with its task, or already cut."""
+        if request is None or worker is None or request not in self._requests - self._cut:
+            yield
+            return
+        self._requests.discard(request)
+        self._requests.add(worker)
+        try:
+            yield
+        finally:
+            self._requests.discard(worker)
+            self._cut.discard(worker)
+            self._requests.add(request)
 
     def was_cut(self, task: asyncio.Task[Any]) -> bool:
         """Whether the drain cancelled `task` (then its request is answered `ShuttingDown`)."""

@@ -27,7 +27,7 @@ from decidealot import logs, metrics, tracing
 from decidealot.asgi.body import Incoming
 from decidealot.contract import ErrorBody
 from decidealot.errors import DecidealotError, ShuttingDown, Unauthorized
-from decidealot.service import Service
+from decidealot.service import CUT_SHORT, Service
 
 log = logging.getLogger("decidealot.http")
 
@@ -41,7 +41,6 @@ OAuth here, and their 404 without a key tells a client so, where a 401 sends it 
 discovery and registration to a dead end."""
 UNADMITTED_PATHS = frozenset({"/metrics"})
 """Behind auth, but answered while draining too: a scrape can watch the drain."""
-_CUT = ShuttingDown("the service shut down before this request finished")
 _METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 _REQUEST_ID = re.compile(
     r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
@@ -156,7 +155,7 @@ class AuthAdmission:
                             raise
                         task.uncancel()  # the drain ran out: answer, never cut the connection
                         if not status:
-                            await send_error(send_with_id, _CUT, [])
+                            await send_error(send_with_id, CUT_SHORT, [])
                         elif not answered:
                             await send_with_id({"type": "http.response.body", "body": b""})
                     finally:

@@ -40,7 +40,7 @@ from decidealot.errors import DecidealotError, UnsupportedMediaType
 from decidealot.mcp.server import ServiceBackend, build_server
 from decidealot.mcp.strict import JsonRpcRefusal, checked
 from decidealot.mcp.versions import SERVED_VERSIONS, modern_version, unsupported_version
-from decidealot.service import Service
+from decidealot.service import ADMITTED, Service
 
 MCP_PATH = "/mcp"
 
@@ -209,7 +209,11 @@ class McpEndpoint:
                 await send_refusal(send, refusal)
                 return
             scope, receive = _plain(scope, receive, screened)
-            await manager.handle_request(scope, receive, send)  # type: ignore[arg-type]
+            token = ADMITTED.set(asyncio.current_task())  # the gateway admitted this task
+            try:
+                await manager.handle_request(scope, receive, send)  # type: ignore[arg-type]
+            finally:
+                ADMITTED.reset(token)
 
         self.route = mcp_endpoint
 

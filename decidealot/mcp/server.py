@@ -14,9 +14,10 @@ sends them to a running Decidealot.
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import AbstractContextManager, asynccontextmanager, contextmanager, nullcontext
 from typing import Any, Protocol
 
 import msgspec
@@ -49,7 +50,7 @@ from decidealot.mcp.tools import (
     listing,
 )
 from decidealot.mcp.versions import SERVED_VERSIONS
-from decidealot.service import Service
+from decidealot.service import ADMITTED, CUT_SHORT, Service
 from decidealot.validation.requests import validate_batch, validate_request
 
 log = logging.getLogger("decidealot.mcp")
@@ -145,12 +146,18 @@ class ServiceBackend:
 
     @asynccontextmanager
     async def _admitted(self) -> AsyncIterator[None]:
-        """Admission as for HTTP requests, unless the transport admitted the call; every error
-        becomes the HTTP API's envelope."""
-        if self._admits and not self._service.enter():
+        """Admission as for HTTP requests, unless the transport admitted the call (then a drain
+        that runs out cancels this call, not the transport's request: `Service.cut_instead`);
+        every error, a cut included, becomes the HTTP API's envelope."""
+        service, task = self._service, asyncio.current_task()
+        admission: AbstractContextManager[None] = nullcontext()
+        if not self._admits:
+            admission = service.cut_instead(ADMITTED.get(), task)
+        elif not service.enter(task):
             raise failure_of(ShuttingDown())
         try:
-            yield
+            with admission, self._cut_answered(task):
+                yield
         except DecidealotError as error:
             raise failure_of(error) from None
         except ToolFailure:
@@ -160,7 +167,19 @@ class ServiceBackend:
             raise failure_of(DecidealotError()) from None
         finally:
             if self._admits:
-                self._service.leave()
+                service.leave(task)
+
+    @contextmanager
+    def _cut_answered(self, task: asyncio.Task[Any] | None) -> Iterator[None]:
+        """A call the drain cancelled when it ran out is answered `CUT_SHORT`, as the gateway
+        answers an HTTP request it cut."""
+        try:
+            yield
+        except asyncio.CancelledError:
+            if task is None or not self._service.was_cut(task):
+                raise
+            task.uncancel()
+            raise failure_of(CUT_SHORT) from None
 
 
 def build_server(backend: Backend) -> Server[Any]:

@@ -155,7 +155,9 @@ def test_an_mcp_decision_is_admitted_once_beside_http_ones(
 ) -> None:
     """At a pending bound of 2, one decision over HTTP and one over /mcp fill it: the next of
     either kind is refused, and the drain counts the two as two requests (the gateway admits
-    /mcp requests; the tool does not admit them again)."""
+    /mcp requests; the tool does not admit them again). When the drain runs out, each is
+    answered that it was cut short: the MCP one as a tool error in its event stream, not a
+    stream that ends without a message."""
     with (
         in_process(
             tmp_path,
@@ -184,6 +186,8 @@ def test_an_mcp_decision_is_admitted_once_beside_http_ones(
         answered = over_http.result(timeout=30)
         assert answered.status_code == 503
         assert answered.json()["message"] == "the service shut down before this request finished"
-        over_mcp.result(timeout=30)
+        cut = over_mcp.result(timeout=30)
+        assert cut.status_code == 200
+        assert tool_outcome(sse_json(cut)["result"]) == (True, answered.json())
         assert app.service.in_flight == 0
     assert "2 requests still running after 0 s of draining" in caplog.text
