@@ -82,10 +82,18 @@ class AuthAdmission:
         service: Service,
         routes: Collection[str] = (),
         mounts: Collection[str] = (),
+        largest_body: int | None = None,
     ) -> None:
-        """`routes` and `mounts` (path prefixes) are the metrics' `route` label values."""
+        """`routes` and `mounts` (path prefixes) are the metrics' `route` label values;
+        `largest_body` is the largest body any route takes (`/mcp` takes its JSON-RPC framing
+        above DECIDEALOT_MAX_REQUEST_BYTES), which bounds what is dropped after an early answer
+        (`Incoming.discard`)."""
         self._app = app
         self._service = service
+        settings = service.settings
+        self._discard = msgspec.structs.replace(
+            settings, max_request_bytes=largest_body or settings.max_request_bytes
+        )
         keys = service.settings.api_key
         self._keys = None if keys is None else {key.encode(): key_id(key) for key in keys}
         self._routes = frozenset(routes)
@@ -175,7 +183,7 @@ class AuthAdmission:
                 metrics.HTTP_DURATION.observe(seconds, route=route)
                 logs.request_id.reset(token)
         if answered and status != 408 and not incoming.complete and _has_body(headers):
-            await incoming.discard(self._service.settings)  # a 408's body is not waited for
+            await incoming.discard(self._discard)  # a 408's body is not waited for
 
     def _authorized(self, headers: dict[bytes, bytes]) -> str:
         """` key <id>` of the key the request's bearer token matches; "" when none does."""

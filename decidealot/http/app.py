@@ -130,4 +130,10 @@ def create_app(service: Service) -> ASGIApp:
         logging_config=None,
     )
     routes = {route.path for route in app.routes if "{" not in route.path} - {MCP_PATH}
-    return AuthAdmission(app, service, routes=routes, mounts=[MCP_PATH, docs.ASSETS_PATH])
+    return AuthAdmission(
+        app,
+        service,
+        routes=routes,
+        mounts=[MCP_PATH, docs.ASSETS_PATH],
+        largest_body=mcp.body_limit,
+    )

@@ -188,6 +188,8 @@ class McpEndpoint:
         self._manager = _session_manager(service)
         manager = self._manager
         body_settings = _body_settings(service.settings)
+        self.body_limit = body_settings.max_request_bytes
+        """The largest body /mcp reads: DECIDEALOT_MAX_REQUEST_BYTES and the framing."""
 
         @asgi(MCP_PATH, is_mount=True, copy_scope=True)
         async def mcp_endpoint(scope: Scope, receive: Receive, send: Send) -> None:
