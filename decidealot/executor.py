@@ -51,8 +51,8 @@ from decidealot.errors import (
     ProviderUnavailable,
     RequestInvalid,
 )
-from decidealot.jobs import Decision
-from decidealot.protocols import HostedProvider, JobOrder, LocalProvider, LocalRuntime
+from decidealot.jobs import Decision, Job
+from decidealot.protocols import HostedProvider, LocalProvider, LocalRuntime
 from decidealot.residency import Residency
 
 log = logging.getLogger("decidealot.executor")
@@ -116,7 +116,7 @@ class Executor:
         started = time.perf_counter()
         try:
             if provider.local:
-                local = cast(LocalProvider[object], provider)
+                local = cast(LocalProvider, provider)
                 response = await self._run_local(local, route.selector, request, sent)
             else:
                 response = await cast(HostedProvider, provider).decide(route.selector, request)
@@ -150,7 +150,7 @@ class Executor:
             provider = routed.route.provider
             lanes.setdefault(provider.name, []).append(index)
             if provider.local:
-                runtimes[provider.name] = cast(LocalProvider[object], provider).runtime
+                runtimes[provider.name] = cast(LocalProvider, provider).runtime
         local = bool(runtimes)
         results: list[SystemOneResponse | None] = [None] * len(batch)
         failures: dict[int, BaseException] = {}
@@ -203,21 +203,25 @@ class Executor:
 
     async def _run_local(
         self,
-        provider: LocalProvider[object],
+        provider: LocalProvider,
         selector: str,
         request: SystemOneRequest,
         sent: Callable[[], None] | None,
     ) -> SystemOneResponse:
-        """Prepare the request before any wait (so refusals are immediate), make its job
-        before the hold or, when the provider asks, inside it (on the lane), then run the job
-        on the provider's runtime inside its residency slot and lane."""
-        prepared = await provider.accept(selector, request)
-        order = None if provider.job_in_lane else await provider.job(prepared)
+        """Accept the request before any wait (so refusals are immediate), make its job (if
+        it has calls to make) before the hold or, when it asks, inside it (on the lane), then
+        run the job on the provider's runtime inside its residency slot and lane."""
+        accepted = await provider.accept(selector, request)
+        if isinstance(accepted, Job):
+            async with self._residency.use(provider.runtime):
+                decision = await provider.runtime.submit(accepted, sent)
+            return respond(decision)
+        made = None if accepted.in_lane else await accepted.make()
         async with self._residency.use(provider.runtime):
-            if order is None:
-                order = await provider.job(prepared)
-            decision = await provider.runtime.submit(order.job, sent)
-        return respond(order, decision)
+            if made is None:
+                made = await accepted.make()
+            decision = await provider.runtime.submit(made.job, sent)
+        return respond(decision, made.gateway_tokens)
 
     def _batch_slot(self) -> contextlib.AbstractAsyncContextManager[object]:
         return self._batch_calls if self._batch_calls is not None else contextlib.nullcontext()
@@ -233,10 +237,10 @@ class Executor:
         )
 
 
-def respond(order: JobOrder, decision: Decision) -> SystemOneResponse:
+def respond(decision: Decision, gateway_tokens: int = 0) -> SystemOneResponse:
     """The response to a local decision: the worker's answers, and every model token the
     request cost (the worker's and the gateway's, e.g. CLM's encoder calls)."""
-    tokens = decision.input_tokens + order.gateway_tokens
+    tokens = decision.input_tokens + gateway_tokens
     return SystemOneResponse(decision.model, decision.answers, Usage(input_tokens=tokens))
 
 

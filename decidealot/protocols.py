@@ -1,22 +1,20 @@
 """The interface between the gateway's core (executor, residency, catalog) and every provider.
 
 The core knows providers only through these protocols. A hosted provider (Jev) answers a
-request itself (`HostedProvider.decide`). A local provider turns a request into a worker `Job`
-in two explicit steps: `accept` (everything that may refuse it: routing, bounds; before any
-wait) and `job` (everything that makes the job, e.g. CLM's encoder calls); the executor runs the
-job on the provider's `runtime` inside the residency slot and lane it is admitted to. Provider
-code never sees HTTP, residency, the catalog or bundles; transport code never sees tensors.
+request itself (`HostedProvider.decide`). A local provider `accept`s a request before any
+wait (everything that may refuse it: routing, bounds) into a worker `Job`, or, where making the
+job calls out (CLM's encoder), into a `JobToMake`; the executor runs the job on the provider's
+`runtime` inside the residency slot and lane it is admitted to. Provider code never sees HTTP,
+residency, the catalog or bundles; transport code never sees tensors.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import NamedTuple, Protocol, TypeVar, runtime_checkable
+from typing import NamedTuple, Protocol, runtime_checkable
 
 from decidealot.contract import ModelInfo, SystemOneRequest, SystemOneResponse
 from decidealot.jobs import Decision, Job
-
-Accepted = TypeVar("Accepted")
 
 
 @runtime_checkable
@@ -83,26 +81,31 @@ class LocalRuntime(Protocol):
         job."""
 
 
-class JobOrder(NamedTuple):
-    """A job for the worker, and the model tokens the gateway already spent making it (CLM's
-    encoder calls), which `usage.input_tokens` adds to the worker's."""
+class MadeJob(NamedTuple):
+    """A job made in the gateway, and the model tokens spent making it (CLM's encoder calls),
+    which `usage.input_tokens` adds to the worker's."""
 
     job: Job
-    gateway_tokens: int = 0
+    gateway_tokens: int
+
+
+class JobToMake(Protocol):
+    """An accepted request whose job takes calls out to make (CLM's encoder calls)."""
+
+    in_lane: bool
+    """`make` runs inside the residency hold, on the lane (CLM's encoder shares the serial
+    lane); otherwise before the hold."""
+
+    async def make(self) -> MadeJob:
+        """The job that answers the accepted request, and the tokens its calls spent."""
 
 
 @runtime_checkable
-class LocalProvider(Provider, Protocol[Accepted]):
+class LocalProvider(Provider, Protocol):
     runtime: LocalRuntime
 
-    job_in_lane: bool
-    """`job` runs inside the residency hold, on the lane (CLM's encoder shares the serial
-    lane); otherwise before it."""
-
-    async def accept(self, selector: str, request: SystemOneRequest) -> Accepted:
+    async def accept(self, selector: str, request: SystemOneRequest) -> Job | JobToMake:
         """Everything that may refuse `request` sent to `selector`, before any residency
-        wait, so refusals (routing, bounds, the work bound) answer at once. Raises
-        `RequestInvalid` or `ProviderUnavailable` as `HostedProvider.decide` does."""
-
-    async def job(self, prepared: Accepted) -> JobOrder:
-        """The job that answers the prepared request; may call out (CLM's encoder)."""
+        wait, so refusals (routing, bounds, the work bound) answer at once: the `Job` ready
+        to run, or what makes it. Raises `RequestInvalid` or `ProviderUnavailable` as
+        `HostedProvider.decide` does."""

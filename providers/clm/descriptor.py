@@ -93,7 +93,7 @@ def _build(settings: Settings, section: ClmSettings) -> Provider:
         selectors=SELECTORS,
         max_text_bytes=section.clm_max_text_bytes,
         max_request_tokens=request_token_limit(settings, runtime.device),
-        job_in_lane=not _free_of_lane(section),
+        in_lane=not _free_of_lane(section),
     )
 
 

@@ -15,7 +15,7 @@ from typing import Self
 from decidealot.config import Settings
 from decidealot.contract import ModelInfo, SystemOneRequest
 from decidealot.jobs import EngineSpec, Job
-from decidealot.protocols import JobOrder, LocalRuntime
+from decidealot.protocols import LocalRuntime
 from decidealot.providers.gateway.process_runtime import ProcessRuntime
 
 ChooseCheckpoint = Callable[[str, SystemOneRequest], Awaitable[str]]
@@ -37,7 +37,6 @@ class CheckpointProvider:
 
     local = True
     accepts_temperature = False
-    job_in_lane = False
 
     def __init__(
         self,
@@ -95,6 +94,3 @@ class CheckpointProvider:
             questions=request.questions,
             config=request.config,
         )
-
-    async def job(self, prepared: Job) -> JobOrder:
-        return JobOrder(prepared)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import random
 import subprocess
 import sys
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +15,7 @@ import pytest
 
 from decidealot import registry
 from decidealot.contract import SystemOneRequest
-from decidealot.protocols import JobOrder
+from decidealot.jobs import Job
 from decidealot.providers.gateway.checkpoint_provider import CheckpointProvider
 from decidealot.providers.laya.descriptor import SELECTORS
 from decidealot.providers.laya.gateway import lang
@@ -158,14 +160,12 @@ def test_long_states_read_what_upstream_reads(upstream: Any) -> None:
     """Upstream reads the whole state's first 4000 characters, its lines up to 4000 characters
     in all (the segment scan), then every line of every string value, each cut at 4000: a
     foreign field far past the window still leaves the English checkpoint."""
-    keys = ("script", "language", "is_english", "language_undecided", "mixed_segment")
     rng = random.Random("laya-long")
     routed = set()
     for _ in range(60):
         state = _long_state(rng)
         assert len(msgspec.json.encode(state)) > 4000
-        theirs = upstream_lang.analyse(state)
-        assert {k: lang.analyse(state)[k] for k in keys} == {k: theirs[k] for k in keys}
+        assert _ours(state) == _theirs(state)
         expected = upstream.route(state, {"q": {"type": "noul"}})["model"]
         assert route("laya", state, ["q"]) == expected
         routed.add(expected)
@@ -177,12 +177,70 @@ def upstream() -> Any:
     return upstream_router.Router(auto_task_detection=True)
 
 
+DETECTED = ("script", "is_english", "language_undecided")
+"""What routing reads of a detection: `lang.Detection`'s fields, upstream's keys."""
+
+
+def _ours(state: Any) -> dict[str, object]:
+    detection = lang.analyse(state)
+    return {key: getattr(detection, key) for key in DETECTED}
+
+
+def _theirs(state: Any) -> dict[str, object]:
+    detection = upstream_lang.analyse(state)
+    return {key: detection[key] for key in DETECTED}
+
+
 def test_detection_matches_upstream_analyse() -> None:
-    keys = ("script", "language", "is_english", "language_undecided", "mixed_segment")
     for state in _corpus():
-        theirs = upstream_lang.analyse(state)
-        ours = lang.analyse(state)
-        assert {k: ours[k] for k in keys} == {k: theirs[k] for k in keys}, state
+        assert _ours(state) == _theirs(state), state
+
+
+def test_detection_reads_what_routing_reads() -> None:
+    """`Detection` holds upstream's fields that routing reads, and nothing else."""
+    assert tuple(field.name for field in fields(lang.Detection)) == DETECTED
+
+
+def test_the_state_is_walked_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    walks: list[object] = []
+    walk = lang.text_leaves
+
+    def counted(state: Any, limit: int = 0) -> list[str] | None:
+        walks.append(state)
+        return walk(state, limit)
+
+    monkeypatch.setattr(lang, "text_leaves", counted)
+    state = {"note": "the order is late\nwe waited", "messages": ["hello there", "gracias"]}
+    lang.analyse(state)
+    assert walks == [state]
+
+
+@pytest.mark.parametrize(
+    ("selector", "state", "names", "inline"),
+    [
+        ("laya-english", "x" * 100_000, ["q"], True),
+        ("laya", "x" * 100_000, sorted(TYPED_DECISION_WORKFLOWS["customer_service"]), True),
+        ("laya", {"note": "the order is late"}, ["q"], True),
+        ("laya", {"note": "the order is late " * 200}, ["q"], False),
+        ("laya", ["a"] * 3000, ["q"], False),
+    ],
+)
+async def test_routing_leaves_the_loop_only_for_large_states(
+    monkeypatch: pytest.MonkeyPatch, selector: str, state: Any, names: list[str], inline: bool
+) -> None:
+    """A selector or workflow is a look-up and a small state is read at once, on the loop; a
+    state whose walk passes `INLINE_DETECTION_COST` is read on a thread, to the same route."""
+    threads: list[object] = []
+    to_thread = asyncio.to_thread
+
+    async def counted(*args: Any) -> Any:
+        threads.append(args)
+        return await to_thread(*args)
+
+    monkeypatch.setattr(asyncio, "to_thread", counted)
+    request = _request(selector, state, names)
+    assert await checkpoint_for(selector, request) == route(selector, state, names)
+    assert (threads == []) is inline
 
 
 def test_auto_routing_matches_upstream_router(upstream: Any) -> None:
@@ -286,9 +344,8 @@ async def test_provider_routes_and_answers(
     selector: str, state: Any, names: list[str], checkpoint: str
 ) -> None:
     provider = CheckpointProvider("laya", None, SELECTORS, checkpoint_for)  # type: ignore[arg-type]
-    prepared = await provider.accept(selector, _request(selector, state, names))
-    job = prepared
-    assert await provider.job(prepared) == JobOrder(job, gateway_tokens=0)
+    job = await provider.accept(selector, _request(selector, state, names))
+    assert isinstance(job, Job)  # ready to run: nothing to make in the gateway
     assert job.checkpoint == checkpoint
     assert job.state == state and list(job.questions) == names
 

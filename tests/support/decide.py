@@ -8,6 +8,7 @@ import msgspec
 
 from decidealot.contract import SystemOneRequest, SystemOneResponse
 from decidealot.executor import respond
+from decidealot.jobs import Job
 from decidealot.protocols import LocalProvider
 from decidealot.service import Service
 from decidealot.validation.requests import validate_request
@@ -17,7 +18,7 @@ class Deciding:
     """Wraps a `LocalProvider` with `decide(selector, request)`: what the executor does for
     one request, less the residency slot and lane; other attributes are the provider's."""
 
-    def __init__(self, provider: LocalProvider[Any]) -> None:
+    def __init__(self, provider: LocalProvider) -> None:
         self.provider = provider
 
     def __getattr__(self, name: str) -> Any:
@@ -26,9 +27,11 @@ class Deciding:
     async def decide(self, selector: str, request: SystemOneRequest) -> SystemOneResponse:
         if not self.provider.runtime.loaded:
             await self.provider.runtime.load()
-        prepared = await self.provider.accept(selector, request)
-        order = await self.provider.job(prepared)
-        return respond(order, await self.provider.runtime.submit(order.job))
+        accepted = await self.provider.accept(selector, request)
+        if isinstance(accepted, Job):
+            return respond(await self.provider.runtime.submit(accepted))
+        made = await accepted.make()
+        return respond(await self.provider.runtime.submit(made.job), made.gateway_tokens)
 
 
 async def through_service(service: Service, request: SystemOneRequest) -> SystemOneResponse:

@@ -38,7 +38,7 @@ from decidealot.contract import (
 )
 from decidealot.errors import ProviderUnavailable, RequestInvalid
 from decidealot.jobs import Decision, Job
-from decidealot.protocols import JobOrder, Provider
+from decidealot.protocols import Provider
 
 ANSWERING_MODEL = {"laya": "laya-english", "von": "von-1.1", "clm": "clm-0.1-8b"}
 
@@ -124,8 +124,6 @@ async def _decide(
 
 
 class FakeProvider:
-    job_in_lane = False
-
     def __init__(self, name: str, local: bool) -> None:
         self.name = name
         self.local = local
@@ -149,9 +147,6 @@ class FakeProvider:
 
     async def accept(self, selector: str, request: SystemOneRequest) -> Job:
         return Job(selector, request.state, request.questions, request.config)
-
-    async def job(self, prepared: Job) -> JobOrder:
-        return JobOrder(prepared)
 
     async def decide(self, selector: str, request: SystemOneRequest) -> SystemOneResponse:
         return await _decide(self.name, selector, request.state, request.questions)

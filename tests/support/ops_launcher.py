@@ -21,7 +21,7 @@ from decidealot.config import Settings
 from decidealot.contract import ModelInfo, SystemOneRequest
 from decidealot.http.server import run
 from decidealot.jobs import EngineSpec, Job
-from decidealot.protocols import JobOrder, Provider
+from decidealot.protocols import Provider
 from decidealot.providers.gateway.process_runtime import ProcessRuntime
 from decidealot.service import Service
 from tests.support.fakes import FakeProvider
@@ -36,7 +36,6 @@ class WorkerProvider:
 
     local = True
     accepts_temperature = False
-    job_in_lane = False
 
     def __init__(self, name: str, runtime: ProcessRuntime) -> None:
         self.name = name
@@ -59,9 +58,6 @@ class WorkerProvider:
     async def accept(self, selector: str, request: SystemOneRequest) -> Job:
         steer = request.state.get("arith", {}) if isinstance(request.state, dict) else {}
         return Job(selector, request.state, request.questions, config=steer)
-
-    async def job(self, prepared: Job) -> JobOrder:
-        return JobOrder(prepared)
 
 
 def build(settings: Settings) -> list[Provider]:

@@ -291,22 +291,22 @@ async def test_the_executor_runs_the_encoder_calls_inside_the_hold_unless_parall
 ) -> None:
     deciding = make_provider()
     provider: ClmProvider = deciding.provider
-    provider.job_in_lane = in_lane
+    provider.in_lane = in_lane
     residency = Residency(registry.settings(provider_idle_unload_seconds=0))
     residency.register(provider.runtime, "local", "clm")
     holding: dict[str, int] = {}
-    accept, embed = provider.accept, provider.job
+    accept, embed = provider.accept, provider._encoder.embed
 
     async def watched_accept(selector: str, request: SystemOneRequest) -> object:
         holding["prepare"] = residency.active("clm")  # decisions inside the hold now
         return await accept(selector, request)
 
-    async def watched_embed(*args: object) -> object:
+    async def watched_embed(*args: object, **options: object) -> object:
         holding["encoder"] = residency.active("clm")
-        return await embed(*args)  # type: ignore[arg-type]
+        return await embed(*args, **options)  # type: ignore[arg-type]
 
     provider.accept = watched_accept  # type: ignore[method-assign]
-    provider.job = watched_embed  # type: ignore[method-assign]
+    provider._encoder.embed = watched_embed  # type: ignore[method-assign]
     routed = Routed(_request(), Route(provider, "clm"))
     response = await Executor(residency, ["clm"]).decide(routed)
     assert set(response.answers) == {"queue", "urgent"} and len(fake.calls) == 2
@@ -347,7 +347,7 @@ async def test_the_service_builds_the_worker_spec_and_lane(
     )
     (provider,) = build_providers(settings)
     assert isinstance(provider, ClmProvider)
-    assert provider.job_in_lane is not parallel
+    assert provider.in_lane is not parallel
     runtime = provider.runtime
     assert lane_of("clm", runtime, settings) == lane
     spec = runtime._spec  # type: ignore[attr-defined]

@@ -9,24 +9,24 @@ an index saying which rows each question uses (layout documented in
 `decidealot.providers.clm.worker.engine`). `usage.input_tokens` is the encoder's `prompt_tokens`
 for the calls actually made.
 
-Serial lane: by default the whole decision (encoder calls in `job`, and the head pass) runs inside
-one residency hold of the CLM runtime (`job_in_lane`), on the lane the service gives it, which it
-shares with Laya and Von, so the encoder (which may share the GPU or the cores) and the head never
-overlap another local model's forward pass. With `clm_parallel_with_local_models` the runtime takes
-no lane, the encoder calls run before the residency hold, and only the head pass holds a slot.
+Serial lane: by default the whole decision (the encoder calls in `ClmJobToMake.make`, and the
+head pass) runs inside one residency hold of the CLM runtime (`in_lane`), on the lane the service
+gives it, which it shares with Laya and Von, so the encoder (which may share the GPU or the
+cores) and the head never overlap another local model's forward pass. With
+`clm_parallel_with_local_models` the runtime takes no lane, the encoder calls run before the
+residency hold, and only the head pass holds a slot.
 """
 
 from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import NamedTuple
 
 from decidealot.contract import ModelInfo, SystemOneRequest
 from decidealot.errors import RequestInvalid, over_token_limit
 from decidealot.frames import MAX_FRAME_BYTES
 from decidealot.jobs import Job
-from decidealot.protocols import JobOrder, LocalRuntime
+from decidealot.protocols import LocalRuntime, MadeJob
 from decidealot.providers.clm.gateway.encoder_client import EncoderClient
 from decidealot.providers.clm.render import RenderedQuestion, render_questions
 
@@ -111,12 +111,32 @@ def _bounded(name: str, question: RenderedQuestion, limit: int) -> None:
             )
 
 
-class ClmPrepared(NamedTuple):
-    """A request whose texts are rendered, bounded and de-duplicated: what its encoder calls
-    will send."""
+@dataclass(frozen=True)
+class ClmJobToMake:
+    """An accepted request, its texts rendered, bounded and de-duplicated
+    (`decidealot.protocols.JobToMake`): `make` calls the encoder and builds the job."""
 
     request: SystemOneRequest
     texts: EncoderTexts
+    encoder: EncoderClient
+    in_lane: bool
+
+    async def make(self) -> MadeJob:
+        """The encoder calls and the job they feed: each distinct vector once, in the order
+        `texts.index` counts them; the encoder's prompt tokens are the gateway's share of
+        `usage.input_tokens`."""
+        request, texts = self.request, self.texts
+        states = await self.encoder.embed(texts.states, cache=False)
+        options = await self.encoder.embed(texts.options, cache=True)
+        job = Job(
+            checkpoint=CHECKPOINT,
+            state=request.state,
+            questions=request.questions,
+            config=request.config,
+            vectors=b"".join((*states.rows, *options.rows)),
+            vector_index=texts.index,
+        )
+        return MadeJob(job, states.prompt_tokens + options.prompt_tokens)
 
 
 class ClmProvider:
@@ -134,16 +154,16 @@ class ClmProvider:
         selectors: tuple[ModelInfo, ...],
         max_text_bytes: int,
         max_request_tokens: int = 0,
-        job_in_lane: bool = True,
+        in_lane: bool = True,
     ):
-        """`job_in_lane`: the encoder calls run inside the residency hold, on the lane.
+        """`in_lane`: the encoder calls run inside the residency hold, on the lane.
         `max_request_tokens` bounds a request's `EncoderTexts.cost` (0: no bound)."""
         self._encoder = encoder
         self.runtime = runtime
         self._selectors = selectors
         self._max_text_bytes = max_text_bytes
         self._max_request_tokens = max_request_tokens
-        self.job_in_lane = job_in_lane
+        self.in_lane = in_lane
 
     async def start(self) -> None:
         await self._encoder.start()
@@ -155,7 +175,7 @@ class ClmProvider:
     async def models(self) -> list[ModelInfo]:
         return list(self._selectors)
 
-    async def accept(self, selector: str, request: SystemOneRequest) -> ClmPrepared:
+    async def accept(self, selector: str, request: SystemOneRequest) -> ClmJobToMake:
         """Render, bound and de-duplicate every text (off the loop) and check the request's
         cost, before any wait."""
         texts = await asyncio.to_thread(encoder_texts, request, self._max_text_bytes)
@@ -168,21 +188,4 @@ class ClmProvider:
         limit = self._max_request_tokens
         if limit and (cost := texts.cost) > limit:
             raise over_token_limit(cost, limit)
-        return ClmPrepared(request, texts)
-
-    async def job(self, prepared: ClmPrepared) -> JobOrder:
-        """The encoder calls and the job they feed: each distinct vector once, in the order
-        `texts.index` counts them; the encoder's prompt tokens are the gateway's share of
-        `usage.input_tokens`."""
-        request, texts = prepared
-        states = await self._encoder.embed(texts.states, cache=False)
-        options = await self._encoder.embed(texts.options, cache=True)
-        job = Job(
-            checkpoint=CHECKPOINT,
-            state=request.state,
-            questions=request.questions,
-            config=request.config,
-            vectors=b"".join((*states.rows, *options.rows)),
-            vector_index=texts.index,
-        )
-        return JobOrder(job, states.prompt_tokens + options.prompt_tokens)
+        return ClmJobToMake(request, texts, self._encoder, self.in_lane)

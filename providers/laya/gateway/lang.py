@@ -1,14 +1,18 @@
-# This module carries the detection tables and rules of `laya/lang.py` from the `laya` package,
-# version 0.4.15, by Convai Innovations (https://github.com/NandhaKishorM/laya), licensed under
-# the Apache License, Version 2.0 (http://www.apache.org/licenses/LICENSE-2.0). The word lists,
-# script ranges and thresholds are reproduced unchanged so routing matches upstream exactly; the
-# code was restructured for Decidealot (no diagnostics, JSON states only).
-"""Pure-Python language and script detection for choosing a Laya checkpoint (laya.md §7).
+"""Language and script detection for choosing a Laya checkpoint (laya.md §7): a copy of
+upstream `laya.lang` from the `laya` package 0.4.15 (Convai Innovations,
+https://huggingface.co/convaiinnovations/laya), licensed under the Apache License 2.0 (its
+`laya-0.4.15.dist-info/licenses/LICENSE`; http://www.apache.org/licenses/LICENSE-2.0).
+
+Why a copy: it runs in the gateway, which must not import torch, and the `laya` package
+requires torch and transformers (and `import laya.lang` loads numpy through the package's
+`__init__`). The word lists, script ranges and thresholds are upstream's, unchanged, so routing
+matches upstream exactly (tests/parity/test_laya_router.py compares both on every sample);
+the code is restructured: JSON states only, no diagnostics, the state's string leaves read once
+(`text_leaves`), and a typed `Detection` holding only what the router reads.
 
 The one question routing asks: can the English checkpoint read this state? Script decides most
 of it (any dominant non-Latin script is not English); for Latin text a stopword and diacritic
-heuristic names the language or leaves it undecided. `analyse` mirrors upstream
-`laya.lang.analyse` on JSON states (strings, objects, arrays).
+heuristic names the language or leaves it undecided.
 """
 
 from __future__ import annotations
@@ -18,7 +22,8 @@ import re
 import unicodedata
 from collections import Counter
 from collections.abc import Mapping
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 # fmt: off
 _SCRIPT_RANGES = [
@@ -251,29 +256,59 @@ _LETTER_RUN = re.compile(r"[^\W\d_]{2,}")
 _SHOUTED_MIN_STOPWORD = 4
 _SHOUTED_MIN_WORD = 5
 
-Detection = dict[str, Any]
-"""Upstream's detection record: script, script_profile, language, is_english,
-language_undecided, diacritic_rate, non_latin_fraction, mixed_segment."""
+
+@dataclass(frozen=True, slots=True)
+class Detection:
+    """What routing reads of a state (upstream's `analyse` record, less what nobody reads)."""
+
+    script: str
+    """The dominant script: `latin`, a named non-Latin script, `other`, or `unknown` (no
+    letters)."""
+    is_english: bool
+    """The English checkpoint can read it."""
+    language_undecided: bool
+    """Latin text whose language the heuristic could not name."""
 
 
-def _iter_text(state: Any, depth: int = 0) -> list[str]:
-    """String leaves of a state (object values, array items), at most 6 levels deep."""
-    if depth > 6 or state is None:
-        return []
-    if isinstance(state, str):
-        return [state]
-    if isinstance(state, Mapping):
-        return [leaf for value in state.values() for leaf in _iter_text(value, depth + 1)]
-    if isinstance(state, list | tuple):
-        return [leaf for value in state for leaf in _iter_text(value, depth + 1)]
-    return []
+class _Reading(NamedTuple):
+    """One text's reading, with the evidence the per-line checks weigh."""
+
+    script: str
+    language: str | None
+    is_english: bool
+    language_undecided: bool
+    diacritic_rate: float
 
 
-def detection_text(state: Any, max_chars: int = MAX_CHARS) -> str:
+def text_leaves(state: Any, limit: int = 0) -> list[str] | None:
+    """String leaves of a state (object values, array items, depth first), at most 6 levels
+    deep: the one walk of a state; every reading below works on its leaves. With a `limit`,
+    None once the walk has cost more than it (a character of a leaf, or a value visited, is one)."""
+    leaves: list[str] = []
+    cost = 0
+    stack: list[tuple[Any, int]] = [(state, 0)]
+    while stack:
+        value, depth = stack.pop()
+        cost += 1
+        if depth > 6 or value is None:
+            pass
+        elif isinstance(value, str):
+            leaves.append(value)
+            cost += len(value)
+        elif isinstance(value, Mapping):
+            stack.extend((item, depth + 1) for item in reversed(list(value.values())))
+        elif isinstance(value, list | tuple):
+            stack.extend((item, depth + 1) for item in reversed(value))
+        if limit and cost > limit:
+            return None
+    return leaves
+
+
+def detection_text(leaves: list[str], max_chars: int = MAX_CHARS) -> str:
     """The leaves joined by spaces, cut to `max_chars` (keys are ignored: usually English)."""
     parts: list[str] = []
     budget = max_chars
-    for leaf in _iter_text(state):
+    for leaf in leaves:
         if budget <= 0:
             break
         if len(leaf) > budget:
@@ -380,9 +415,17 @@ def _english_rescued_by_words(words: list[str], diacritic_rate: float) -> bool:
     return sum(1 for w in set(words) if any(ch in _NON_EN_DIACRITICS for ch in w)) <= 1
 
 
-def latin_profile(text: str) -> dict[str, Any]:
-    """Latin-script language evidence: language (or None), english_hits, diacritic_rate,
-    looks_non_english."""
+class _LatinEvidence(NamedTuple):
+    """Latin-script language evidence of one text."""
+
+    language: str | None
+    diacritic_rate: float
+    looks_non_english: bool
+
+
+def _latin_profile(text: str) -> _LatinEvidence:
+    """The language a Latin text names (or None), its diacritic rate, and whether it looks
+    non-English even so."""
     words = _WORD.findall(_IDENTIFIER.sub(" ", text).replace("İ", "i").lower())
     lowered = text.lower()
     diacritics = sum(1 for ch in lowered if ch in _NON_EN_DIACRITICS)
@@ -391,19 +434,9 @@ def latin_profile(text: str) -> dict[str, Any]:
     word_set = set(words)
     nordic_overlap = bool(word_set & _NORDIC_OVERLAP_WORDS) and not bool(word_set & _EN_ONLY_WORDS)
     if 1 < len(words) < 4 and word_set & _SHORT_SWEDISH_WORDS:
-        return {
-            "language": "sv",
-            "english_hits": 0,
-            "diacritic_rate": rate,
-            "looks_non_english": non_english,
-        }
+        return _LatinEvidence("sv", rate, non_english)
     if len(words) < 4:
-        return {
-            "language": None,
-            "english_hits": 0,
-            "diacritic_rate": rate,
-            "looks_non_english": non_english or nordic_overlap,
-        }
+        return _LatinEvidence(None, rate, non_english or nordic_overlap)
 
     counts = Counter(words)
     scores = {
@@ -432,12 +465,7 @@ def latin_profile(text: str) -> dict[str, Any]:
         lang = best_lg
     elif en and (not non_english or _english_rescued_by_words(words, rate)):
         lang = "en"
-    return {
-        "language": lang,
-        "english_hits": en,
-        "diacritic_rate": rate,
-        "looks_non_english": non_english or (lang is None and nordic_overlap),
-    }
+    return _LatinEvidence(lang, rate, non_english or (lang is None and nordic_overlap))
 
 
 def _shouted(text: str) -> bool:
@@ -470,21 +498,21 @@ def _named_prose_language(segment: str) -> str | None:
     tokens = _WORD.findall(prose)
     if len(tokens) < 4:
         return None
-    profile = latin_profile(prose)
-    lang = profile["language"]
+    profile = _latin_profile(prose)
+    lang = profile.language
     if lang in (None, "en"):
         return None
-    if shouted and not _shouted_evidence(tokens, lang, float(profile["diacritic_rate"])):
+    if shouted and not _shouted_evidence(tokens, lang, profile.diacritic_rate):
         return None
     if len({w.lower() for w in tokens} & _STOP.get(lang, set())) < 2:
         return None
     return lang
 
 
-def _non_english_segment(state: Any, max_chars: int = MAX_CHARS) -> tuple[str, str] | None:
-    """(language, line) of the first line or field, within `max_chars`, naming a language."""
+def _non_english_segment(leaves: list[str], max_chars: int = MAX_CHARS) -> str | None:
+    """The language of the first line or field, within `max_chars`, naming one."""
     seen = 0
-    for leaf in _iter_text(state):
+    for leaf in leaves:
         for line in leaf.split("\n"):
             if seen >= max_chars:
                 return None
@@ -492,12 +520,12 @@ def _non_english_segment(state: Any, max_chars: int = MAX_CHARS) -> tuple[str, s
             seen += len(line)
             lang = _named_prose_language(line)
             if lang:
-                return lang, line.strip()
+                return lang
     return None
 
 
-def _analyse_text(text: str) -> Detection:
-    """Detection for one flattened string (the whole-state read)."""
+def _read_text(text: str) -> _Reading:
+    """The reading of one flattened string (the whole-state read)."""
     counts = _script_counts(text)
     profile = _profile_from_counts(counts)
     script = _script_from_counts(counts)
@@ -506,33 +534,15 @@ def _analyse_text(text: str) -> Detection:
     if script == "latin" and _non_latin_words(text) and _non_latin_carries(non_latin, n_non_latin):
         script = max((s for s in profile if s != "latin"), key=profile.get)  # type: ignore[arg-type]
     if script == "unknown":
-        return {
-            "script": "unknown",
-            "script_profile": profile,
-            "language": None,
-            "is_english": True,
-            "language_undecided": True,
-            "diacritic_rate": 0.0,
-            "non_latin_fraction": 0.0,
-            "mixed_segment": None,
-        }
+        return _Reading("unknown", None, True, True, 0.0)
     if script != "latin":
-        return {
-            "script": script,
-            "script_profile": profile,
-            "language": None,
-            "is_english": False,
-            "language_undecided": True,
-            "diacritic_rate": 0.0,
-            "non_latin_fraction": non_latin,
-            "mixed_segment": None,
-        }
-    latin = latin_profile(text)
-    lang = latin["language"]
+        return _Reading(script, None, False, True, 0.0)
+    latin = _latin_profile(text)
+    lang = latin.language
     if lang not in (None, "en") and not _non_latin_carries(non_latin, n_non_latin):
         if _shouted(text):
             # An all-caps state must show more than acronyms before it is named foreign.
-            if not _shouted_evidence(_WORD.findall(text), lang, float(latin["diacritic_rate"])):
+            if not _shouted_evidence(_WORD.findall(text), lang, latin.diacritic_rate):
                 lang = None
         else:
             # Acronym-shaped capital runs inside mixed-case text do not vote.
@@ -540,90 +550,72 @@ def _analyse_text(text: str) -> Detection:
             if caps and not any(len(c) >= _SHOUTED_MIN_WORD for c in caps):
                 blanked = _blank_acronyms(text)
                 if blanked != text:
-                    lang = latin_profile(blanked)["language"]
+                    lang = _latin_profile(blanked).language
     undecided = lang is None
-    english = lang == "en" or (undecided and not latin["looks_non_english"])
-    return {
-        "script": "latin",
-        "script_profile": profile,
-        "language": lang,
-        "is_english": english,
-        "language_undecided": undecided,
-        "diacritic_rate": round(float(latin["diacritic_rate"]), 4),
-        "non_latin_fraction": non_latin,
-        "mixed_segment": None,
-    }
+    english = lang == "en" or (undecided and not latin.looks_non_english)
+    rate = round(latin.diacritic_rate, 4)
+    return _Reading("latin", lang, english, undecided, rate)
 
 
-def _leaf_non_english(leaf: str) -> Detection | None:
-    """The detection of the longest line of `leaf` that is not safe for English, else None."""
+def _leaf_non_english(leaf: str) -> _Reading | None:
+    """The reading of the longest line of `leaf` that is not safe for English, else None."""
     best_letters = -1
-    best: Detection | None = None
+    best: _Reading | None = None
     for line in leaf.split("\n"):
         if len(line) < 7:
             continue
         sample = line[:MAX_CHARS]
         if not sample.strip() or _CODE_LINE.search(sample):
             continue
-        detection = _analyse_text(sample)
-        if detection["is_english"]:
+        reading = _read_text(sample)
+        if reading.is_english:
             continue
-        named = (
-            detection["language"] not in (None, "en") and _named_prose_language(sample) is not None
-        )
+        named = reading.language not in (None, "en") and _named_prose_language(sample) is not None
         if not named:
-            if detection["script"] not in ("latin", "unknown"):
+            if reading.script not in ("latin", "unknown"):
                 letters = sum(map(str.isalpha, sample))
                 if not (_non_latin_words(sample) and letters >= NON_LATIN_MIN_LETTERS):
                     continue
             elif not (
-                float(detection["diacritic_rate"]) >= NON_EN_DIACRITIC_RATE
-                and len(_WORD.findall(sample)) >= 4
+                reading.diacritic_rate >= NON_EN_DIACRITIC_RATE and len(_WORD.findall(sample)) >= 4
             ):
                 continue
         letters = sum(map(str.isalpha, sample))
         if letters > best_letters:
-            best_letters, best = letters, detection
+            best_letters, best = letters, reading
     return best
 
 
-def analyse(state: Any) -> Detection:
-    """Upstream `laya.lang.analyse` for a JSON state.
+def analyse(state: Any, leaves: list[str] | None = None) -> Detection:
+    """Upstream `laya.lang.analyse` for a JSON state, reduced to what routing reads; `leaves`
+    is `text_leaves(state)` where the caller already has it.
 
     The whole state is read first (first 4000 characters of its leaves); a state that reads as
     English is then checked line by line and field by field, because one non-English message
     among English fields must still leave the English checkpoint.
     """
-    result = _analyse_text(detection_text(state))
-    if result["script"] == "latin" and result["is_english"]:
-        leaves = _iter_text(state)
-        if len(leaves) > 1 or any("\n" in leaf for leaf in leaves):
-            found = _non_english_segment(state)
-            if found:
-                lang, mixed = found
-                result = {
-                    **result,
-                    "language": lang,
-                    "is_english": False,
-                    "language_undecided": False,
-                    "mixed_segment": mixed,
-                }
-    if isinstance(state, str) or state is None or not result["is_english"]:
+    if leaves is None:
+        leaves = text_leaves(state) or []
+    whole = _read_text(detection_text(leaves))
+    result = Detection(whole.script, whole.is_english, whole.language_undecided)
+    if (
+        whole.script == "latin"
+        and whole.is_english
+        and (len(leaves) > 1 or any("\n" in leaf for leaf in leaves))
+        and _non_english_segment(leaves)
+    ):
+        result = Detection("latin", is_english=False, language_undecided=False)
+    if isinstance(state, str) or not result.is_english:
         return result
     best_letters = -1
-    best: Detection | None = None
-    for leaf in _iter_text(state):
-        detection = _leaf_non_english(leaf)
-        if detection is None:
+    best: _Reading | None = None
+    for leaf in leaves:
+        reading = _leaf_non_english(leaf)
+        if reading is None:
             continue
         letters = sum(map(str.isalpha, leaf[:MAX_CHARS]))
         if letters > best_letters:
-            best_letters, best = letters, detection
+            best_letters, best = letters, reading
     if best is None:
         return result
-    return {
-        **result,
-        "language": best["language"],
-        "is_english": False,
-        "language_undecided": best["language_undecided"],
-    }
+    return Detection(result.script, is_english=False, language_undecided=best.language_undecided)

@@ -13,10 +13,16 @@ import asyncio
 from collections.abc import Iterable
 
 from decidealot.contract import State, SystemOneRequest
-from decidealot.providers.laya.gateway.lang import analyse
+from decidealot.providers.laya.gateway import lang
 
 FALLBACK = "multilingual"
 AUTO_SELECTORS = ("laya", "laya-auto", "laya-latest")
+INLINE_DETECTION_COST = 2000
+"""States up to this size (characters of string values, plus one per value) are routed on the
+event loop. Detection costs up to 1.2 us a character there (2.4 ms at 2000, English fields on a
+busy 2-core host: bench figures in docs/performance.md), under the interpreter's 5 ms switch
+interval: a thread would hold the GIL, and so the loop, as long, and its hop alone costs
+50-80 us, more than detection of a typical short state (30-600 us)."""
 DIRECT_SELECTORS = {
     "laya-english": "english",
     "laya-multilingual": "multilingual",
@@ -43,20 +49,22 @@ def workflow_of(question_names: Iterable[str]) -> str | None:
     return next((wf for wf, ids in TYPED_DECISION_WORKFLOWS.items() if names == ids), None)
 
 
-def detect_checkpoint(state: State) -> str:
-    """`english` or `multilingual` by script and language, as upstream's built-in detection."""
-    detection = analyse(state)
-    if detection["script"] == "unknown":
+def detect_checkpoint(state: State, leaves: list[str] | None = None) -> str:
+    """`english` or `multilingual` by script and language, as upstream's built-in detection
+    (`leaves`: the state's `lang.text_leaves`, where the caller has them)."""
+    detection = lang.analyse(state, leaves)
+    if detection.script == "unknown":
         return FALLBACK
-    if detection["script"] != "latin" or not detection["is_english"]:
+    if detection.script != "latin" or not detection.is_english:
         return "multilingual"
-    if detection["language_undecided"]:
+    if detection.language_undecided:
         return FALLBACK
     return "english"
 
 
-def route(selector: str, state: State, question_names: Iterable[str]) -> str:
-    """The checkpoint key (`english`, `multilingual`, `typed-decisions`) for one request."""
+def named_checkpoint(selector: str, question_names: Iterable[str]) -> str | None:
+    """The checkpoint the selector or the question set names (a direct selector, a
+    typed-decisions workflow), else None: detection decides."""
     direct = DIRECT_SELECTORS.get(selector)
     if direct is not None:
         return direct
@@ -64,10 +72,24 @@ def route(selector: str, state: State, question_names: Iterable[str]) -> str:
         raise ValueError(f"{selector!r} is not a Laya selector")
     if workflow_of(question_names) is not None:
         return "typed-decisions"
-    return detect_checkpoint(state)
+    return None
+
+
+def route(selector: str, state: State, question_names: Iterable[str]) -> str:
+    """The checkpoint key (`english`, `multilingual`, `typed-decisions`) for one request."""
+    return named_checkpoint(selector, question_names) or detect_checkpoint(state)
 
 
 async def checkpoint_for(selector: str, request: SystemOneRequest) -> str:
-    """`route` for a request, off the event loop: routing reads every line of every string
-    value (as upstream), and a state may be megabytes."""
-    return await asyncio.to_thread(route, selector, request.state, request.questions)
+    """`route` for a request. A selector or workflow that names the checkpoint is a look-up,
+    answered on the loop; so is detection over a state whose walk costs at most
+    `INLINE_DETECTION_COST`.
+    Detection reads every line of every string value (as upstream) and a state may be
+    megabytes, so above that it runs off the event loop."""
+    named = named_checkpoint(selector, request.questions)
+    if named is not None:
+        return named
+    leaves = lang.text_leaves(request.state, limit=INLINE_DETECTION_COST)
+    if leaves is not None:
+        return detect_checkpoint(request.state, leaves)
+    return await asyncio.to_thread(detect_checkpoint, request.state)
