@@ -196,10 +196,3 @@ def run_together(
                 task.outputs[index] = output
                 task.running -= 1
     return [engine.finish(task.prepared, task.outputs) for task in tasks]
-
-
-class RunsTogether:
-    """Gives an engine `run(batch)`: its prepared jobs through `run_together`."""
-
-    def run(self: Engine, batch: Sequence[PreparedJob]) -> list[Decision]:  # type: ignore[misc]
-        return run_together(self, batch)

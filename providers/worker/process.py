@@ -41,7 +41,8 @@ log = logging.getLogger("decidealot.worker")
 
 
 def build_engine(spec: EngineSpec) -> Engine:
-    """Import `spec.factory` and call it with the spec, with torch's thread count applied.
+    """Import `spec.factory` and call it with the spec, with torch's thread count applied
+    (the one place that sets it: OpenMP's and MKL's before torch is imported, torch's after).
 
     What the imports made is frozen out of the garbage collector's reach (`gc.freeze`): it
     lives as long as the process, and a full collection over torch's objects took 0.4 s of

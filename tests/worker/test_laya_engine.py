@@ -193,7 +193,7 @@ def test_prepare_reports_tokens_and_group(engine: LayaEngine) -> None:
         },
     )
     prepared = engine.prepare(job)
-    assert prepared.group == "multilingual"
+    assert prepared.key == "multilingual" and prepared.group is engine._checkpoint("multilingual")
     assert prepared.input_tokens == sum(len(row.ids) for row in prepared.rows)
     decision = run_together(engine, [prepared])[0]
     assert decision.input_tokens == prepared.input_tokens

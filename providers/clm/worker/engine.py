@@ -26,7 +26,6 @@ from decidealot.contract import Answer, Question, ScoreQuestion
 from decidealot.jobs import Decision, EngineSpec, Job, PassShape
 from decidealot.providers.clm.render import option_keys, score_legend
 from decidealot.providers.clm.worker.head import HeadFileError, HeadPair, load_heads
-from decidealot.providers.worker.passes import RunsTogether
 from decidealot.providers.worker.readout import answer_from_probabilities, first_max, softmax
 
 FLOAT32_BYTES = 4
@@ -75,7 +74,7 @@ def answer(question: Question, logits: list[float]) -> Answer:
     )
 
 
-class ClmEngine(RunsTogether):
+class ClmEngine:
     """Serves one or more head files by checkpoint key; every head loads at creation."""
 
     shape = PassShape()

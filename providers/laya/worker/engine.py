@@ -12,6 +12,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 
@@ -20,7 +21,6 @@ from decidealot.jobs import Decision, EngineSpec, Job, PassShape
 from decidealot.providers.laya.worker import readout
 from decidealot.providers.laya.worker.model import PASS_INPUTS, Checkpoint, load_checkpoint
 from decidealot.providers.laya.worker.render import LayaRow, render_rows
-from decidealot.providers.worker.passes import RunsTogether
 from decidealot.providers.worker.precision import CheckpointLoad, LoadReports, engine_precision
 
 CHECKPOINT_KEYS = ("english", "multilingual", "typed-decisions")
@@ -34,17 +34,20 @@ is pure waste there: a turn is cut wherever that saves more padding than this.""
 
 @dataclass(frozen=True, slots=True)
 class LayaPreparedJob:
-    """A job's rendered rows plus what readout needs."""
+    """A job's rendered rows plus what readout needs; its checkpoint, looked up once in
+    `prepare`, is its rows' group, so `forward` and `finish` have it at hand."""
 
-    group: str
+    group: Checkpoint
+    key: str
+    """The checkpoint's key (`english`, ...), which names the answering model."""
     input_tokens: int
     questions: dict[str, Question]
     rows: list[LayaRow]
 
 
-class LayaEngine(RunsTogether):
+class LayaEngine:
     """Serves the three Laya checkpoints; each loads once, at create or on its first job.
-    `prepare` and `run` may be called from several threads at once."""
+    `prepare` and `forward` may be called from several threads at once."""
 
     def __init__(self, spec: EngineSpec):
         unknown = set(spec.checkpoints) - set(CHECKPOINT_KEYS)
@@ -104,18 +107,18 @@ class LayaEngine(RunsTogether):
             checkpoint.texts,
         )
         tokens = sum(len(row.ids) for row in rows)
-        return LayaPreparedJob(job.checkpoint, tokens, job.questions, rows)
+        return LayaPreparedJob(checkpoint, job.checkpoint, tokens, job.questions, rows)
 
     def forward(self, group: Hashable, rows: Sequence[LayaRow]) -> list[list[float]]:
-        return self._forward(self._checkpoint(str(group)), rows)
+        return self._forward(cast(Checkpoint, group), rows)
 
     def finish(self, prepared: LayaPreparedJob, outputs: Sequence[object]) -> Decision:
-        temperatures = self._checkpoint(prepared.group).temperatures
+        temperatures = prepared.group.temperatures
         answers = {
             name: readout.answer(question, outputs[i], temperatures)  # type: ignore[arg-type]
             for i, (name, question) in enumerate(prepared.questions.items())
         }
-        return Decision(f"laya-{prepared.group}", answers, prepared.input_tokens)
+        return Decision(f"laya-{prepared.key}", answers, prepared.input_tokens)
 
     def _forward(self, checkpoint: Checkpoint, rows: Sequence[LayaRow]) -> list[list[float]]:
         """One padded pass; returns each row's logits trimmed to its own option count."""
@@ -155,7 +158,6 @@ def calibrations(spec: EngineSpec, keys: Sequence[str]) -> dict[str, str]:
 
 
 def create(spec: EngineSpec) -> LayaEngine:
-    """The engine factory `EngineSpec.factory` names."""
-    if spec.torch_threads > 0:
-        torch.set_num_threads(spec.torch_threads)
+    """The engine factory `EngineSpec.factory` names (`process.build_engine` has applied the
+    torch threads)."""
     return LayaEngine(spec)

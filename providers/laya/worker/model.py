@@ -139,9 +139,10 @@ Pass = Callable[[dict[str, torch.Tensor]], torch.Tensor]
 """One padded pass: `PASS_INPUTS` tensors on the model's device -> `[rows, K]` fp32 logits."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Checkpoint:
-    """Everything one loaded checkpoint needs to render, run and read out."""
+    """Everything one loaded checkpoint needs to render, run and read out. Equal only to
+    itself (hashed by identity): it is the group of its jobs' rows (`LayaPreparedJob.group`)."""
 
     model: DecisionModel
     tokenizer: FastTokenizer

@@ -35,7 +35,6 @@ from decidealot.providers.von.worker.render import (
     pack,
     state_token_ids,
 )
-from decidealot.providers.worker.passes import RunsTogether
 from decidealot.providers.worker.precision import CheckpointLoad, LoadReports, engine_precision
 
 DEFAULT_MAX_STATE_TOKENS = WINDOW
@@ -70,9 +69,9 @@ class VonPreparedJob:
     group: str
 
 
-class VonEngine(RunsTogether):
+class VonEngine:
     """Serves the checkpoints of one `EngineSpec`; a checkpoint loads once, on first use.
-    `prepare` and `run` may be called from several threads at once."""
+    `prepare` and `forward` may be called from several threads at once."""
 
     def __init__(self, spec: EngineSpec):
         self._checkpoints = {key: Path(path) for key, path in spec.checkpoints.items()}
