@@ -251,17 +251,17 @@ def _record(provider: str, model: str, outcome: str, started: float, tokens: int
         metrics.INPUT_TOKENS.inc(tokens, provider=provider)
 
 
-def _check_response(request: SystemOneRequest, response: object, provider: str) -> None:
-    """A provider answer that does not fit the request is a provider failure (503)."""
-    ok = (
-        isinstance(response, SystemOneResponse)
-        and isinstance(response.model, str)
-        and response.answers.keys() == request.questions.keys()
-        and all(
-            isinstance(response.answers[name], _ANSWER_TYPES[type(question)])
-            for name, question in request.questions.items()
-        )
+def _check_response(request: SystemOneRequest, response: SystemOneResponse, provider: str) -> None:
+    """A provider answer that does not fit the request is a provider failure (503). Typed
+    decoding (the worker's `Result` frame, Jev's reply) has already made it a response of
+    well-formed answers; what no decoder knows is the request: one answer per question asked,
+    of that question's kind. (Jev's `wire.decode_answer` checks this and more, with its own
+    reasons, before it gets here; this is the guard for every provider.)"""
+    answers = response.answers
+    fits = answers.keys() == request.questions.keys() and all(
+        isinstance(answers[name], _ANSWER_TYPES[type(question)])
+        for name, question in request.questions.items()
     )
-    if not ok:
+    if not fits:
         log.error("provider %s returned an answer that does not fit the request", provider)
         raise ProviderUnavailable()
