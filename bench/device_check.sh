@@ -33,8 +33,8 @@ CARRIED=(
   zstandard
 )
 TESTS=(
-  tests/test_von_parity.py tests/test_laya_parity.py tests/test_clm_parity.py
-  tests/test_von_engine.py tests/test_laya_engine.py
+  tests/parity/test_von_parity.py tests/parity/test_laya_parity.py tests/parity/test_clm_parity.py
+  tests/worker/test_von_engine.py tests/worker/test_laya_engine.py
 )
 BUDGET_SECONDS=510  # every step together; the device tool allows 600 per command
 

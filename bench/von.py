@@ -11,7 +11,7 @@ is one request. Upstream runs as the parity tests run it: chains off, raw noul, 
 throughput and latency, each point records the servers' CPU time per decision (Decidealot:
 gateway and worker), which other load on a shared machine disturbs far less.
 
-Checkpoints are random (providers/tiny/von.py): `tiny` (hidden 32, 3 layers) shows
+Checkpoints are random (providers/von/tiny.py): `tiny` (hidden 32, 3 layers) shows
 serving overhead; `small` (hidden 384, 6 layers, ModernBERT's window and layer pattern) makes
 the forward pass dominate. `--mode` picks the attention mode: `plain` (joint attention, the
 Von 1.1 weights Decidealot ships) or `independent` (the 1.2/1.3 independent-options mask).

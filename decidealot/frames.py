@@ -37,8 +37,8 @@ class Start(msgspec.Struct, tag="start", frozen=True):
     """Forward passes the worker runs at once, each on its own compute thread (one per core on
     CPU, so one-thread passes use every core; 1 on CUDA)."""
     job_token_limit: Annotated[int, msgspec.Meta(ge=0)] = 0
-    """A job whose `input_tokens` exceed this fails at prepare with an `InputError` at the
-    request's questions (`DECIDEALOT_MAX_REQUEST_TOKENS`); 0: no bound."""
+    """A job whose `input_tokens` exceed this is refused at prepare: a `Rejected` frame whose
+    issue sits at the request's questions (`DECIDEALOT_MAX_REQUEST_TOKENS`); 0: no bound."""
 
 
 class Submit(msgspec.Struct, tag="submit", frozen=True):

@@ -9,7 +9,7 @@ runtime are otherwise admitted at once, which is what lets its worker batch them
 
 A lane is a second, independent gate: runtimes registered on the same lane take turns holding
 it by group, any number of one group's decisions at a time, so passes of different groups
-never overlap. `decidealot.service.lane_for` says which lane and group each provider takes.
+never overlap. `decidealot.service.lane_of` says which lane and group each provider takes.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """A caller that goes away stops costing anything: HTTP disconnects and MCP cancellations.
 
-The production server over the test providers (`tests/server.py`) with one resident slot: a
-request steered to sleep holds the slot; those queued behind it wait for it. A cancelled one
-must leave that queue (and the decision counter must say so) without anyone answering it.
+The production server over the fake providers (`tests/support/launcher.py`) with one resident
+slot: a request steered to sleep holds the slot; those queued behind it wait for it. A cancelled
+one must leave that queue (and the decision counter must say so) without anyone answering it.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """OpenTelemetry traces over real servers, received by a local OTLP/HTTP collector.
 
 Requests carry a caller's W3C `traceparent` (HTTP header, MCP `_meta`); the spans that reach
-tests/otlp_receiver.py must continue that trace, nest as the service runs the request
+tests/support/otlp_receiver.py must continue that trace, nest as the service runs the request
 (admission, validation, decision, queue waits, forward passes made in the worker, encoder and
 TypeSafe calls), name the request id, and hold no state, instruction or criterion text and no
 key anywhere in what was exported. Tracing is off, at no cost, unless OTEL_* configures it.

@@ -7,8 +7,8 @@ marker overflow error), and noul with and without criteria.
 
 On CUDA (skipped without a GPU) both sides run there under the autocast dtype upstream picks
 (the checkpoint's bf16 on compute capability >= 8, else fp16), so probabilities are compared to
-what that dtype's rounding allows (tests/devices.py) rather than fp32's 1e-4, and a choice may
-differ from upstream's only between options that dtype cannot tell apart.
+what that dtype's rounding allows (tests/support/devices.py) rather than fp32's 1e-4, and a
+choice may differ from upstream's only between options that dtype cannot tell apart.
 """
 
 from __future__ import annotations

@@ -59,7 +59,7 @@ def device_engine(request: pytest.FixtureRequest, checkpoints: dict[str, Path]) 
 
 def _tolerance(engine: LayaEngine, checkpoint: str, fp32: float) -> float:
     """`fp32` on CPU; under CUDA autocast, padding a row differently may move its logits by
-    a few ulps of the autocast dtype (tests/devices.py)."""
+    a few ulps of the autocast dtype (tests/support/devices.py)."""
     dtype = engine._checkpoint(checkpoint).amp_dtype
     return fp32 if dtype == torch.float32 else autocast_tolerance(dtype)
 

@@ -44,7 +44,7 @@ def estimated_tokens(text: str) -> int:
     (Qwen splits numbers into single digits), every other two bytes one token, plus one for the
     end of the text. Every byte-level BPE token holds at least one byte, so this is never below
     half of Qwen3's true count; ordinary text runs 2.5 to 4.5 bytes a token, so for prose in
-    any language, JSON and code it is above the true count (tests/test_clm_tokens.py)."""
+    any language, JSON and code it is above the true count (tests/unit/test_clm_tokens.py)."""
     raw = text.encode()
     rest = len(raw.translate(None, _DIGITS))
     return 1 + (len(raw) - rest) + -(-rest // 2)

@@ -212,7 +212,7 @@ def load_checkpoint(
 ) -> Checkpoint:
     """Build the model from `encoder/config.json` on the meta device, assign it the checkpoint's
     fp16 weights read as fp32 (strictly: every key, no extras), then apply `precision`
-    (`decidealot.providers.worker.precision.PRECISIONS`). A `calibration` file (laya's
+    (`decidealot.config.PRECISION_DEVICES`). A `calibration` file (laya's
     `save_calibration` payload) replaces the checkpoint's temperatures."""
     root = Path(directory)
     config = json.loads(_require(root / "rl_agent_config.json", "its config").read_text())
