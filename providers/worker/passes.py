@@ -9,9 +9,9 @@ one runs gets into the next turn whole and waits about one turn, not the whole l
 large job fills whatever budget the small ones leave, so it keeps moving. Jobs that each fit
 in a turn are served first come, first served: ordering them by their exact remaining tokens
 would let every shorter newcomer overtake a slightly longer job, which then waits until the
-starvation guard lets it in (at 32 clients of equal requests that was the p99: 4x the p50).
-The class is the job's whole size, not what it has left, so a large job's last turn does not
-go before small requests as the oldest of their class (that raised their p99 beside it 1.7x).
+starvation guard lets it in, and that wait is the tail. The class is the job's whole size, not
+what it has left, so a large job's last turn does not go before small requests as the oldest
+of their class. (What each order cost: docs/performance.md, "Real row budgets".)
 A job overtaken in `STARVE_TURNS` turns since its rows last ran (each a turn that took
 rows of a job that arrived after it, but none of its own) goes first next time, so a stream
 of small requests cannot starve a large one. Only overtaking counts: a job waiting behind

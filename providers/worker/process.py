@@ -45,8 +45,9 @@ def build_engine(spec: EngineSpec) -> Engine:
     (the one place that sets it: OpenMP's and MKL's before torch is imported, torch's after).
 
     What the imports made is frozen out of the garbage collector's reach (`gc.freeze`): it
-    lives as long as the process, and a full collection over torch's objects took 0.4 s of
-    every model switch (`release_memory` collects what the engine left)."""
+    lives as long as the process, and a full collection over torch's objects would otherwise
+    slow every model switch (docs/performance.md, "Model switches"; `release_memory` collects
+    what the engine left)."""
     if spec.torch_threads > 0:
         for variable in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
             os.environ[variable] = str(spec.torch_threads)
