@@ -47,9 +47,11 @@ def json_object_problem(path: Path) -> str | None:
     return None if isinstance(value, dict) else "is not a JSON object"
 
 
+# The project's one safetensors header reader: `safetensors.safe_open` imports numpy (framework
+# "numpy") or torch ("pt") even to list a header, and the gateway imports neither.
 def safetensors_header(path: Path) -> str | None:
     """A safetensors file: its 8-byte length, its JSON header, and data that covers every
-    tensor the header places; read without the safetensors package (the gateway has none)."""
+    tensor the header places; read without the safetensors package (see above)."""
     size = path.stat().st_size
     with path.open("rb") as stream:
         prefix = stream.read(8)

@@ -1,37 +1,26 @@
 """Reading a checkpoint's files in the worker: its JSON objects (`read_json_object`, one message
-for each way one can be unusable) and its tensors straight from a memory map of their file.
+for each way one can be unusable) and its tensors (`read_safetensors`, through `safetensors`).
 
 `safetensors.torch.load_file` copies the whole file into tensors and the caller's `.float()`
 then copies it again, so an fp16 checkpoint read as fp32 held both at once and paid two copies.
-Here each tensor is converted from a read-only view of the mapped file into its final dtype,
-one tensor at a time: one copy in all, and at most the model plus nothing at its peak. The
-format is safetensors' (an 8-byte little-endian header length, a JSON header of dtype, shape
-and byte offsets per tensor, then the bytes); `safetensors` itself is not imported.
+Here `safetensors.safe_open` maps the file and each tensor is copied from its view of the
+mapping straight into its final dtype, one at a time, after which the view's pages of the
+mapping are returned (they stay in the page cache): one copy in all, and at most the model
+plus one tensor at its peak (docs/performance.md has the peak RSS of both readers).
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
 import mmap
-import struct
-import warnings
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError, safe_open
 
-_DTYPES = {
-    "F64": torch.float64,
-    "F32": torch.float32,
-    "F16": torch.float16,
-    "BF16": torch.bfloat16,
-    "I64": torch.int64,
-    "I32": torch.int32,
-    "I16": torch.int16,
-    "I8": torch.int8,
-    "U8": torch.uint8,
-    "BOOL": torch.bool,
-}
+_LIBC = ctypes.CDLL(None, use_errno=True)
 
 
 def read_json_object(path: Path, error: Callable[[str], Exception]) -> dict[str, object]:
@@ -52,62 +41,24 @@ class WeightsError(ValueError):
 
 def read_safetensors(path: Path, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
     """Every tensor in `path`, floating-point ones as `dtype` (None: as stored), each a tensor
-    of its own (never a view of the file, which is unmapped on return)."""
-    with path.open("rb") as file:
-        prefix = file.read(8)
-        if len(prefix) < 8:
-            raise WeightsError(f"{path.name} is not a safetensors file")
-        (length,) = struct.unpack("<Q", prefix)
-        size = path.stat().st_size
-        if length > size - 8:
-            raise WeightsError(f"{path.name} is not a safetensors file")
-        try:
-            header = json.loads(file.read(length))
-        except ValueError as exc:
-            raise WeightsError(f"{path.name} has a malformed header") from exc
-        if not isinstance(header, dict):
-            raise WeightsError(f"{path.name} has a malformed header")
-        mapped = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) if size > 8 + length else None
-    tensors: dict[str, torch.Tensor] = {}
+    of its own (never a view of the file's mapping, which is gone once they are dropped)."""
     try:
-        for name, entry in header.items():
-            if name == "__metadata__":
-                continue
-            tensors[name] = _tensor(path, mapped, 8 + length, entry, dtype)
-    finally:
-        if mapped is not None:
-            mapped.close()
-    return tensors
+        with safe_open(path, framework="pt") as file:
+            names = file.keys()
+            return {name: _own_copy(file.get_tensor(name), dtype) for name in names}
+    except SafetensorError as exc:
+        raise WeightsError(f"{path.name} is not a well-formed safetensors file ({exc})") from exc
 
 
-def _tensor(
-    path: Path, mapped: mmap.mmap | None, base: int, entry: object, dtype: torch.dtype | None
-) -> torch.Tensor:
-    try:
-        stored = _DTYPES[entry["dtype"]]  # type: ignore[index]
-        shape = [int(n) for n in entry["shape"]]  # type: ignore[index]
-        start, end = (int(n) for n in entry["data_offsets"])  # type: ignore[index]
-    except (KeyError, TypeError, ValueError) as exc:
-        raise WeightsError(f"{path.name} has a malformed or unsupported tensor entry") from exc
-    count = 1
-    for n in shape:
-        count *= n
-    width = torch.empty((), dtype=stored).element_size()
-    if end - start != count * width or start < 0 or (mapped is None and count):
-        raise WeightsError(f"{path.name}: a tensor's size does not match its shape")
-    target = dtype if dtype is not None and stored.is_floating_point else stored
-    if count == 0:
-        return torch.empty(shape, dtype=target)
-    assert mapped is not None
-    if base + end > len(mapped):
-        raise WeightsError(f"{path.name} is shorter than its header says")
-    with warnings.catch_warnings():  # a read-only view, only ever read from
-        warnings.simplefilter("ignore", UserWarning)
-        view = torch.frombuffer(mapped, dtype=stored, count=count, offset=base + start)
-    out = torch.empty(shape, dtype=target)
-    out.copy_(view.view(shape))
-    del view
-    # Its pages stay in the page cache, not in this process's memory.
-    first = (base + start) // mmap.PAGESIZE * mmap.PAGESIZE
-    mapped.madvise(mmap.MADV_DONTNEED, first, base + end - first)
+def _own_copy(view: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
+    """`view` (of the file's private mapping, only ever read) copied into `dtype`; the view's
+    pages of the mapping are then given back, so the file does not stay resident beside the
+    copies (a page shared with the next tensor is read again from the page cache)."""
+    target = dtype if dtype is not None and view.is_floating_point() else view.dtype
+    out = view.to(target, copy=True)
+    size = view.numel() * view.element_size()
+    if size:
+        first = view.data_ptr() // mmap.PAGESIZE * mmap.PAGESIZE
+        length = view.data_ptr() + size - first
+        _LIBC.madvise(ctypes.c_void_p(first), ctypes.c_size_t(length), mmap.MADV_DONTNEED)
     return out
