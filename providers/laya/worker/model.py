@@ -135,7 +135,7 @@ class DecisionModel(nn.Module):
 PASS_INPUTS = ("input_ids", "attention_mask", "marker_pos", "marker_mask", "qtype")
 """`DecisionModel.forward`'s inputs, by name: what a pass is given."""
 
-Pass = Callable[[dict[str, torch.Tensor]], torch.Tensor]
+ForwardFn = Callable[[dict[str, torch.Tensor]], torch.Tensor]
 """One padded pass: `PASS_INPUTS` tensors on the model's device -> `[rows, K]` fp32 logits."""
 
 
@@ -151,7 +151,7 @@ class Checkpoint:
     temperatures: Temperatures
     amp_dtype: torch.dtype
     pad_id: int
-    forward: Pass
+    forward: ForwardFn
     """The padded pass in the configured precision (`torch_pass`)."""
     texts: CachedIds
     """The questions' texts' token ids, kept across requests."""
@@ -159,7 +159,7 @@ class Checkpoint:
     """How many of the encoder's linear layers run int8 (none outside `int8`)."""
 
 
-def torch_pass(model: DecisionModel, device: torch.device, amp_dtype: torch.dtype) -> Pass:
+def torch_pass(model: DecisionModel, device: torch.device, amp_dtype: torch.dtype) -> ForwardFn:
     """Eager torch with sdpa attention, under CUDA autocast when `amp_dtype` is not fp32."""
 
     def forward(inputs: dict[str, torch.Tensor]) -> torch.Tensor:
