@@ -8,8 +8,14 @@ checkout to compare layouts) on tiny random checkpoints, with both the gateway a
 under a profiling hook that notes, per call, the time, the thread and the file. After a warm-up
 request it times a second one (a noul and a choice on `laya`, routed to the english checkpoint)
 and counts the checkout's files, the installed libraries' files (per top-level package) and the
-threads that ran code inside that window. A counting tool for docs/architecture.md, not a speed
+threads that ran code inside that window, and two measures of the walk: hops (calls from one
+project file into another, on each thread) and thread switches (consecutive calls in one
+process made on different threads). A counting tool for docs/architecture.md, not a speed
 benchmark: the hook slows everything down.
+
+Another checkout's `decidealot.providers` and `decidealot.bundles` (folders at its root,
+mapped by pyproject.toml's `package-dir`) are imported from that checkout, not from this one's
+editable install.
 """
 
 from __future__ import annotations
@@ -33,6 +39,16 @@ TRACER = textwrap.dedent(
     args = [a for a in sys.argv[3:] if a != "-P"]
     if "-P" in sys.argv[3:]:
         sys.path[:] = [p for p in sys.path if p not in ("", os.getcwd())]
+    sys.path.insert(0, root)
+    import importlib.util, decidealot
+    for name, folder in (("decidealot.providers", "providers"), ("decidealot.bundles", "bundles")):
+        spec = importlib.util.spec_from_file_location(
+            name, f"{root}/{folder}/__init__.py", submodule_search_locations=[f"{root}/{folder}"]
+        )
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        setattr(decidealot, folder, module)
+        spec.loader.exec_module(module)
     events, last = [], {}
 
     def hook(frame, event, arg):
@@ -83,7 +99,7 @@ def rooms(checkout: Path, work: Path) -> dict[str, object]:
     clean = {k: v for k, v in os.environ.items() if not k.startswith("DECIDEALOT_")}
     tiny = subprocess.run(
         [python, "-m", "decidealot", "checkpoints", "tiny", str(work / "tiny")],
-        cwd=checkout,
+        cwd=Path(__file__).resolve().parents[1],  # this checkout's writers: the same files
         env=clean,
         capture_output=True,
         text=True,
@@ -104,9 +120,8 @@ def rooms(checkout: Path, work: Path) -> dict[str, object]:
     }
     env.pop("DECIDEALOT_VON_CHECKPOINT", None)
     command = [python, str(tracer), str(gateway_log), str(checkout), "-m", "decidealot", "serve"]
-    server = subprocess.Popen(
-        command, cwd=checkout, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
+    server_log = (work / "server.log").open("wb")
+    server = subprocess.Popen(command, cwd=checkout, env=env, stdout=server_log, stderr=server_log)
     url = f"http://127.0.0.1:{port}"
     try:
         for _ in range(600):
@@ -122,19 +137,30 @@ def rooms(checkout: Path, work: Path) -> dict[str, object]:
         ended = time.monotonic()
         assert answered.status_code == 200, answered.text
         time.sleep(0.5)  # the tracers flush every 0.1 s
+    except Exception:
+        print((work / "server.log").read_text()[-4000:], file=sys.stderr)
+        raise
     finally:
         server.terminate()
         server.wait(60)
+        server_log.close()
     result: dict[str, object] = {}
     for side, log in (("gateway", gateway_log), ("worker", worker_log)):
         files, libraries, threads = set(), set(), set()
-        for line in log.read_text().splitlines():
-            at, thread, name = line.split(" ", 2)
+        last_file: dict[str, str] = {}
+        last_thread, hops, switches = None, 0, 0
+        lines = (line.split(" ", 2) for line in log.read_text().splitlines())
+        events = sorted(lines, key=lambda event: float(event[0]))
+        for at, thread, name in events:
             if started <= float(at) <= ended:
                 if "/site-packages/" in name:
                     libraries.add(name.partition("/site-packages/")[2])
                 else:
                     files.add(str(Path(name).relative_to(checkout)))
+                    hops += thread in last_file and last_file[thread] != name
+                    last_file[thread] = name
+                switches += last_thread is not None and thread != last_thread
+                last_thread = thread
                 threads.add(thread)
         by_package: dict[str, int] = {}
         for name in libraries:
@@ -143,6 +169,8 @@ def rooms(checkout: Path, work: Path) -> dict[str, object]:
         result[side] = {
             "files": sorted(files),
             "threads": len(threads),
+            "hops": hops,
+            "thread_switches": switches,
             "library_files": dict(sorted(by_package.items(), key=lambda kv: -kv[1])),
         }
     return result
@@ -165,7 +193,9 @@ def main() -> None:
     print(
         f"{len(both)} files ({len(gateway['files'])} in the gateway, {len(worker['files'])} in "
         f"the worker), {gateway['threads']} + {worker['threads']} threads; library files run: "
-        f"{libraries['gateway']} in the gateway, {libraries['worker']} in the worker"
+        f"{libraries['gateway']} in the gateway, {libraries['worker']} in the worker; hops "
+        f"{gateway['hops']} + {worker['hops']}, thread switches {gateway['thread_switches']} + "
+        f"{worker['thread_switches']}"
     )
 
 

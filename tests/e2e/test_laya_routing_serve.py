@@ -1,9 +1,9 @@
 """Laya's routing of a huge state over a real `decidealot serve` (tiny random checkpoints, CPU).
 
 Routing reads every line of every string value, as upstream `laya.lang.analyse` does (about
-4 s for a 2 MiB structured state on one core), so it runs off the event loop: while such a
-request routes, `/health` keeps answering at once, and the request routes where upstream's
-router sends the same state.
+4 s for a 2 MiB structured state on one core), so a state past `INLINE_DETECTION_COST` is
+routed off the event loop: while such a request routes, `/health` keeps answering at once, and
+the request routes where upstream's router sends the same state.
 """
 
 from __future__ import annotations

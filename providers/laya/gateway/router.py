@@ -19,10 +19,10 @@ FALLBACK = "multilingual"
 AUTO_SELECTORS = ("laya", "laya-auto", "laya-latest")
 INLINE_DETECTION_COST = 2000
 """States up to this size (characters of string values, plus one per value) are routed on the
-event loop. Detection costs up to 1.2 us a character there (2.4 ms at 2000, English fields on a
-busy 2-core host: bench figures in docs/performance.md), under the interpreter's 5 ms switch
-interval: a thread would hold the GIL, and so the loop, as long, and its hop alone costs
-50-80 us, more than detection of a typical short state (30-600 us)."""
+event loop. Detection there costs at most 2.6 ms (English in an array, about 1.3 us a
+character; `bench/routing.py`, docs/performance.md), under the interpreter's 5 ms switch
+interval: a thread would hold the GIL, and so the loop, as long, and its round trip alone costs
+40-70 us, more than detection of a short state (about 0.2 ms at 500 characters)."""
 DIRECT_SELECTORS = {
     "laya-english": "english",
     "laya-multilingual": "multilingual",
