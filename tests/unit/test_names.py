@@ -1,0 +1,68 @@
+"""One name, one meaning: no class name is defined in two modules of the package for two
+different things.
+
+Two classes of one name make every reader (and every `import`) ask which one is meant; a frame
+and a planner's pass, a metrics protocol and the residency it describes, were such pairs. The
+walk reads every class statement of every module (nested ones included) from the source (AST),
+the same tree `test_layers` reads. `SAME_ROLE` names the few pairs that are one thing in
+parallel places, each with the reason; the check also runs on a planted duplicate so that it is
+known to fail.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections import defaultdict
+from collections.abc import Mapping
+
+import pytest
+
+from tests.unit.test_layers import read_tree
+
+SAME_ROLE: dict[str, tuple[frozenset[str], str]] = {}
+"""Class name -> (the modules allowed to define it, why it is one role there). A name defined in
+exactly those modules passes; any other module that defines it fails the test."""
+
+
+def class_names(source: str) -> set[str]:
+    """Every class a module defines, at any depth."""
+    return {node.name for node in ast.walk(ast.parse(source)) if isinstance(node, ast.ClassDef)}
+
+
+def duplicates(modules: Mapping[str, str]) -> list[str]:
+    """'Name: module, module' for each class name defined in more than one module, less those
+    `SAME_ROLE` allows."""
+    where: dict[str, list[str]] = defaultdict(list)
+    for module, source in sorted(modules.items()):
+        for name in class_names(source):
+            where[name].append(module)
+    found = []
+    for name, defined in sorted(where.items()):
+        allowed = SAME_ROLE.get(name, (frozenset(), ""))[0]
+        if len(defined) > 1 and set(defined) != allowed:
+            found.append(f"{name}: {', '.join(defined)}")
+    return found
+
+
+@pytest.fixture(scope="module")
+def tree() -> dict[str, str]:
+    return read_tree()
+
+
+def test_no_class_name_means_two_things(tree: dict[str, str]) -> None:
+    found = duplicates(tree)
+    assert not found, "class names defined in more than one module:\n" + "\n".join(found)
+
+
+def test_a_planted_duplicate_is_caught(tree: dict[str, str]) -> None:
+    planted = dict(tree)
+    planted["decidealot.executor"] += "\nclass Settings:\n    pass\n"  # decidealot.config's
+    assert "Settings: decidealot.config, decidealot.executor" in duplicates(planted)
+
+
+def test_every_allowed_pair_still_exists(tree: dict[str, str]) -> None:
+    """An allow-list entry outlives its reason silently; each must still name real classes."""
+    for name, (modules, reason) in SAME_ROLE.items():
+        assert reason and len(modules) > 1, name
+        for module in modules:
+            assert name in class_names(tree[module]), f"{name} is no longer in {module}"
