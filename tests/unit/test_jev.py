@@ -1,7 +1,8 @@
 """Jev against a real HTTP server that speaks TypeSafe's published contract (tests/fake_typesafe).
 
 Covers the hosted catalog (auth, 60 s cache on an injected clock, coalesced refresh, malformed
-lists), pass-through decisions, retries with Retry-After, timeouts, malformed answers, and that
+lists), pass-through decisions, retries with Retry-After (each backoff recorded by an injected
+sleep, never slept), timeouts, malformed answers, and that
 the TypeSafe key never appears in a repr, a log line or an error. Parity with typesafe-sdk
 0.7.5: our request body is byte-for-byte what the SDK sends for the same question objects,
 and the fake's answers parse with the SDK, so the fake is held to the official client.
@@ -68,6 +69,21 @@ class Clock:
         return self.now
 
 
+class Backoff:
+    """The client's retry sleep and clock: each delay is recorded instead of slept, and the
+    clock counts it, so the retry budget sees the delays as if they had passed."""
+
+    def __init__(self) -> None:
+        self.delays: list[float] = []
+
+    async def sleep(self, seconds: float) -> None:
+        self.delays.append(seconds)
+        await asyncio.sleep(0)  # a suspension point, as a real sleep is
+
+    def clock(self) -> float:
+        return time.monotonic() + sum(self.delays)
+
+
 @pytest.fixture(scope="module")
 def server() -> Iterator[FakeTypeSafe]:
     with serve(FakeTypeSafe(api_key=KEY)) as fake:
@@ -87,8 +103,16 @@ def clock() -> Clock:
 
 
 @pytest.fixture
-async def make_provider(typesafe: FakeTypeSafe, clock: Clock) -> AsyncIterator[Callable[..., Any]]:
-    """Started providers aimed at the fake; every one is closed after the test."""
+def backoff() -> Backoff:
+    return Backoff()
+
+
+@pytest.fixture
+async def make_provider(
+    typesafe: FakeTypeSafe, clock: Clock, backoff: Backoff
+) -> AsyncIterator[Callable[..., Any]]:
+    """Started providers aimed at the fake, their retry delays recorded in `backoff`; every
+    one is closed after the test."""
     providers: list[JevProvider] = []
 
     async def make(**overrides: Any) -> JevProvider:
@@ -97,6 +121,8 @@ async def make_provider(typesafe: FakeTypeSafe, clock: Clock) -> AsyncIterator[C
             "base_url": typesafe.url,
             "timeout_seconds": 2.0,
             "retry_seconds": 5.0,
+            "sleep": backoff.sleep,
+            "clock": backoff.clock,
             **overrides,
         }
         provider = JevProvider(TypeSafeClient(**values), clock=clock)
@@ -306,14 +332,13 @@ async def test_a_model_typesafe_stopped_listing_is_unavailable_without_a_call(
 
 
 async def test_429_waits_for_retry_after_then_succeeds(
-    typesafe: FakeTypeSafe, make_provider: Any
+    typesafe: FakeTypeSafe, make_provider: Any, backoff: Backoff
 ) -> None:
     provider = await make_provider()
     await provider.models()
     typesafe.fail_next(SYSTEM_ONE_PATH, Fault(status=429, headers={"Retry-After": "1"}))
-    started = time.monotonic()
     response = await provider.decide("jev-latest", validated())
-    assert time.monotonic() - started >= 0.95
+    assert backoff.delays == [1.0]
     first, second = typesafe.calls(SYSTEM_ONE_PATH)
     assert "x-typesafe-retry-count" not in first.headers
     assert second.headers["x-typesafe-retry-count"] == "1"
@@ -322,61 +347,64 @@ async def test_429_waits_for_retry_after_then_succeeds(
 
 
 async def test_5xx_and_retry_after_ms_are_retried_until_success(
-    typesafe: FakeTypeSafe, make_provider: Any
+    typesafe: FakeTypeSafe, make_provider: Any, backoff: Backoff
 ) -> None:
     provider = await make_provider()
     await provider.models()
     typesafe.fail_next(
         SYSTEM_ONE_PATH,
         Fault(status=503, headers={"retry-after-ms": "50", "Retry-After": "9"}),
-        Fault(status=500),  # no Retry-After: exponential backoff from 0.5 s
+        Fault(status=500),  # no Retry-After: the second attempt's backoff, 1 s less jitter
         Fault(status=408, headers={"retry-after-ms": "20"}),
     )
-    started = time.monotonic()
     response = await provider.decide("jev-latest", validated())
-    elapsed = time.monotonic() - started
-    assert 0.4 <= elapsed < 2.0  # retry-after-ms won over Retry-After: 9
+    first, second, third = backoff.delays
+    assert first == 0.05  # retry-after-ms won over Retry-After: 9
+    assert 0.75 <= second <= 1.0  # 0.5 s doubled once, less up to 25% jitter
+    assert third == 0.02
     assert len(typesafe.calls(SYSTEM_ONE_PATH)) == 4
     assert response.answers.keys() == REQUEST_DOC["questions"].keys()
 
 
 async def test_persistent_5xx_stops_within_the_retry_budget(
-    typesafe: FakeTypeSafe, make_provider: Any
+    typesafe: FakeTypeSafe, make_provider: Any, backoff: Backoff
 ) -> None:
     provider = await make_provider(retry_seconds=1.0)
     await provider.models()
     typesafe.persistent[SYSTEM_ONE_PATH] = Fault(status=502)
-    started = time.monotonic()
     with pytest.raises(ProviderUnavailable):
         await provider.decide("jev-latest", validated())
-    assert time.monotonic() - started < 1.5
-    assert len(typesafe.calls(SYSTEM_ONE_PATH)) >= 2
+    # 0.5 s less jitter, then no second delay (0.75 s or more) that would end past 1 s
+    (delay,) = backoff.delays
+    assert 0.375 <= delay <= 0.5
+    assert len(typesafe.calls(SYSTEM_ONE_PATH)) == 2
 
 
 async def test_a_retry_after_beyond_the_budget_fails_at_once(
-    typesafe: FakeTypeSafe, make_provider: Any
+    typesafe: FakeTypeSafe, make_provider: Any, backoff: Backoff
 ) -> None:
     provider = await make_provider(retry_seconds=3.0)
     await provider.models()
     typesafe.fail_next(SYSTEM_ONE_PATH, Fault(status=429, headers={"Retry-After": "30"}))
-    started = time.monotonic()
     with pytest.raises(ProviderUnavailable):
         await provider.decide("jev-latest", validated())
-    assert time.monotonic() - started < 1.0
+    assert backoff.delays == []
     assert len(typesafe.calls(SYSTEM_ONE_PATH)) == 1
 
 
 async def test_timeouts_are_retried_then_unavailable(
-    typesafe: FakeTypeSafe, make_provider: Any
+    typesafe: FakeTypeSafe, make_provider: Any, backoff: Backoff
 ) -> None:
     provider = await make_provider(timeout_seconds=0.2, retry_seconds=1.5)
     await provider.models()
-    typesafe.persistent[SYSTEM_ONE_PATH] = Fault(delay=3.0)
-    started = time.monotonic()
+    typesafe.persistent[SYSTEM_ONE_PATH] = Fault(delay=3.0)  # slower than the 0.2 s timeout
     with pytest.raises(ProviderUnavailable):
         await provider.decide("jev-latest", validated())
-    assert time.monotonic() - started < 2.0
-    assert len(typesafe.calls(SYSTEM_ONE_PATH)) == 2  # a delay from ~0.75 s would end past 1.5
+    # two 0.2 s timeouts and one backoff (0.5 s less jitter) spent ~0.8 s of the 1.5 s: a
+    # second delay (0.75 s or more) would end past it
+    (delay,) = backoff.delays
+    assert 0.375 <= delay <= 0.5
+    assert len(typesafe.calls(SYSTEM_ONE_PATH)) == 2
 
     typesafe.persistent[SYSTEM_ONE_PATH] = None
     typesafe.fail_next(SYSTEM_ONE_PATH, Fault(delay=3.0))  # one slow answer, then a good one

@@ -11,11 +11,12 @@ bodies can echo the caller's state.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from email.utils import parsedate_to_datetime
 from typing import NoReturn, TypeVar
 
@@ -25,7 +26,6 @@ from tenacity import (
     AsyncRetrying,
     RetryCallState,
     retry_if_exception_type,
-    stop_before_delay,
 )
 
 from decidealot import __version__, metrics, tracing
@@ -78,8 +78,18 @@ class TypeSafeClient:
     """Sends authenticated requests to TypeSafe over one pooled `httpx.AsyncClient`."""
 
     def __init__(
-        self, *, base_url: str, api_key: str, timeout_seconds: float, retry_seconds: float
+        self,
+        *,
+        base_url: str,
+        api_key: str,
+        timeout_seconds: float,
+        retry_seconds: float,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """`sleep` waits out each backoff and `clock` measures the retry budget: the real ones
+        unless a test passes a sleep that records each delay and a clock that counts it, so
+        retries are checked by their delays instead of by waiting them out."""
         self._base_url = base_url.rstrip("/")
         # httpx.Headers hides `authorization` in its repr, so the key never prints from here.
         self._headers = httpx.Headers(
@@ -91,6 +101,8 @@ class TypeSafeClient:
         )
         self._timeout = httpx.Timeout(timeout_seconds)
         self._retry_seconds = retry_seconds
+        self._sleep = sleep
+        self._clock = clock
         self._http: httpx.AsyncClient | None = None
 
     def __repr__(self) -> str:
@@ -132,8 +144,16 @@ class TypeSafeClient:
             raise ProviderUnavailable()
         headers, content = _body_headers(body)
         tracing.inject(headers)
+        started = self._clock()
+
+        def out_of_budget(state: RetryCallState) -> bool:
+            """No delay starts that would end past the budget (tenacity's `stop_before_delay`,
+            which reads `time.monotonic` itself, on `clock`)."""
+            return self._clock() - started + state.upcoming_sleep >= self._retry_seconds
+
         retrying = AsyncRetrying(
-            stop=stop_before_delay(self._retry_seconds),
+            sleep=self._sleep,
+            stop=out_of_budget,
             wait=_wait,
             retry=retry_if_exception_type((_Transient, httpx.TransportError)),
             before_sleep=lambda state: _log_retry(method, path, state),
