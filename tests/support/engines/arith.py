@@ -2,8 +2,9 @@
 
 Every question gets a noul computed from the state and the question's name, so an answer is
 the same however jobs are batched. A job's `config` steers it: `{"sleep": s}` slows the pass
-holding it, `{"crash": "prepare"|"run"}` ends the process, `{"hang": true}` blocks its pass,
-`{"input_error": "prepare"|"run"}` raises RequestInvalid for its first question,
+holding it, `{"until": path}` holds its pass until the file `path` exists (a test's gate; at
+most `GATE_SECONDS`), `{"crash": "prepare"|"run"}` ends the process, `{"hang": true}` blocks
+its pass, `{"input_error": "prepare"|"run"}` raises RequestInvalid for its first question,
 `{"fail": "prepare"|"run"}` raises another exception, `{"cost": n}` sets each row's tokens,
 `{"rows": n}` cuts the job into n rows (default 1), `{"unsendable": true}` answers with an
 integer msgpack cannot carry.
@@ -25,6 +26,10 @@ from dataclasses import dataclass, field
 from decidealot.contract import NoulAnswer
 from decidealot.errors import RequestInvalid
 from decidealot.jobs import Decision, EngineSpec, Job, PassShape
+
+GATE_SECONDS = 60.0
+"""The longest a pass waits for its `until` file: a test that never opens its gate sees the
+pass end then, in the order it asserted against, instead of hanging."""
 
 
 def resident_bytes(pid: int | str = "self") -> int:
@@ -111,6 +116,8 @@ class ArithEngine:
         states = [row.job.state for row in rows]
         self._log({"size": len(jobs), "rows": len(rows), "states": states})
         time.sleep(max(job.config.get("sleep", 0) for job in jobs))
+        for gate in {job.config["until"] for job in jobs if "until" in job.config}:
+            _wait_for_file(gate)
         for job in jobs:
             if job.config.get("hang"):
                 time.sleep(3600)
@@ -122,6 +129,12 @@ class ArithEngine:
         if prepared.job.config.get("unsendable"):
             decision.input_tokens = 2**70
         return decision
+
+
+def _wait_for_file(path: str) -> None:
+    deadline = time.monotonic() + GATE_SECONDS
+    while not os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.01)
 
 
 def create(spec: EngineSpec) -> ArithEngine:
