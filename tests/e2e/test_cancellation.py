@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import socket
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -20,7 +19,7 @@ import httpx2
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
-from tests.support.servers import ALL_FAKES, RunningServer
+from tests.support.servers import ALL_FAKES, RunningServer, wait_until
 
 
 def steered(model: str, sleep: float, tag: str) -> dict[str, Any]:
@@ -35,8 +34,19 @@ def cancelled(server: RunningServer) -> float:
     return server.metric("decidealot_requests_cancelled_total", provider="laya")
 
 
-def hang_up_after(server: RunningServer, body: object, seconds: float) -> None:
-    """Send a request on a raw socket and close it before the answer."""
+def pending(server: RunningServer) -> float:
+    """Decision requests admitted to local providers and not yet answered."""
+    return server.metric("decidealot_pending_requests")
+
+
+def holding_the_slot(server: RunningServer, tag: str) -> None:
+    """Wait until the fake has begun answering `tag`: its request holds the one slot."""
+    wait_until(lambda: tag in server.begun(), f"{tag!r} began")
+
+
+def hang_up_when_queued(server: RunningServer, body: object) -> None:
+    """Send a request on a raw socket and close it once the server has admitted it beside the
+    one holding the slot (two pending), before any answer."""
     host, port = server.url.removeprefix("http://").split(":")
     payload = json.dumps(body).encode()
     with socket.create_connection((host, int(port))) as sock:
@@ -45,14 +55,7 @@ def hang_up_after(server: RunningServer, body: object, seconds: float) -> None:
             + f"Content-Length: {len(payload)}\r\n\r\n".encode()
             + payload
         )
-        time.sleep(seconds)
-
-
-def wait_for(condition: Callable[[], bool], seconds: float = 10) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+        wait_until(lambda: pending(server) == 2, "the request queued behind the holder")
 
 
 def test_a_disconnected_client_leaves_its_queue_and_is_never_answered(
@@ -66,10 +69,10 @@ def test_a_disconnected_client_leaves_its_queue_and_is_never_answered(
             )
         )
         holder.start()
-        time.sleep(0.3)
+        holding_the_slot(server, "holder")
         # laya needs von's slot: it waits in residency's queue, then its client hangs up
-        hang_up_after(server, steered("laya", 0.0, "gone"), 0.5)
-        wait_for(lambda: cancelled(server) == 1)
+        hang_up_when_queued(server, steered("laya", 0.0, "gone"))
+        wait_until(lambda: cancelled(server) == 1, "the hang-up counted as a cancellation")
         holder.join()
         after = client.post(server.url + "/v1/systemone", json=steered("laya", 0.0, "after"))
     assert after.status_code == 200
@@ -77,6 +80,13 @@ def test_a_disconnected_client_leaves_its_queue_and_is_never_answered(
     assert "gone" not in tags  # it never ran
     assert server.metric("decidealot_decisions_total", provider="laya", outcome="cancelled") == 1
     assert any('" 499 ' in line or " 499 " in line for line in server.log_lines())
+
+
+async def give_up_when_queued(server: RunningServer, caller: anyio.CancelScope) -> None:
+    await anyio.to_thread.run_sync(
+        wait_until, lambda: pending(server) == 2, "the call queued behind the holder"
+    )
+    caller.cancel()
 
 
 async def test_a_cancelled_mcp_tool_call_is_withdrawn(
@@ -89,10 +99,15 @@ async def test_a_cancelled_mcp_tool_call_is_withdrawn(
     ):
         async with anyio.create_task_group() as group:
             group.start_soon(client.call_tool, "system_one", steered("von", 2.0, "holder"))
-            await anyio.sleep(0.3)
-            with anyio.move_on_after(0.5):  # the caller gives up: the SDK cancels the request
+            await anyio.to_thread.run_sync(holding_the_slot, server, "holder")
+            with anyio.CancelScope() as caller:
+                # the caller gives up once the call is queued: the SDK cancels the request
+                group.start_soon(give_up_when_queued, server, caller)
                 await client.call_tool("system_one", steered("laya", 0.0, "gone"))
-        await anyio.to_thread.run_sync(lambda: wait_for(lambda: cancelled(server) == 1))
+            assert caller.cancelled_caught, "the call was answered before its caller gave up"
+        await anyio.to_thread.run_sync(
+            wait_until, lambda: cancelled(server) == 1, "the MCP cancellation counted"
+        )
         result = await client.call_tool("system_one", steered("laya", 0.0, "after"))
         assert not result.is_error
     assert "gone" not in [event["tag"] for event in server.events()]

@@ -7,7 +7,8 @@ state object `{"fake": {"sleep": s, "fail": kind}}` sleeps `s` seconds while ans
 the residency slot and lane for local fakes), then fails with `unavailable`, `input`,
 `bad_answer` or `crash`. Every call appends a JSON line (provider, selector, tag, start/end) to
 the file named by DECIDEALOT_TEST_EVENTS, so tests can see order and overlap across the
-process boundary.
+process boundary, and one (provider, selector, tag, begun) as it starts, so a test can wait
+for a request to hold its slot instead of sleeping.
 The fake Jev reads its catalog from the JSON file DECIDEALOT_TEST_JEV_CATALOG (a list of
 names, or "fail").
 """
@@ -83,20 +84,28 @@ def _answer(question: Any) -> Answer:
     return NoulAnswer(0.5)
 
 
-def _record(provider: str, selector: str, tag: Any, start: float, end: float) -> None:
+def _record(provider: str, selector: str, tag: Any, **times: float) -> None:
     path = os.environ.get("DECIDEALOT_TEST_EVENTS")
     if path:
-        line = {"provider": provider, "selector": selector, "tag": tag, "start": start, "end": end}
+        line = {"provider": provider, "selector": selector, "tag": tag, **times}
         with open(path, "a") as events:
             events.write(json.dumps(line) + "\n")
 
 
-def read_events(path: Path) -> list[dict[str, Any]]:
-    """The calls `_record` wrote to `path` so far (provider, selector, tag, start, end), in
-    order; none before the first."""
+def _read(path: Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def read_events(path: Path) -> list[dict[str, Any]]:
+    """The calls the fakes finished so far (provider, selector, tag, start, end), in order."""
+    return [line for line in _read(path) if "end" in line]
+
+
+def read_begun(path: Path) -> list[Any]:
+    """The tags of the calls the fakes began so far (finished ones included), in order."""
+    return [line["tag"] for line in _read(path) if "begun" in line]
 
 
 async def _decide(
@@ -104,8 +113,9 @@ async def _decide(
 ) -> SystemOneResponse:
     steer = state.get("fake", {}) if isinstance(state, dict) else {}
     start = time.time()
+    _record(provider, selector, steer.get("tag"), begun=start)
     await asyncio.sleep(float(steer.get("sleep", 0)))
-    _record(provider, selector, steer.get("tag"), start, time.time())
+    _record(provider, selector, steer.get("tag"), start=start, end=time.time())
     fail = steer.get("fail")
     first = next(iter(questions))
     if fail == "unavailable":

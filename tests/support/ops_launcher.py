@@ -8,13 +8,17 @@ tests/support/fakes.py.
 
 The arith engine answers every question with a noul, so requests for these providers ask noul
 questions only. A state object `{"arith": {...}}` becomes the job's config, which steers the
-engine (`{"sleep": s}`, `{"crash": "run"}`, ...; see tests/support/engines/arith.py).
+engine (`{"sleep": s}`, `{"crash": "run"}`, ...; see tests/support/engines/arith.py). The
+workers log their passes beside the fakes' events (`passes`), so a test can wait for a pass to
+begin.
 """
 
 from __future__ import annotations
 
+import json
+import os
 from pathlib import Path
-from typing import Self
+from typing import Any, Self
 
 from decidealot import logs, registry
 from decidealot.config import Settings
@@ -29,6 +33,7 @@ from tests.support.launcher import settings_from_env
 from tests.support.servers import RunningServer, start_server
 
 ROOT = Path(__file__).resolve().parents[2]
+PASSES = "passes.jsonl"
 
 
 class WorkerProvider:
@@ -43,7 +48,11 @@ class WorkerProvider:
 
     @classmethod
     def from_settings(cls, name: str, settings: Settings) -> Self:
-        spec = EngineSpec(factory="tests.support.engines.arith:create", checkpoints={})
+        events = os.environ.get("DECIDEALOT_TEST_EVENTS")
+        options = {"log": str(Path(events).with_name(PASSES))} if events else {}
+        spec = EngineSpec(
+            factory="tests.support.engines.arith:create", checkpoints={}, options=options
+        )
         return cls(name, ProcessRuntime(name, spec, settings))
 
     async def start(self) -> None:
@@ -79,6 +88,15 @@ def start(folder: Path, **env: str) -> RunningServer:
         DECIDEALOT_DEVICE="cpu",
         **env,
     )
+
+
+def passes(server: RunningServer) -> list[dict[str, Any]]:
+    """The passes the server's workers began so far, in order: each one's job count, rows and
+    states (tests/support/engines/arith.py's log)."""
+    log = server.events_file.with_name(PASSES)
+    if not log.exists():
+        return []
+    return [r for r in map(json.loads, log.read_text().splitlines()) if "size" in r]
 
 
 def children(pid: int) -> set[int]:

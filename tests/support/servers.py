@@ -16,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -50,6 +51,11 @@ class RunningServer:
     def events(self) -> list[dict[str, Any]]:
         """The fakes' calls so far (`fakes.read_events`)."""
         return fakes.read_events(self.events_file)
+
+    def begun(self) -> list[Any]:
+        """The tags of the fakes' calls begun so far (`fakes.read_begun`): a fake steered to
+        sleep holds its residency slot from then until it answers."""
+        return fakes.read_begun(self.events_file)
 
     def metric(self, name: str, **labels: str) -> float:
         """The sum of `name`'s samples whose labels include `labels`, scraped from /metrics now."""
@@ -146,6 +152,16 @@ def wait_healthy(url: str, process: subprocess.Popen[Any], seconds: float = 30) 
             except httpx.TransportError:
                 time.sleep(0.05)
     return False
+
+
+def wait_until(condition: Callable[[], bool], what: str, seconds: float = 30) -> None:
+    """Poll `condition` every 20 ms until it holds. `seconds` only guards against a hang (the
+    test fails naming `what`); it is never the thing a test asserts."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"never {what} in {seconds} s")
+        time.sleep(0.02)
 
 
 @dataclass
