@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import signal
 import threading
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -22,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from decidealot.metrics import CONTENT_TYPE
 from tests.support import ops_launcher as ops_server
-from tests.support.servers import RunningServer
+from tests.support.servers import RunningServer, wait_until
 
 API_KEY = "op-key-Vb7Qm2Lx9Tz4"
 TYPESAFE_KEY = "ts-key-Hn3Wc8Pr5Ys1"
@@ -83,7 +82,8 @@ def traffic(server: RunningServer) -> dict[str, str]:
 
     with ThreadPoolExecutor(3) as pool:
         first = pool.submit(post, decision("laya", sleep=0.6))
-        time.sleep(0.3)  # the next two queue while the first pass runs, and share one pass
+        # the next two queue while the first pass runs, and share one pass
+        wait_until(lambda: ops_server.passes(server) != [], "the first pass began")
         rest = [pool.submit(post, decision("laya")) for _ in range(2)]
         assert [f.result().status_code for f in (first, *rest)] == [200, 200, 200]
     assert post(decision("von")).status_code == 200
@@ -165,7 +165,11 @@ def test_residency_and_worker_lifecycle(server: RunningServer, traffic: dict[str
 def test_log_lines_are_json_with_the_request_id_and_nothing_secret(
     server: RunningServer, traffic: dict[str, str]
 ) -> None:
-    time.sleep(0.2)  # the last lines reach the file
+    # the access line of the traffic's last request is written after its answer
+    wait_until(
+        lambda: any("POST /v1/models/unload 200" in line for line in server.log_lines()),
+        "the last request's access line",
+    )
     lines = [json.loads(line) for line in server.log_lines() if line.strip()]
     assert lines and all(set(line) - {"exception"} == LOG_FIELDS for line in lines)
     text = server.log_file.read_text()
@@ -190,7 +194,8 @@ def test_metrics_need_the_key_when_one_is_set(server: RunningServer) -> None:
 
 def test_metrics_answer_while_draining(launch: Callable[..., RunningServer]) -> None:
     server = launch()
-    slow = {"model": "von", "state": {"fake": {"sleep": 1.5}}, "questions": {"q": {"type": "noul"}}}
+    state = {"fake": {"sleep": 1.5, "tag": "slow"}}
+    slow = {"model": "von", "state": state, "questions": {"q": {"type": "noul"}}}
     answered: dict[str, int] = {}
 
     def send() -> None:
@@ -199,11 +204,10 @@ def test_metrics_answer_while_draining(launch: Callable[..., RunningServer]) -> 
 
     thread = threading.Thread(target=send)
     thread.start()
-    time.sleep(0.5)
+    wait_until(lambda: "slow" in server.begun(), "the slow decision began")
     server.process.send_signal(signal.SIGTERM)
-    time.sleep(0.3)
     with httpx.Client(base_url=server.url) as client:
-        assert client.get("/health").status_code == 503
+        wait_until(lambda: client.get("/health").status_code == 503, "/health said draining")
         metrics = client.get("/metrics")
     assert metrics.status_code == 200
     in_flight = [
