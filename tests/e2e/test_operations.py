@@ -21,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from decidealot.metrics import CONTENT_TYPE
 from tests.support import ops_launcher as ops_server
-from tests.support.servers import RunningServer, wait_until
+from tests.support.servers import RunningServer, health_once_signalled, wait_until
 
 API_KEY = "op-key-Vb7Qm2Lx9Tz4"
 TYPESAFE_KEY = "ts-key-Hn3Wc8Pr5Ys1"
@@ -207,7 +207,7 @@ def test_metrics_answer_while_draining(launch: Callable[..., RunningServer]) -> 
     wait_until(lambda: "slow" in server.begun(), "the slow decision began")
     server.process.send_signal(signal.SIGTERM)
     with httpx.Client(base_url=server.url) as client:
-        wait_until(lambda: client.get("/health").status_code == 503, "/health said draining")
+        assert health_once_signalled(client).status_code == 503
         metrics = client.get("/metrics")
     assert metrics.status_code == 200
     in_flight = [

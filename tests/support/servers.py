@@ -164,6 +164,20 @@ def wait_until(condition: Callable[[], bool], what: str, seconds: float = 30) ->
         time.sleep(0.02)
 
 
+def health_once_signalled(client: httpx.Client) -> httpx.Response:
+    """The first `/health` answer other than 200 on `client`, polled until the server has
+    handled the signal it was sent. Polled on one client: its kept-alive connection still
+    reaches a server that has stopped accepting new ones."""
+    answers: list[httpx.Response] = []
+
+    def answered() -> bool:
+        answers.append(client.get("/health"))
+        return answers[-1].status_code != 200
+
+    wait_until(answered, "a /health answer other than 200")
+    return answers[-1]
+
+
 @dataclass
 class Timed:
     """A request sent on another thread, with how `/health` answered while it ran."""
