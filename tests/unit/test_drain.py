@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from typing import Any
 
 from decidealot import registry
@@ -18,8 +19,13 @@ def scope(seconds: float) -> dict[str, Any]:
     return {"type": "http", "method": "POST", "path": f"/slow/{seconds}", "headers": []}
 
 
+BEGAN: list[str] = []
+"""The paths `slow` has begun answering: a request there was admitted."""
+
+
 async def slow(scope: Any, receive: Any, send: Any) -> None:
     """Answers 200 after the seconds its path names; a started response for `/slow/-1`."""
+    BEGAN.append(scope["path"])
     seconds = float(scope["path"].rsplit("/", 1)[1])
     if seconds < 0:
         await send({"type": "http.response.start", "status": 200, "headers": []})
@@ -40,13 +46,24 @@ async def call(gateway: AuthAdmission, seconds: float) -> list[dict[str, Any]]:
     return sent
 
 
+async def until(condition: Callable[[], bool], what: str) -> None:
+    """Let the loop run until `condition` holds; 10 s guard against a hang, failing on `what`."""
+    try:
+        async with asyncio.timeout(10):
+            while not condition():
+                await asyncio.sleep(0.001)
+    except TimeoutError:
+        raise AssertionError(f"never {what}") from None
+
+
 async def test_the_drain_answers_what_finishes_and_cuts_the_rest_with_a_503() -> None:
     service = Service(registry.settings(), providers=[])
     gateway = AuthAdmission(slow, service)
+    BEGAN.clear()
     quick, long, streaming = (asyncio.create_task(call(gateway, s)) for s in (0.05, 10, -1))
-    await asyncio.sleep(0.01)  # all three admitted
+    await until(lambda: len(BEGAN) == 3, "all three admitted")
     draining = asyncio.create_task(service.drain(0.3))
-    await asyncio.sleep(0.01)
+    await until(lambda: service.draining, "the drain began")
     refused = await call(gateway, 0)
     await asyncio.wait_for(draining, 5)
 

@@ -234,14 +234,20 @@ async def test_residency_counts_loads_and_each_kind_of_unload() -> None:
     assert value("decidealot_provider_load_seconds_count", provider="metrics-first") == 2
 
 
-async def test_worker_passes_batch_sizes_failures_and_restarts() -> None:
+async def test_worker_passes_batch_sizes_failures_and_restarts(tmp_path: Path) -> None:
     name = "metrics-arith"
-    spec = EngineSpec(factory="tests.support.engines.arith:create", checkpoints={})
+    log = tmp_path / "passes"
+    spec = EngineSpec(
+        factory="tests.support.engines.arith:create", checkpoints={}, options={"log": str(log)}
+    )
     runtime = ProcessRuntime(name, spec, registry.settings(device="cpu"))
     try:
         await runtime.load()
         first = asyncio.create_task(runtime.submit(arith_job("slow", sleep=0.5)))
-        await asyncio.sleep(0.2)  # the next three queue behind the slow pass and share one
+        # the next three queue behind the slow pass and share one: sent once it has begun
+        async with asyncio.timeout(30):  # a hang guard only
+            while '"size"' not in (log.read_text() if log.exists() else ""):
+                await asyncio.sleep(0.02)
         rest = [runtime.submit(arith_job(f"job {i}")) for i in range(3)]
         await asyncio.gather(first, *rest)
         assert value("decidealot_batch_size_count", provider=name) == 2

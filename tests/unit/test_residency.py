@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 import pytest
 
@@ -51,6 +52,16 @@ def make(max_resident: int = 1, idle: float = 0.0, lanes: dict[str, str] | None 
     for name, runtime in runtimes.items():
         residency.register(runtime, lane=(lanes or {}).get(name))
     return residency, runtimes, log
+
+
+async def until(condition: Callable[[], bool], what: str, seconds: float = 10.0) -> None:
+    """Poll `condition` every 10 ms; `seconds` only guards against a hang, failing on `what`."""
+    try:
+        async with asyncio.timeout(seconds):
+            while not condition():
+                await asyncio.sleep(0.01)
+    except TimeoutError:
+        raise AssertionError(f"never {what} in {seconds} s") from None
 
 
 async def decide(residency: Residency, runtime: FakeRuntime, trace: list[str], seconds=0.01):
@@ -106,14 +117,15 @@ async def test_lane_serialises_different_runtimes_but_not_one_runtime():
 async def test_unload_all_reports_and_refuses_while_busy():
     residency, rt, _ = make(max_resident=2)
     await decide(residency, rt["laya"], [])
-    gate = asyncio.Event()
+    entered, gate = asyncio.Event(), asyncio.Event()
 
     async def busy():
         async with residency.use(rt["von"]):
+            entered.set()
             await gate.wait()
 
     task = asyncio.create_task(busy())
-    await asyncio.sleep(0.01)
+    await entered.wait()
     with pytest.raises(ProviderBusy):
         await residency.unload_all()
     assert rt["laya"].loaded and rt["von"].loaded  # released none
@@ -134,8 +146,8 @@ async def test_idle_unload_and_reload_after_crash():
     await residency.start()
     try:
         await decide(residency, rt["laya"], [])
-        await asyncio.sleep(0.4)
-        assert not rt["laya"].loaded and log[-1] == "unload laya"
+        await until(lambda: not rt["laya"].loaded, "the idle runtime unloaded")
+        assert log[-1] == "unload laya"
         await decide(residency, rt["laya"], [])
         rt["laya"].crash()
         await decide(residency, rt["laya"], [])  # started again on the next request
@@ -155,16 +167,17 @@ async def test_failed_load_fails_waiters_then_recovers():
 
 async def test_cancelled_waiter_does_not_leak_a_slot():
     residency, rt, _ = make(max_resident=1)
-    gate = asyncio.Event()
+    entered, gate = asyncio.Event(), asyncio.Event()
 
     async def hold():
         async with residency.use(rt["laya"]):
+            entered.set()
             await gate.wait()
 
     holder = asyncio.create_task(hold())
-    await asyncio.sleep(0.01)
+    await entered.wait()
     waiter = asyncio.create_task(decide(residency, rt["von"], []))
-    await asyncio.sleep(0.01)
+    await asyncio.sleep(0)  # one step: the waiter runs to its queued admission
     waiter.cancel()
     with pytest.raises(asyncio.CancelledError):
         await waiter
