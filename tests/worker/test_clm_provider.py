@@ -4,7 +4,6 @@ in a real worker under real residency."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import subprocess
 import sys
@@ -134,11 +133,16 @@ async def test_cache_hits_lower_input_tokens_exactly(make_provider, fake: FakeEm
 
 
 async def test_cached_candidates_expire_after_the_ttl(make_provider, fake: FakeEmbeddings) -> None:
-    provider = make_provider(cache_ttl_seconds=0.3)
+    now = [1000.0]
+    provider = make_provider(cache_ttl_seconds=60, clock=lambda: now[0])
     request = _request()
     states, options = _texts(request)
     await provider.decide("clm", request)
-    await asyncio.sleep(0.4)
+    now[0] += 59.9
+    fake.calls.clear()
+    await provider.decide("clm", request)
+    assert fake.calls == [states]  # the candidates are still cached
+    now[0] += 0.1
     fake.calls.clear()
     again = await provider.decide("clm", request)
     assert fake.calls == [states, options]

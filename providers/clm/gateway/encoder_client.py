@@ -15,8 +15,9 @@ import binascii
 import logging
 import math
 import sys
+import time
 from array import array
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Annotated
 
 import cachetools
@@ -93,7 +94,10 @@ class EncoderClient:
         retry_seconds: float = 10.0,
         cache_size: int = 4096,
         cache_ttl_seconds: float = 3600.0,
+        clock: Callable[[], float] = time.monotonic,
     ):
+        """`clock` times the cache's entries: a test moves it past the TTL instead of
+        waiting."""
         self._endpoint = embeddings_endpoint(url)
         self._model = model
         self._width = width
@@ -101,7 +105,9 @@ class EncoderClient:
         self._timeout = httpx.Timeout(timeout_seconds)
         self._retry_seconds = retry_seconds
         self._cache: cachetools.TTLCache[tuple[str, str], bytes] | None = (
-            cachetools.TTLCache(maxsize=cache_size, ttl=cache_ttl_seconds) if cache_size else None
+            cachetools.TTLCache(maxsize=cache_size, ttl=cache_ttl_seconds, timer=clock)
+            if cache_size
+            else None
         )
         self._client: httpx.AsyncClient | None = None
 
