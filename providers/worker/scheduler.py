@@ -28,7 +28,7 @@ import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import BinaryIO, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, BinaryIO, Protocol, runtime_checkable
 
 import msgspec
 
@@ -50,7 +50,9 @@ from decidealot.frames import (
 )
 from decidealot.jobs import Engine
 from decidealot.providers.worker.passes import PlannedJob, PlannedPass, Planner
-from decidealot.providers.worker.precision import CheckpointLoad
+
+if TYPE_CHECKING:  # precision imports torch, which a torch-free engine's worker never loads
+    from decidealot.providers.worker.precision import CheckpointLoad
 
 log = logging.getLogger("decidealot.worker")
 

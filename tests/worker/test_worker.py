@@ -339,6 +339,17 @@ def test_worker_exits_when_its_stdin_closes(busy: bool) -> None:
     assert code == 0
 
 
+def test_a_torch_free_engines_worker_never_imports_torch() -> None:
+    """The worker's own modules leave torch to the engines that use it: a torch-free engine's
+    worker (every arith worker of the suite) starts in a fraction of a second, not after
+    torch's import of seconds."""
+    code = "import sys, decidealot.providers.worker.process; print('torch' in sys.modules)"
+    result = subprocess.run(
+        [sys.executable, "-P", "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert result.stdout.strip() == "False"
+
+
 def test_a_malformed_frame_ends_the_worker() -> None:
     worker = WorkerProcess({})
     assert isinstance(worker.receive(), Ready)
