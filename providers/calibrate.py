@@ -59,7 +59,7 @@ class Setup:
 
 
 @dataclass
-class Row(Generic[R]):
+class LabelRow(Generic[R]):
     """A used label row: what the service answers now (`before`, contract order) and what the
     provider reads to fit (`record`)."""
 
@@ -126,12 +126,12 @@ def collect(
     engine: Engine,
     read: Callable[[PreparedJob, Sequence[object]], R],
     setup: Setup,
-) -> tuple[list[Row[R]], list[tuple[int, str]]]:
+) -> tuple[list[LabelRow[R]], list[tuple[int, str]]]:
     """Every label row through `engine` as one-question jobs on `setup.key`, `CHUNK_ROWS` at a
     time. A row the engine refuses (`RequestInvalid`) is skipped with its reason; `ValueError`
     when no row is left."""
     reading = _Reading(engine, read)
-    used: list[Row[R]] = []
+    used: list[LabelRow[R]] = []
     skipped: list[tuple[int, str]] = []
     total = len(setup.labels)
     for start in range(0, total, CHUNK_ROWS):
@@ -147,7 +147,7 @@ def collect(
             kept.append(label)
         finished: list[Any] = run_together(reading, prepared)  # type: ignore[arg-type]
         for label, (decision, record) in zip(kept, finished, strict=True):
-            used.append(Row(label, probabilities(decision, QUESTION), record))
+            used.append(LabelRow(label, probabilities(decision, QUESTION), record))
         setup.progress(min(start + CHUNK_ROWS, total), total)
     if not used:
         raise ValueError(f"no row of {setup.labels_path} could be used: {skipped[0][1]}")

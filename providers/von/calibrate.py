@@ -217,7 +217,7 @@ def _read(
     return logits.float().cpu().tolist(), readout.features(logits, tokens)
 
 
-def _von_order(row: calibrate.Row[Any]) -> tuple[int, bool]:
+def _von_order(row: calibrate.LabelRow[Any]) -> tuple[int, bool]:
     """The row's gold as von orders the options (a noul's are [yes, no], the contract's
     [false, true]), and whether it is a noul."""
     noul = isinstance(row.label.question, NoulQuestion)

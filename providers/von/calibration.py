@@ -28,7 +28,7 @@ class CalibrationError(ValueError):
 
 
 @dataclass(frozen=True)
-class Calibration:
+class VonCalibration:
     """`marker_calibration.json`: temperature rule, noul prior and the two forward-pass flags."""
 
     temperature: float
@@ -62,7 +62,7 @@ def _noul_prior(raw: object) -> tuple[float, float] | None:
         return None
 
 
-def parse(data: dict[str, Any]) -> Calibration:
+def parse(data: dict[str, Any]) -> VonCalibration:
     """A file's rule and flags; `CalibrationError` for what upstream would silently reset
     (a reset answers in the wrong attention mode, so it is refused instead)."""
     try:
@@ -75,7 +75,7 @@ def parse(data: dict[str, Any]) -> Calibration:
         if not isinstance(value, bool):
             raise CalibrationError(f"{flag} must be a boolean")
         flags[flag] = value
-    return Calibration(
+    return VonCalibration(
         temperature=temperature,
         calibration_map=_calibration_map(data.get("calibration_map")),
         noul_prior=_noul_prior(data.get("noul_zero_shot_prior")),

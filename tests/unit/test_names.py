@@ -19,7 +19,18 @@ import pytest
 
 from tests.unit.test_layers import read_tree
 
-SAME_ROLE: dict[str, tuple[frozenset[str], str]] = {}
+SAME_ROLE: dict[str, tuple[frozenset[str], str]] = {
+    "CalibrationError": (
+        frozenset(
+            {"decidealot.providers.laya.calibration", "decidealot.providers.von.calibration"}
+        ),
+        "each provider's refusal of a calibration file, one per provider folder",
+    ),
+    "Record": (
+        frozenset({"decidealot.providers.laya.calibrate", "decidealot.providers.von.calibrate"}),
+        "each provider's upstream fitting record, one per provider folder",
+    ),
+}
 """Class name -> (the modules allowed to define it, why it is one role there). A name defined in
 exactly those modules passes; any other module that defines it fails the test."""
 

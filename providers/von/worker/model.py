@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from decidealot.providers.von.calibration import Calibration, CalibrationError, parse
+from decidealot.providers.von.calibration import CalibrationError, VonCalibration, parse
 from decidealot.providers.worker import modernbert
 from decidealot.providers.worker.checkpoint_files import read_json_object
 from decidealot.providers.worker.int8 import (
@@ -54,7 +54,7 @@ class VonCheckpointError(ValueError):
     """A Von checkpoint directory that cannot be served as it is."""
 
 
-def load_calibration(path: Path) -> Calibration:
+def load_calibration(path: Path) -> VonCalibration:
     """Read the calibration file, refusing what upstream would silently reset.
 
     Upstream falls back to plain attention when the file is missing or unreadable, which

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 import torch
 
 from decidealot.contract import Answer, ChoiceAnswer, Question, ScoreAnswer
-from decidealot.providers.von.calibration import Calibration
+from decidealot.providers.von.calibration import VonCalibration
 from decidealot.providers.worker import readout as shared_readout
 
 _DEFAULT_DEBIAS = 0.7
@@ -44,7 +44,7 @@ def features(logits: torch.Tensor, state_tokens: int) -> dict[str, float]:
     }
 
 
-def temperature(logits: torch.Tensor, state_tokens: int, calibration: Calibration) -> float:
+def temperature(logits: torch.Tensor, state_tokens: int, calibration: VonCalibration) -> float:
     """The scalar temperature, or the map's input-conditioned one clamped to [lo, hi]."""
     params = calibration.calibration_map
     if params is None:
@@ -56,7 +56,7 @@ def temperature(logits: torch.Tensor, state_tokens: int, calibration: Calibratio
 
 
 def debias(
-    logits: torch.Tensor, null_logits: torch.Tensor, calibration: Calibration
+    logits: torch.Tensor, null_logits: torch.Tensor, calibration: VonCalibration
 ) -> torch.Tensor:
     """Subtract the no-state preference for "yes" from the yes logit (zero-shot noul only)."""
     bias = null_logits[0] - null_logits[1]
@@ -68,7 +68,9 @@ def debias(
     return torch.stack([logits[0] - correction, logits[1]])
 
 
-def probabilities(logits: torch.Tensor, state_tokens: int, calibration: Calibration) -> list[float]:
+def probabilities(
+    logits: torch.Tensor, state_tokens: int, calibration: VonCalibration
+) -> list[float]:
     scale = max(temperature(logits, state_tokens, calibration), 1e-4)
     return torch.softmax(logits / scale, dim=-1).cpu().tolist()
 
