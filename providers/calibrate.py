@@ -100,7 +100,7 @@ def build(setup: Setup, factory: str) -> Engine:
     return build_engine(spec)
 
 
-class _Reading(Generic[R]):
+class _ReadingEngine(Generic[R]):
     """The engine, with `finish` also returning what `read` takes from the same outputs."""
 
     def __init__(self, engine: Engine, read: Callable[[PreparedJob, Sequence[object]], R]):
@@ -130,7 +130,7 @@ def collect(
     """Every label row through `engine` as one-question jobs on `setup.key`, `CHUNK_ROWS` at a
     time. A row the engine refuses (`RequestInvalid`) is skipped with its reason; `ValueError`
     when no row is left."""
-    reading = _Reading(engine, read)
+    reading = _ReadingEngine(engine, read)
     used: list[LabelRow[R]] = []
     skipped: list[tuple[int, str]] = []
     total = len(setup.labels)
