@@ -162,21 +162,21 @@ def _calibrate(settings: config.Settings, args: argparse.Namespace) -> int:
 
     from decidealot import preflight
     from decidealot.device import resolve_device
-    from decidealot.validation.labels import LabelError, read
+    from decidealot.validation.labels import LabelError, read_labels
 
     if args.folds < 2:
         print("decidealot: --folds: expected an integer of at least 2", file=sys.stderr)
         return 2
     try:
         descriptor, calibration = _calibration_target(settings, args.model)
-        labels = read(Path(args.labels))
+        labels = read_labels(Path(args.labels))
         preflight.check_device(settings)
         checkpoint = preflight.checked_checkpoint(settings, calibration.bundle)
         preflight.raise_all(preflight.calibration_problems(settings))
     except (*preflight.ERRORS, LabelError) as exc:
         print(f"decidealot: {exc}", file=sys.stderr)
         return 2 if isinstance(exc, config.ConfigError) else 1
-    from decidealot.providers.calibrate import Setup, plot, report, write
+    from decidealot.providers.calibrate import Setup, plot, report, write_fitted
 
     out = Path(args.out or f"calibration-{calibration.bundle}.json").expanduser().resolve()
     current = getattr(descriptor.of(settings), calibration.setting)
@@ -204,7 +204,7 @@ def _calibrate(settings: config.Settings, args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"decidealot: {exc}", file=sys.stderr)
         return 1
-    write(out, outcome.body)
+    write_fitted(out, outcome.body)
     for line in report(outcome, out):
         print(line)
     if args.plot and outcome.gold:

@@ -257,7 +257,7 @@ class Settings(Section, frozen=True, kw_only=True):
     """Each registered provider's settings, by provider name (`ProviderDescriptor.of`)."""
 
 
-def read(
+def read_section(
     struct: type[msgspec.Struct], env: Mapping[str, str], known: set[str]
 ) -> dict[str, object]:
     """The settings of `struct` present in `env`, parsed; every variable it declares goes into
@@ -313,7 +313,7 @@ def _parser(annotation: object) -> Parse | None:
 
 def read_core(env: Mapping[str, str], known: set[str]) -> dict[str, object]:
     """The core's settings in `env` (the OTEL_* ones too), checked against each other."""
-    values = read(Settings, env, known)
+    values = read_section(Settings, env, known)
     problem = precision_problem(
         str(values.get("precision", "fp32")), str(values.get("device", "auto"))
     )

@@ -275,7 +275,9 @@ def from_env(environ: Mapping[str, str] | None = None) -> Settings:
     env = os.environ if environ is None else environ
     known: set[str] = set()
     core = config.read_core(env, known)
-    sections = {d.name: d.settings(**config.read(d.settings, env, known)) for d in registered()}
+    sections = {
+        d.name: d.settings(**config.read_section(d.settings, env, known)) for d in registered()
+    }
     config.refuse_unknown(env, known)
     for each in registered():
         each.refuse_contradictions(sections[each.name])
@@ -285,9 +287,9 @@ def from_env(environ: Mapping[str, str] | None = None) -> Settings:
 def known_variables() -> frozenset[str]:
     """Every DECIDEALOT_* name `from_env` reads: the ones the settings structs declare."""
     known: set[str] = set()
-    config.read(Settings, {}, known)
+    config.read_section(Settings, {}, known)
     for each in registered():
-        config.read(each.settings, {}, known)
+        config.read_section(each.settings, {}, known)
     return frozenset(known)
 
 

@@ -147,14 +147,14 @@ def collect(
             kept.append(label)
         finished: list[Any] = run_together(reading, prepared)  # type: ignore[arg-type]
         for label, (decision, record) in zip(kept, finished, strict=True):
-            used.append(LabelRow(label, probabilities(decision, QUESTION), record))
+            used.append(LabelRow(label, answer_probabilities(decision, QUESTION), record))
         setup.progress(min(start + CHUNK_ROWS, total), total)
     if not used:
         raise ValueError(f"no row of {setup.labels_path} could be used: {skipped[0][1]}")
     return used, skipped
 
 
-def probabilities(decision: Decision, name: str) -> list[float]:
+def answer_probabilities(decision: Decision, name: str) -> list[float]:
     """One answer's probabilities in contract order (a noul's as [false, true])."""
     answer = decision.answers[name]
     if isinstance(answer, NoulAnswer):
@@ -203,7 +203,9 @@ def reliability(
     return [(int(n), c / n, a / n) if n else (0, 0.0, 0.0) for n, c, a in table]
 
 
-def ece(probs: Sequence[Sequence[float]], gold: Sequence[int], bins: int = ECE_BINS) -> float:
+def expected_calibration_error(
+    probs: Sequence[Sequence[float]], gold: Sequence[int], bins: int = ECE_BINS
+) -> float:
     return sum(n * abs(c - a) for n, c, a in reliability(probs, gold, bins)) / len(gold)
 
 
@@ -216,7 +218,11 @@ def report(outcome: Outcome, out: Path) -> list[str]:
         held = len(outcome.gold)
         lines.append(f"on held-out rows ({held}, each scored by a fit that did not see it):")
         lines.append(f"  {'':12}{'before':>10}{'after':>10}")
-        for name, metric in (("log-loss", log_loss), ("Brier", brier), ("ECE", ece)):
+        for name, metric in (
+            ("log-loss", log_loss),
+            ("Brier", brier),
+            ("ECE", expected_calibration_error),
+        ):
             before = metric(outcome.before, outcome.gold)
             after = metric(outcome.after, outcome.gold)
             lines.append(f"  {name:12}{before:10.4f}{after:10.4f}")
@@ -224,7 +230,7 @@ def report(outcome: Outcome, out: Path) -> list[str]:
     return lines
 
 
-def write(path: Path, body: dict[str, Any]) -> None:
+def write_fitted(path: Path, body: dict[str, Any]) -> None:
     """The file as indented JSON, replaced atomically (a reader never sees half of it)."""
     destination = Path(os.path.realpath(path))
     destination.parent.mkdir(parents=True, exist_ok=True)
@@ -244,5 +250,7 @@ def plot(path: Path, outcome: Outcome) -> None:
     series = []
     for name, probs in (("before", outcome.before), ("after", outcome.after)):
         points = [(c, a) for n, c, a in reliability(probs, outcome.gold) if n]
-        series.append((f"{name} (ECE {ece(probs, outcome.gold):.3f})", points))
+        series.append(
+            (f"{name} (ECE {expected_calibration_error(probs, outcome.gold):.3f})", points)
+        )
     reliability_png.draw(path, series)

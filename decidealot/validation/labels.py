@@ -33,7 +33,7 @@ class LabelError(ValueError):
     """A label file that cannot be read; the message names the file and line."""
 
 
-def read(path: Path) -> list[Labelled]:
+def read_labels(path: Path) -> list[Labelled]:
     """Every row of the label file at `path`; `LabelError` at the first bad one."""
     try:
         with path.open(encoding="utf-8") as stream:

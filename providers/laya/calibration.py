@@ -179,7 +179,7 @@ def parse(payload: object) -> Payload:
     )
 
 
-def read(path: Path) -> Payload:
+def read_calibration(path: Path) -> Payload:
     """The file at `path`, parsed as laya reads it (Python's `json`, so NaN literals load
     and are then clamped, as upstream's)."""
     try:
@@ -194,7 +194,7 @@ def read(path: Path) -> Payload:
 def check(path: Path) -> str | None:
     """What stops this file from loading (a `registry.FileCheck`), or None."""
     try:
-        read(path)
+        read_calibration(path)
     except CalibrationError as exc:
         return str(exc)
     return None
@@ -203,7 +203,7 @@ def check(path: Path) -> str | None:
 def warnings(path: Path, checkpoint: Path) -> list[str]:
     """What laya warns of when it loads the file at `path` onto `checkpoint` (a directory):
     a file fitted for another checkpoint, temperatures it had to clamp."""
-    loaded = read(path)
+    loaded = read_calibration(path)
     found = []
     config = json.loads((checkpoint / "rl_agent_config.json").read_text(encoding="utf-8"))
     mismatch = loaded.mismatch(config)
@@ -242,7 +242,7 @@ def payload(
     return body
 
 
-def write(path: Path, body: Mapping[str, Any]) -> None:
+def write_calibration(path: Path, body: Mapping[str, Any]) -> None:
     """Write `body` as `save_calibration` does: indented JSON, replaced atomically."""
     destination = Path(os.path.realpath(path))
     fd, temporary = tempfile.mkstemp(dir=destination.parent, prefix=".calibration.", suffix=".tmp")

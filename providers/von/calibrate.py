@@ -76,7 +76,9 @@ def nll(params: dict[str, float], records: Sequence[Record]) -> float:
     return total / max(len(records), 1)
 
 
-def ece(params: dict[str, float] | None, records: Sequence[Record], bins: int = 10) -> float:
+def top_label_ece(
+    params: dict[str, float] | None, records: Sequence[Record], bins: int = 10
+) -> float:
     """`von calibrate`'s top-label ECE (10 equal-width bins), for its report fields."""
     buckets: dict[int, list[tuple[float, bool]]] = {}
     for r in records:
@@ -195,16 +197,16 @@ def fit_map(records: Sequence[Record], folds: int, seed: int, shipped: Any) -> d
             "map": round(nll(full, records), 4),
         },
         "ece": {
-            "raw_T1": round(ece(None, records), 4),
-            "scalar": round(ece(scalar, records), 4),
-            "map": round(ece(full, records), 4),
+            "raw_T1": round(top_label_ece(None, records), 4),
+            "scalar": round(top_label_ece(scalar, records), 4),
+            "map": round(top_label_ece(full, records), 4),
         },
         "scalar_temperature": round(scalar["bias"], 4),
         "winner": winner_name,
     }
     if isinstance(shipped, dict):
         report["in_sample_nll"]["shipped"] = round(nll(shipped, records), 4)
-        report["ece"]["shipped"] = round(ece(shipped, records), 4)
+        report["ece"]["shipped"] = round(top_label_ece(shipped, records), 4)
     cv = map_cv if winner_name == "map" else scalar_cv
     return {"calibration_map": winner, "report": report, "cv": cv}
 

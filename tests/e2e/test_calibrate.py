@@ -62,7 +62,7 @@ def test_laya(tiny: TinyCheckpoints, tmp_path: Path) -> None:
         assert before > 0 and after > 0
     assert "decidealot calibrate: 64/71 rows" in result.stderr  # progress
     assert f"export DECIDEALOT_LAYA_ENGLISH_CALIBRATION={out}" in report[-1]
-    payload = laya_file.read(out)
+    payload = laya_file.read_calibration(out)
     assert (
         payload.version == 2
         and payload.model_id_or_path == env["DECIDEALOT_LAYA_ENGLISH_CHECKPOINT"]

@@ -224,7 +224,7 @@ def test_laya_file_we_fit_loads_in_laya(laya_checkpoints: dict[str, Path], tmp_p
     path = laya_checkpoints[key]
     outcome = laya_calibrate.fit(_setup(path, key, _labels(_laya_fit_rows())))
     file = tmp_path / "ours.json"
-    calibrate.write(file, outcome.body)
+    calibrate.write_fitted(file, outcome.body)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         agent = laya.load(str(path), device="cpu", calibration=str(file))
@@ -351,7 +351,7 @@ def test_von_file_we_fit_loads_in_von(
     assert body["independent_options"] == shipped["independent_options"]  # carried over
     assert body["calibration_map"] != shipped["calibration_map"]
     file = tmp_path / "ours.json"
-    calibrate.write(file, body)
+    calibrate.write_fitted(file, body)
     _assert_von_parity(von_checkpoint, file, "von-ours")
 
 

@@ -16,7 +16,7 @@ import pytest
 from decidealot import cli, preflight, registry
 from decidealot.contract import ChoiceQuestion, NoulQuestion, ScoreQuestion
 from decidealot.providers.laya import calibration as laya_file
-from decidealot.validation.labels import LabelError, read
+from decidealot.validation.labels import LabelError, read_labels
 
 
 def _write(path: Path, rows: list[Any]) -> Path:
@@ -25,7 +25,7 @@ def _write(path: Path, rows: list[Any]) -> Path:
 
 
 def test_label_rows_in_every_form(tmp_path: Path) -> None:
-    labels = read(
+    labels = read_labels(
         _write(
             tmp_path / "labels.jsonl",
             [
@@ -90,14 +90,14 @@ def test_a_bad_row_is_an_error_naming_its_line(tmp_path: Path, row: Any, message
     good = {"state": "s", "question": {"type": "noul"}, "gold": "yes"}
     path = _write(tmp_path / "labels.jsonl", [good, good, row])
     with pytest.raises(LabelError) as caught:
-        read(path)
+        read_labels(path)
     assert str(caught.value).startswith(f"{path}:3: ")
     assert message in str(caught.value)
 
 
 def test_an_empty_label_file_is_an_error(tmp_path: Path) -> None:
     with pytest.raises(LabelError, match="no rows"):
-        read(_write(tmp_path / "labels.jsonl", ["", "  "]))
+        read_labels(_write(tmp_path / "labels.jsonl", ["", "  "]))
 
 
 # -- the startup checks ------------------------------------------------------------------------

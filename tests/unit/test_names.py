@@ -1,5 +1,5 @@
-"""One name, one meaning: no class name is defined in two modules of the package for two
-different things.
+"""One name, one meaning: no class name, and no public module-level function name, is defined in
+two modules of the package for two different things.
 
 Two classes of one name make every reader (and every `import`) ask which one is meant; a frame
 and a planner's pass, a metrics protocol and the residency it describes, were such pairs. The
@@ -12,6 +12,7 @@ known to fail.
 from __future__ import annotations
 
 import ast
+import re
 from collections import defaultdict
 from collections.abc import Mapping
 
@@ -33,6 +34,63 @@ SAME_ROLE: dict[str, tuple[frozenset[str], str]] = {
 }
 """Class name -> (the modules allowed to define it, why it is one role there). A name defined in
 exactly those modules passes; any other module that defines it fails the test."""
+
+
+PROVIDER = re.compile(r"^decidealot\.providers\.(?:laya|von|clm|jev)\.")
+
+SAME_ROLE_FUNCTIONS: dict[str, tuple[frozenset[str], str]] = {
+    "main": (
+        frozenset(
+            {
+                "decidealot.cli",
+                "decidealot.mcp",
+                "decidealot.mcp.stdio",
+                "decidealot.providers.clm.encoder_server",
+                "decidealot.providers.worker.process",
+            }
+        ),
+        "each program's entry point (decidealot.mcp's only defers the stdio import)",
+    ),
+    "answer": (
+        frozenset(
+            {
+                "decidealot.providers.clm.worker.engine",
+                "decidealot.providers.laya.worker.readout",
+                "decidealot.providers.von.worker.readout",
+            }
+        ),
+        "each provider's contract answer from its own logits (CLM's readout lives in its engine)",
+    ),
+}
+"""Function name -> (the modules allowed to define it, why). Besides these, one name in parallel
+provider folders (the same module path under providers/<p>/, e.g. each engine's `create`) is
+one role by construction."""
+
+
+def function_names(source: str) -> set[str]:
+    """The public functions a module defines at its top level."""
+    return {
+        node.name
+        for node in ast.parse(source).body
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        and not node.name.startswith("_")
+    }
+
+
+def duplicate_functions(modules: Mapping[str, str]) -> list[str]:
+    """'name: module, module' for each public function name defined in more than one module,
+    less one role in parallel provider folders and what `SAME_ROLE_FUNCTIONS` allows."""
+    where: dict[str, list[str]] = defaultdict(list)
+    for module, source in sorted(modules.items()):
+        for name in function_names(source):
+            where[name].append(module)
+    found = []
+    for name, defined in sorted(where.items()):
+        parallel = len({PROVIDER.sub("decidealot.providers.<p>.", m) for m in defined}) == 1
+        allowed = SAME_ROLE_FUNCTIONS.get(name, (frozenset(), ""))[0]
+        if len(defined) > 1 and not parallel and set(defined) != allowed:
+            found.append(f"{name}: {', '.join(defined)}")
+    return found
 
 
 def class_names(source: str) -> set[str]:
@@ -77,3 +135,21 @@ def test_every_allowed_pair_still_exists(tree: dict[str, str]) -> None:
         assert reason and len(modules) > 1, name
         for module in modules:
             assert name in class_names(tree[module]), f"{name} is no longer in {module}"
+
+
+def test_no_public_function_name_means_two_things(tree: dict[str, str]) -> None:
+    found = duplicate_functions(tree)
+    assert not found, "public functions defined in more than one module:\n" + "\n".join(found)
+
+
+def test_a_planted_function_duplicate_is_caught(tree: dict[str, str]) -> None:
+    planted = dict(tree)
+    planted["decidealot.executor"] += "\ndef settings() -> None:\n    pass\n"  # registry's
+    assert "settings: decidealot.executor, decidealot.registry" in duplicate_functions(planted)
+
+
+def test_every_allowed_function_still_exists(tree: dict[str, str]) -> None:
+    for name, (modules, reason) in SAME_ROLE_FUNCTIONS.items():
+        assert reason and len(modules) > 1, name
+        for module in modules:
+            assert name in function_names(tree[module]), f"{name} is no longer in {module}"

@@ -229,7 +229,7 @@ def load_checkpoint(
         config.get("temperature", [1.0, 1.0, 1.0]), config.get("temperature_by_options", {})
     )
     if calibration is not None:
-        temperatures = Temperatures.of(calibration_file.read(Path(calibration)))
+        temperatures = Temperatures.of(calibration_file.read_calibration(Path(calibration)))
 
     encoder_config = modernbert.Config.read(
         _require(encoder_dir / "config.json", "its encoder config")
