@@ -54,12 +54,22 @@ def head(tiny: TinyCheckpoints) -> Path:
 
 @pytest.fixture
 async def make_provider(fake: FakeEmbeddings, head: Path) -> AsyncIterator[object]:
-    """Providers over the fake endpoint; encoder retries are off unless a test asks."""
+    """Providers over the fake endpoint; encoder retries are off unless a test asks, and their
+    backoffs are recorded in `make.backoff` instead of slept."""
     fake.reset()
     clients: list[EncoderClient] = []
+    backoff: list[float] = []
+
+    async def record(seconds: float) -> None:
+        backoff.append(seconds)
 
     def make(*, max_text_bytes: int = 8192, **encoder: object) -> Deciding:
-        options: dict[str, object] = {"retry_seconds": 0.0, "timeout_seconds": 5.0, **encoder}
+        options: dict[str, object] = {
+            "retry_seconds": 0.0,
+            "timeout_seconds": 5.0,
+            "sleep": record,
+            **encoder,
+        }
         client = EncoderClient(fake.url, "qwen3-8b", width=WIDTH, **options)  # type: ignore[arg-type]
         clients.append(client)
         runtime = clm_runtime(head, width=WIDTH)
@@ -67,6 +77,7 @@ async def make_provider(fake: FakeEmbeddings, head: Path) -> AsyncIterator[objec
             ClmProvider(client, runtime, selectors=SELECTORS, max_text_bytes=max_text_bytes)
         )
 
+    make.backoff = backoff  # type: ignore[attr-defined]
     yield make
     for client in clients:
         await client.close()
@@ -207,6 +218,7 @@ async def test_transient_errors_are_retried_within_the_budget(
     states, options = _texts(_request())
     assert fake.calls == [states, states, states, options]
     assert response.usage.input_tokens == _tokens(states) + _tokens(options)
+    assert make_provider.backoff == [0.1, 0.2]  # exponential, recorded instead of slept
 
 
 async def test_invalid_vectors_are_not_retried(make_provider, fake: FakeEmbeddings) -> None:
@@ -214,7 +226,7 @@ async def test_invalid_vectors_are_not_retried(make_provider, fake: FakeEmbeddin
     fake.mode = "nan"
     with pytest.raises(ProviderUnavailable):
         await provider.decide("clm", _request())
-    assert len(fake.calls) == 1
+    assert len(fake.calls) == 1 and make_provider.backoff == []
 
 
 async def test_api_key_is_sent_but_never_shown(make_provider, fake: FakeEmbeddings) -> None:

@@ -10,6 +10,7 @@ Candidate vectors may be cached (TTL + LRU, keyed by model and text); state vect
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import logging
@@ -17,7 +18,7 @@ import math
 import sys
 import time
 from array import array
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Annotated
 
 import cachetools
@@ -95,15 +96,17 @@ class EncoderClient:
         cache_size: int = 4096,
         cache_ttl_seconds: float = 3600.0,
         clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ):
-        """`clock` times the cache's entries: a test moves it past the TTL instead of
-        waiting."""
+        """`clock` times the cache's entries and `sleep` waits out each retry's backoff: a test
+        moves the clock past the TTL, and records the backoffs, instead of waiting."""
         self._endpoint = embeddings_endpoint(url)
         self._model = model
         self._width = width
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._timeout = httpx.Timeout(timeout_seconds)
         self._retry_seconds = retry_seconds
+        self._sleep = sleep
         self._cache: cachetools.TTLCache[tuple[str, str], bytes] | None = (
             cachetools.TTLCache(maxsize=cache_size, ttl=cache_ttl_seconds, timer=clock)
             if cache_size
@@ -153,6 +156,7 @@ class EncoderClient:
     async def _fetch(self, texts: list[str]) -> tuple[list[bytes], int]:
         tracing.annotate(inputs=len(texts))
         retrying = AsyncRetrying(
+            sleep=self._sleep,
             stop=stop_before_delay(self._retry_seconds),
             wait=wait_exponential(multiplier=0.1, max=2.0),
             retry=retry_if_exception(_is_transient),
