@@ -29,6 +29,7 @@ ROOT = Path(__file__).resolve().parents[2]
         ({"DECIDEALOT_MAX_BATCH_REQUESTS": "0"}, "DECIDEALOT_MAX_BATCH_REQUESTS", "at least 1"),
         ({"DECIDEALOT_LAYA_ENABLED": "maybe"}, "DECIDEALOT_LAYA_ENABLED", "true or false"),
         ({"DECIDEALOT_API_KEY": "two words"}, "DECIDEALOT_API_KEY", "no whitespace"),
+        ({"DECIDEALOT_LONG_STATES": "chop"}, "DECIDEALOT_LONG_STATES", "cut, refuse, windows"),
     ],
 )
 def test_a_bad_setting_exits_with_one_line(

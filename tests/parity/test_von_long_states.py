@@ -20,7 +20,7 @@ import pytest
 
 from decidealot.contract import Question
 from decidealot.errors import RequestInvalid
-from decidealot.jobs import EngineSpec, Job
+from decidealot.jobs import Decision, EngineSpec, Job
 from decidealot.providers.von.tiny import build_von_checkpoint
 from decidealot.providers.von.worker.engine import VonEngine, create
 from decidealot.providers.von.worker.model import WINDOW
@@ -152,6 +152,7 @@ def test_long_states_are_cut_as_upstream_cuts_them(
         (decision,) = run_together(ours, [ours.prepare(job)])
         assert_same(decision.answers, decision.answers, theirs)
         assert decision.input_tokens == theirs.usage.input_tokens, variant
+        _assert_reported(decision, theirs.truncation)
 
 
 def test_a_cut_row_past_the_window_is_answered_as_upstream(
@@ -168,6 +169,54 @@ def test_a_cut_row_past_the_window_is_answered_as_upstream(
     (decision,) = run_together(ours, [prepared])
     assert_same(decision.answers, decision.answers, theirs)
     assert decision.input_tokens == theirs.usage.input_tokens > WINDOW
+
+
+def _assert_reported(decision: Decision, truncation: dict[str, Any] | None) -> None:
+    """`Decision.cuts` says what upstream's `truncation` says: as many questions cut, the
+    worst one's state tokens and the tokens it kept."""
+    if truncation is None:
+        assert decision.cuts == []
+        return
+    assert len(decision.cuts) == truncation["questions_affected"]
+    worst = max(decision.cuts, key=lambda cut: cut.total)
+    assert (worst.total, worst.read) == (truncation["state_tokens"], truncation["kept_tokens"])
+
+
+def test_a_cut_of_several_questions_is_reported_per_question(
+    pairs: dict[str, tuple[Any, VonEngine]],
+) -> None:
+    upstream, ours = pairs["plain"]
+    state = "The refund was sent twice. " * 1800
+    questions = {f"q{i}": _question(i) for i in range(3)}
+    theirs = upstream.evaluate(state, questions)
+    job = Job("von-1.1", state, msgspec.convert(questions, dict[str, Question]))
+    (decision,) = run_together(ours, [ours.prepare(job)])
+    assert [cut.question for cut in decision.cuts] == ["q0", "q1", "q2"]
+    _assert_reported(decision, theirs.truncation)
+
+
+def test_refuse_names_the_tokens_and_the_room(pairs: dict[str, tuple[Any, VonEngine]]) -> None:
+    upstream, _ = pairs["plain"]
+    spec = EngineSpec(
+        factory="decidealot.providers.von.worker.engine:create",
+        checkpoints={"von-1.1": upstream.checkpoint_dir},
+        device="cpu",
+        options={"long_states": "refuse"},
+    )
+    refusing = create(spec)
+    questions = {"late": {"type": "noul", "instructions": "Is it late?"}}
+    short = Job("von-1.1", "It shipped late.", msgspec.convert(questions, dict[str, Question]))
+    (decision,) = run_together(refusing, [refusing.prepare(short)])
+    assert decision.cuts == []
+    state = "Order 12 shipped late. " * 2000
+    truncation = upstream.evaluate(state, questions).truncation
+    with pytest.raises(RequestInvalid) as caught:
+        refusing.prepare(Job("von-1.1", state, msgspec.convert(questions, dict[str, Question])))
+    (issue,) = caught.value.issues
+    assert issue.loc == ["state"] and issue.input is None
+    assert f"{truncation['state_tokens']} tokens" in issue.msg
+    assert f"room for {truncation['kept_tokens']}" in issue.msg
+    assert "DECIDEALOT_LONG_STATES" in issue.msg
 
 
 def test_only_instructions_that_cannot_fit_by_themselves_are_refused(

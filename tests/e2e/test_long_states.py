@@ -1,0 +1,289 @@
+"""Long states over the real `decidealot serve` on the tiny Laya checkpoints, in each
+`DECIDEALOT_LONG_STATES` mode, against upstream laya 0.4.15 in this process.
+
+`cut` (the default): the `Decidealot-Truncated` header (an RFC 8941 list of sf-strings, one per
+question cut, with `read` and `total`, and `item` on a batch) says what `system_one`'s usage
+says; MCP results carry the same in `_meta["decidealot/truncated"]`; the counter and an info log
+line without the state's text. `refuse`: 422 at the state before any pass, over HTTP and MCP.
+`windows`: `predict_long`'s answers and `usage.input_tokens`, its rows bounded by
+`DECIDEALOT_MAX_REQUEST_TOKENS` like any others.
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.support.checkpoints import TinyCheckpoints
+from tests.support.mcp_clients import over_http, tool_outcome
+from tests.support.servers import RunningServer, start_server
+
+laya = pytest.importorskip("laya")
+
+HEADER = "Decidealot-Truncated"
+META = "decidealot/truncated"
+SECRET = "zebra-ledger"
+"""A word of every long state, which no log line may carry."""
+QUESTIONS: dict[str, dict[str, Any]] = {
+    "queue": {
+        "type": "choice",
+        "instructions": "Route the ticket.",
+        "criteria": {"billing": "A payment or refund", "shipping": None},
+    },
+    "urgency": {
+        "type": "score",
+        "instructions": "How urgent is it?",
+        "criteria": ["routine", "important", "urgent"],
+    },
+    "review": {"type": "noul", "instructions": "Is human review needed?"},
+}
+SHORT = "The customer was charged twice."
+WINDOWS_BOUND = 1500
+"""`DECIDEALOT_MAX_REQUEST_TOKENS` of the windows server: a 200-word state's windows cost more."""
+
+
+def long_state(words: int, tag: str = "") -> str:
+    vocabulary = ["refund", "payment", "the", "customer", "is", "and", "account", "urgent", tag]
+    return " ".join([SECRET, *(vocabulary[i % len(vocabulary)] for i in range(words))]).strip()
+
+
+def request(state: Any, questions: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {"model": "laya-english", "state": state, "questions": questions or QUESTIONS}
+
+
+def parse_truncated(value: str) -> list[dict[str, Any]]:
+    """An RFC 8941 list whose members are sf-strings with integer parameters, strictly: each
+    member as `{"question", **params}`; anything else fails the test."""
+    member = re.compile(
+        r'"((?:[\x20\x21\x23-\x5b\x5d-\x7e]|\\["\\])*)"'  # an sf-string
+        r"((?:;[a-z*][a-z0-9_.*-]*=-?\d{1,15})*)"  # integer parameters
+    )
+    parsed, rest = [], value
+    while True:
+        match = member.match(rest)
+        assert match is not None, value
+        entry: dict[str, Any] = {"question": re.sub(r"\\(.)", r"\1", match.group(1))}
+        for param in filter(None, match.group(2).split(";")):
+            key, number = param.split("=")
+            entry[key] = int(number)
+        parsed.append(entry)
+        rest = rest[match.end() :]
+        if not rest:
+            return parsed
+        separator = re.match(r"[ \t]*,[ \t]*", rest)
+        assert separator is not None and separator.end() < len(rest), value
+        rest = rest[separator.end() :]
+
+
+def post(server: RunningServer, path: str, body: object) -> httpx.Response:
+    return httpx.post(server.url + path, json=body, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def paths(tiny: TinyCheckpoints) -> dict[str, Path]:
+    return tiny.laya_all()
+
+
+@pytest.fixture(scope="module")
+def agent(paths: dict[str, Path]) -> Any:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # the shipped choice:11+ clamp warning
+        return laya.load(str(paths["english"]), device="cpu")
+
+
+def _serve(folder: Path, paths: dict[str, Path], **env: str) -> Iterator[RunningServer]:
+    server = start_server(
+        folder,
+        launcher="decidealot",
+        args=("serve",),
+        DECIDEALOT_DEVICE="cpu",
+        DECIDEALOT_TORCH_THREADS="1",
+        DECIDEALOT_VON_ENABLED="false",
+        DECIDEALOT_LAYA_ENGLISH_CHECKPOINT=str(paths["english"]),
+        DECIDEALOT_LAYA_MULTILINGUAL_CHECKPOINT=str(paths["multilingual"]),
+        DECIDEALOT_LAYA_TYPED_DECISIONS_CHECKPOINT=str(paths["typed-decisions"]),
+        **env,
+    )
+    yield server
+    assert server.stop(30) == 0
+
+
+@pytest.fixture(scope="module")
+def cut(
+    tmp_path_factory: pytest.TempPathFactory, paths: dict[str, Path]
+) -> Iterator[RunningServer]:
+    """The default mode: no setting."""
+    yield from _serve(tmp_path_factory.mktemp("cut"), paths)
+
+
+@pytest.fixture(scope="module")
+def refuse(
+    tmp_path_factory: pytest.TempPathFactory, paths: dict[str, Path]
+) -> Iterator[RunningServer]:
+    yield from _serve(tmp_path_factory.mktemp("refuse"), paths, DECIDEALOT_LONG_STATES="refuse")
+
+
+@pytest.fixture(scope="module")
+def windows(
+    tmp_path_factory: pytest.TempPathFactory, paths: dict[str, Path]
+) -> Iterator[RunningServer]:
+    yield from _serve(
+        tmp_path_factory.mktemp("windows"),
+        paths,
+        DECIDEALOT_LONG_STATES="windows",
+        DECIDEALOT_MAX_REQUEST_TOKENS=str(WINDOWS_BOUND),
+    )
+
+
+def expected_cuts(agent: Any, state: Any, questions: dict[str, Any]) -> dict[str, int]:
+    """Upstream's report: each truncated question, and the state's tokens."""
+    usage = agent.system_one(state, questions)["usage"]
+    return {
+        "questions": usage["truncated_questions"],
+        "total": usage["state_tokens"],
+        "dropped": usage["state_tokens_dropped"],
+    }
+
+
+def assert_agrees(entries: list[dict[str, Any]], upstream: dict[str, Any]) -> None:
+    assert [entry["question"] for entry in entries] == upstream["questions"]
+    assert {entry["total"] for entry in entries} == {upstream["total"]}
+    assert max(entry["total"] - entry["read"] for entry in entries) == upstream["dropped"]
+
+
+# -- cut -----------------------------------------------------------------------------------
+
+
+def test_nothing_cut_no_header(cut: RunningServer) -> None:
+    response = post(cut, "/v1/systemone", request(SHORT))
+    assert response.status_code == 200, response.text
+    assert HEADER not in response.headers
+    batch = post(cut, "/v1/systemone/batch", {"requests": [request(SHORT)] * 2})
+    assert batch.status_code == 200 and HEADER not in batch.headers
+
+
+def test_every_cut_is_in_the_header_as_upstream_reports_it(cut: RunningServer, agent: Any) -> None:
+    state = long_state(150, "header")
+    counted = cut.metric(
+        "decidealot_truncated_states_total", provider="laya", checkpoint="laya-english"
+    )
+    response = post(cut, "/v1/systemone", request(state))
+    assert response.status_code == 200, response.text
+    assert set(response.json()) == {"model", "answers", "usage"}  # the body is the contract's
+    entries = parse_truncated(response.headers[HEADER])
+    assert all(set(entry) == {"question", "read", "total"} for entry in entries)
+    assert_agrees(entries, expected_cuts(agent, state, QUESTIONS))
+    assert len(entries) == len(QUESTIONS)
+    after = cut.metric(
+        "decidealot_truncated_states_total", provider="laya", checkpoint="laya-english"
+    )
+    assert after == counted + 1
+    lines = [line for line in cut.log_lines() if "truncat" in line.lower() or "cut" in line]
+    assert any("laya-english" in line for line in lines), cut.log_lines()[-5:]
+    assert not any(SECRET in line for line in cut.log_lines())
+
+
+def test_a_batch_header_names_each_item(cut: RunningServer, agent: Any) -> None:
+    cut_list = [long_state(60, "first"), long_state(60, "newest")]  # a conversation: tail kept
+    requests = [request(SHORT), request(long_state(90, "one")), request(cut_list)]
+    response = post(cut, "/v1/systemone/batch", {"requests": requests})
+    assert response.status_code == 200, response.text
+    entries = parse_truncated(response.headers[HEADER])
+    assert {entry["item"] for entry in entries} == {1, 2}
+    for item in (1, 2):
+        mine = [entry for entry in entries if entry["item"] == item]
+        assert_agrees(mine, expected_cuts(agent, requests[item]["state"], QUESTIONS))
+
+
+async def test_mcp_results_carry_the_cuts_in_meta(cut: RunningServer, agent: Any) -> None:
+    state = long_state(120, "mcp")
+    upstream = expected_cuts(agent, state, QUESTIONS)
+    async with over_http(cut.url) as client:
+        result = await client.call_tool("system_one", request(state))
+        short = await client.call_tool("system_one", request(SHORT))
+        batch = await client.call_tool(
+            "system_one_batch", {"requests": [request(SHORT), request(state)]}
+        )
+    assert tool_outcome(result)[0] is False
+    entries = result.meta[META]
+    assert all(set(entry) == {"question", "read", "total"} for entry in entries)
+    assert_agrees(entries, upstream)
+    assert short.meta is None or META not in short.meta
+    in_batch = batch.meta[META]
+    assert {entry["item"] for entry in in_batch} == {1}
+    assert_agrees(in_batch, upstream)
+
+
+# -- refuse --------------------------------------------------------------------------------
+
+
+def test_refuse_answers_422_at_the_state_before_any_pass(refuse: RunningServer, agent: Any) -> None:
+    assert post(refuse, "/v1/systemone", request(SHORT)).status_code == 200  # loaded
+    passes = refuse.metric("decidealot_forward_pass_seconds_count")
+    state = long_state(150, "refused")
+    usage = agent.system_one(state, QUESTIONS)["usage"]
+    response = post(refuse, "/v1/systemone", request(state))
+    assert response.status_code == 422, response.text
+    (issue,) = response.json()["detail"]
+    assert issue["loc"] == ["body", "state"]
+    assert f"{usage['state_tokens']} tokens" in issue["msg"]
+    assert f"room for {usage['state_tokens'] - usage['state_tokens_dropped']}" in issue["msg"]
+    assert SECRET not in response.text
+    batch = post(refuse, "/v1/systemone/batch", {"requests": [request(SHORT), request(state)]})
+    assert batch.status_code == 422
+    assert [i["loc"] for i in batch.json()["detail"]] == [["body", "requests", 1, "state"]]
+    assert refuse.metric("decidealot_forward_pass_seconds_count") - passes <= 1  # item 0's
+    short = post(refuse, "/v1/systemone", request(SHORT))
+    assert short.status_code == 200 and HEADER not in short.headers
+
+
+async def test_refuse_is_a_tool_error_over_mcp(refuse: RunningServer) -> None:
+    state = long_state(150, "mcp-refused")
+    http = post(refuse, "/v1/systemone", request(state)).json()
+    async with over_http(refuse.url) as client:
+        result = await client.call_tool("system_one", request(state))
+        batch = await client.call_tool("system_one_batch", {"requests": [request(state)]})
+    assert tool_outcome(result) == (True, http)
+    is_error, envelope = tool_outcome(batch)
+    assert is_error and envelope["detail"][0]["loc"] == ["body", "requests", 0, "state"]
+
+
+# -- windows -------------------------------------------------------------------------------
+
+
+def test_windows_answer_as_predict_long(windows: RunningServer, agent: Any) -> None:
+    for state in (SHORT, long_state(80, "two"), {"body": long_state(130, "object")}):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            theirs = agent.predict_long(state, QUESTIONS)
+        response = post(windows, "/v1/systemone", request(state))
+        assert response.status_code == 200, response.text
+        body = response.json()
+        assert body["usage"]["input_tokens"] == theirs["usage"]["input_tokens"]
+        for name, expected in theirs["answers"].items():
+            got = body["answers"][name]
+            if expected["type"] == "noul":
+                assert got["noul"] == pytest.approx(expected["noul"], abs=1e-4)
+                continue
+            for label, p in expected["probabilities"].items():
+                assert got["probabilities"][label] == pytest.approx(p, abs=1e-4)
+            assert got["confidence"] == pytest.approx(expected["confidence"], abs=1e-4)
+        if not theirs["usage"].get("truncated"):
+            assert HEADER not in response.headers  # the whole state was read
+    assert theirs["usage"]["windows"] > 1
+
+
+def test_windows_count_against_the_request_token_bound(windows: RunningServer) -> None:
+    state = long_state(200, "bounded")
+    response = post(windows, "/v1/systemone", request(state))
+    assert response.status_code == 422, response.text
+    (issue,) = response.json()["detail"]
+    assert "DECIDEALOT_MAX_REQUEST_TOKENS" in issue["msg"]
+    found = re.search(r"costs (\d+) model tokens", issue["msg"])
+    assert found is not None and int(found.group(1)) > WINDOWS_BOUND
