@@ -30,6 +30,8 @@ Parse = Callable[[str, str], object]
 Device = Literal["auto", "cpu", "cuda"]
 LogFormat = Literal["auto", "json", "text"]
 Precision = Literal["fp32", "int8", "bf16", "fp16"]
+LongStates = Literal["cut", "refuse", "windows"]
+LONG_STATES: tuple[LongStates, ...] = ("cut", "refuse", "windows")
 
 PREFIX = "DECIDEALOT_"
 
@@ -246,6 +248,8 @@ class Settings(Section, frozen=True, kw_only=True):
     worker_python: Annotated[Path | None, setting(file)] = None  # None: the gateway's own
     max_request_tokens: Annotated[int | None, setting(integer(low=0))] = None  # None: by device
     max_pending_requests: Annotated[int, setting(integer(low=0))] = 64  # 0: no bound
+    long_states: Annotated[LongStates, setting(choice(LONG_STATES))] = "cut"
+    """What a local model does with a state longer than it reads (docs/models.md)."""
 
     # MCP.
     mcp_allowed_hosts: Annotated[tuple[str, ...], setting(_hosts)] = ()

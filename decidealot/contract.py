@@ -7,7 +7,9 @@ Field order in each struct is the order the contract's examples show.
 
 from __future__ import annotations
 
+import re
 from typing import Any, Literal, TypeAlias
+from urllib.parse import unquote
 
 import msgspec
 
@@ -98,6 +100,75 @@ Answer: TypeAlias = ChoiceAnswer | ScoreAnswer | NoulAnswer
 class Usage(msgspec.Struct):
     input_tokens: int
     output_tokens: int = 0
+
+
+class Cut(msgspec.Struct, frozen=True, omit_defaults=True):
+    """A question whose state the model read only in part: `read` of the state's `total`
+    tokens for that question; `item` is the request's index in a batch. Travels beside the
+    response body (the `Decidealot-Truncated` header, MCP `_meta`), never in it."""
+
+    question: str
+    read: int
+    total: int
+    item: int | None = None
+
+
+TRUNCATED_HEADER = "Decidealot-Truncated"
+TRUNCATED_META = "decidealot/truncated"
+
+
+def truncated_header(cuts: list[Cut]) -> str:
+    """`cuts` as an RFC 8941 List of sf-strings with integer parameters `read`, `total` and,
+    in a batch, `item`."""
+    members = []
+    for cut in cuts:
+        item = "" if cut.item is None else f";item={cut.item}"
+        members.append(f"{_sf_string(cut.question)};read={cut.read};total={cut.total}{item}")
+    return ", ".join(members)
+
+
+def _sf_string(text: str) -> str:
+    """An sf-string holds printable ASCII only: `"` and `\\` are escaped as RFC 8941 says,
+    `%` and any other character are written as their UTF-8 bytes `%`-escaped."""
+    out = []
+    for char in text:
+        if char in '"\\':
+            out.append("\\" + char)
+        elif char == "%" or not " " <= char <= "~":
+            out.append("".join(f"%{byte:02X}" for byte in char.encode()))
+        else:
+            out.append(char)
+    return '"' + "".join(out) + '"'
+
+
+_MEMBER = re.compile(r'"((?:[ !#-\[\]-~]|\\["\\])*)"((?:;[a-z*][a-z0-9_.*-]*=-?[0-9]{1,15})*)')
+_SEPARATOR = re.compile(r"[ \t]*,[ \t]*")
+
+
+def read_truncated_header(value: str) -> list[Cut] | None:
+    """The cuts a `Decidealot-Truncated` header names, or None when it is not one."""
+    cuts: list[Cut] = []
+    position = 0
+    while True:
+        match = _MEMBER.match(value, position)
+        if match is None:
+            return None
+        params = dict(param.split("=") for param in match.group(2).split(";")[1:])
+        if not {"read", "total"} <= params.keys():
+            return None
+        try:
+            question = unquote(re.sub(r"\\(.)", r"\1", match.group(1)), errors="strict")
+        except UnicodeDecodeError:
+            return None
+        item = int(params["item"]) if "item" in params else None
+        cuts.append(Cut(question, int(params["read"]), int(params["total"]), item))
+        position = match.end()
+        if position == len(value):
+            return cuts
+        separator = _SEPARATOR.match(value, position)
+        if separator is None or separator.end() == len(value):
+            return None
+        position = separator.end()
 
 
 class SystemOneResponse(msgspec.Struct):

@@ -111,6 +111,23 @@ class RequestInvalid(DecidealotError):
         )
 
 
+def state_too_long(total: int, question: str, room: int, reads: str) -> RequestInvalid:
+    """The 422 of `DECIDEALOT_LONG_STATES=refuse`: the state has `total` tokens and
+    `question`, the tightest, leaves `room` for it in what the model `reads` (e.g.
+    "laya-english's 512-token rows"). Never echoes the state."""
+    return RequestInvalid(
+        [
+            ValidationIssue(
+                ["state"],
+                f"the state has {total} tokens and question {question!r} leaves room for "
+                f"{room} of them in {reads}; DECIDEALOT_LONG_STATES=refuse refuses a state "
+                "that would be cut: shorten it or split it over several requests",
+                "value_error",
+            )
+        ]
+    )
+
+
 def over_token_limit(cost: int, limit: int) -> RequestInvalid:
     """The 422 for a request whose model tokens exceed `DECIDEALOT_MAX_REQUEST_TOKENS`."""
     return RequestInvalid.question(

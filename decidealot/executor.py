@@ -26,7 +26,10 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import cast
+from dataclasses import dataclass
+from typing import Generic, TypeVar, cast
+
+import msgspec
 
 from decidealot import logs, metrics, tracing
 from decidealot.catalog import Routed
@@ -34,6 +37,7 @@ from decidealot.contract import (
     BatchResponse,
     ChoiceAnswer,
     ChoiceQuestion,
+    Cut,
     Loc,
     NoulAnswer,
     NoulQuestion,
@@ -56,12 +60,22 @@ from decidealot.protocols import HostedProvider, LocalProvider, LocalRuntime
 from decidealot.residency import Residency
 
 log = logging.getLogger("decidealot.executor")
+Body = TypeVar("Body", SystemOneResponse, BatchResponse)
 
 _ANSWER_TYPES: dict[type, type] = {
     ChoiceQuestion: ChoiceAnswer,
     ScoreQuestion: ScoreAnswer,
     NoulQuestion: NoulAnswer,
 }
+
+
+@dataclass(frozen=True, slots=True)
+class Answered(Generic[Body]):
+    """A response body, and the questions whose state a model read only in part: they travel
+    beside the body (the `Decidealot-Truncated` header, MCP `_meta`), never in it."""
+
+    body: Body
+    cuts: list[Cut]
 
 
 class Executor:
@@ -98,7 +112,7 @@ class Executor:
             self._pending -= 1
             metrics.PENDING_REQUESTS.set(self._pending)
 
-    async def decide(self, routed: Routed) -> SystemOneResponse:
+    async def decide(self, routed: Routed) -> Answered[SystemOneResponse]:
         """Answer one validated request on its route, admitted on its own."""
         with self._admitted(routed.route.provider.local):
             return await self._decide(routed, ["body"])
@@ -106,7 +120,7 @@ class Executor:
     @tracing.traced("decision")
     async def _decide(
         self, routed: Routed, where: Loc, sent: Callable[[], None] | None = None
-    ) -> SystemOneResponse:
+    ) -> Answered[SystemOneResponse]:
         """Answer one admitted request; `where` is its place in the body, `sent` is called
         once a local one's job is on its way to the worker."""
         request, route = routed
@@ -114,10 +128,11 @@ class Executor:
         tracing.annotate(provider=provider.name, model=request.model)
         outcome = "cancelled"
         started = time.perf_counter()
+        cuts: list[Cut] = []
         try:
             if provider.local:
                 local = cast(LocalProvider, provider)
-                response = await self._run_local(local, route.selector, request, sent)
+                response, cuts = await self._run_local(local, route.selector, request, sent)
             else:
                 response = await cast(HostedProvider, provider).decide(route.selector, request)
         except RequestInvalid as exc:
@@ -138,12 +153,14 @@ class Executor:
             outcome = "error"
             _check_response(request, response, provider.name)
             outcome = "ok"
+            if cuts:
+                _record_cuts(provider.name, response.model, len(request.questions), cuts)
         finally:
             tokens = response.usage.input_tokens if outcome == "ok" else 0
             _record(provider.name, request.model, outcome, started, tokens)
-        return response
+        return Answered(response, cuts)
 
-    async def decide_batch(self, batch: Sequence[Routed]) -> BatchResponse:
+    async def decide_batch(self, batch: Sequence[Routed]) -> Answered[BatchResponse]:
         lanes: dict[str, list[int]] = {}
         runtimes: dict[str, LocalRuntime] = {}
         for index, routed in enumerate(batch):
@@ -152,7 +169,7 @@ class Executor:
             if provider.local:
                 runtimes[provider.name] = cast(LocalProvider, provider).runtime
         local = bool(runtimes)
-        results: list[SystemOneResponse | None] = [None] * len(batch)
+        results: list[Answered[SystemOneResponse] | None] = [None] * len(batch)
         failures: dict[int, BaseException] = {}
         stop = asyncio.Event()
         items: list[asyncio.Task[None]] = []
@@ -199,7 +216,13 @@ class Executor:
                     item.cancel()  # a cancelled batch withdraws every item still running
         if failures:
             raise failures[min(failures)]
-        return BatchResponse([r for r in results if r is not None])
+        cuts = [
+            msgspec.structs.replace(cut, item=index)
+            for index, each in enumerate(results)
+            if each is not None
+            for cut in each.cuts
+        ]
+        return Answered(BatchResponse([r.body for r in results if r is not None]), cuts)
 
     async def _run_local(
         self,
@@ -207,21 +230,22 @@ class Executor:
         selector: str,
         request: SystemOneRequest,
         sent: Callable[[], None] | None,
-    ) -> SystemOneResponse:
+    ) -> tuple[SystemOneResponse, list[Cut]]:
         """Accept the request before any wait (so refusals are immediate), make its job (if
         it has calls to make) before the hold or, when it asks, inside it (on the lane), then
-        run the job on the provider's runtime inside its residency slot and lane."""
+        run the job on the provider's runtime inside its residency slot and lane. Returns the
+        response and the questions whose state the model read only in part."""
         accepted = await provider.accept(selector, request)
         if isinstance(accepted, Job):
             async with self._residency.use(provider.runtime):
                 decision = await provider.runtime.submit(accepted, sent)
-            return respond(decision)
+            return respond(decision), decision.cuts
         made = None if accepted.in_lane else await accepted.make()
         async with self._residency.use(provider.runtime):
             if made is None:
                 made = await accepted.make()
             decision = await provider.runtime.submit(made.job, sent)
-        return respond(decision, made.gateway_tokens)
+        return respond(decision, made.gateway_tokens), decision.cuts
 
     def _batch_slot(self) -> contextlib.AbstractAsyncContextManager[object]:
         return self._batch_calls if self._batch_calls is not None else contextlib.nullcontext()
@@ -249,6 +273,19 @@ def _record(provider: str, model: str, outcome: str, started: float, tokens: int
     metrics.DECISION_DURATION.observe(time.perf_counter() - started, provider=provider)
     if isinstance(tokens, int) and tokens > 0:
         metrics.INPUT_TOKENS.inc(tokens, provider=provider)
+
+
+def _record_cuts(provider: str, model: str, questions: int, cuts: list[Cut]) -> None:
+    """Count a state cut, and say so in the log: the figures, never the state's text."""
+    metrics.TRUNCATED_STATES.inc(provider=provider, checkpoint=model)
+    figures = ", ".join(f"{cut.question!r} read {cut.read} of {cut.total}" for cut in cuts)
+    log.info(
+        "state cut: %s read it only in part for %d of %d questions (state tokens: %s)",
+        model,
+        len(cuts),
+        questions,
+        figures,
+    )
 
 
 def _check_response(request: SystemOneRequest, response: SystemOneResponse, provider: str) -> None:

@@ -16,7 +16,7 @@ from typing import NamedTuple, Protocol
 
 import msgspec
 
-from decidealot.contract import Answer, Json, Question, State
+from decidealot.contract import Answer, Cut, Json, Question, State
 
 
 class EngineSpec(msgspec.Struct, frozen=True):
@@ -63,6 +63,8 @@ class Decision(msgspec.Struct):
     model: str
     answers: dict[str, Answer]
     input_tokens: int
+    cuts: list[Cut] = []
+    """The questions whose state the model read only in part, in question order."""
 
 
 class Row(Protocol):

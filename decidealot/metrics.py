@@ -177,6 +177,12 @@ INPUT_TOKENS = REGISTRY.counter(
     "usage.input_tokens reported in successful decisions, by provider.",
     ("provider",),
 )
+TRUNCATED_STATES = REGISTRY.counter(
+    "decidealot_truncated_states_total",
+    "Decisions whose state a local model read only in part for at least one question (cut as "
+    "its upstream cuts, DECIDEALOT_LONG_STATES=cut), by provider and checkpoint.",
+    ("provider", "checkpoint"),
+)
 FORWARD_PASS = REGISTRY.histogram(
     "decidealot_forward_pass_seconds",
     "Duration of one batched forward pass in a local provider's worker.",

@@ -13,7 +13,13 @@ from decidealot import logs, metrics
 from decidealot.asgi.body import read_body
 from decidealot.asgi.disconnect import CLIENT_GONE, ClientGone, unless_gone
 from decidealot.asgi.middleware import ASGIApp, AuthAdmission, error_body
-from decidealot.contract import ErrorBody, ValidationErrorBody
+from decidealot.contract import (
+    TRUNCATED_HEADER,
+    Cut,
+    ErrorBody,
+    ValidationErrorBody,
+    truncated_header,
+)
 from decidealot.errors import DecidealotError, RequestInvalid, ShuttingDown
 from decidealot.http import docs, openapi
 from decidealot.mcp.http import MCP_PATH, McpEndpoint
@@ -31,6 +37,11 @@ def _json(value: Any, status: int = 200, headers: dict[str, str] | None = None) 
     return Response(
         msgspec.json.encode(value), status_code=status, media_type=_JSON, headers=headers
     )
+
+
+def _truncated(cuts: list[Cut]) -> dict[str, str] | None:
+    """`Decidealot-Truncated` when a model read a state only in part (docs/api.md)."""
+    return {TRUNCATED_HEADER: truncated_header(cuts)} if cuts else None
 
 
 def _on_error(_: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:
@@ -74,7 +85,8 @@ def create_app(service: Service) -> ASGIApp:
     async def systemone(request: Request[Any, Any, Any]) -> Response[bytes]:
         try:  # answered here, not raised: rejections are the hot path under bad clients
             validated = await validate_request(await body_of(request), service.catalog)
-            return _json(await unless_gone(request.receive, service.executor.decide(validated)))
+            answered = await unless_gone(request.receive, service.executor.decide(validated))
+            return _json(answered.body, headers=_truncated(answered.cuts))
         except DecidealotError as exc:
             return _on_error(request, exc)
         except ClientGone:
@@ -86,8 +98,8 @@ def create_app(service: Service) -> ASGIApp:
             batch = await validate_batch(
                 await body_of(request), service.catalog, settings.max_batch_requests
             )
-            decided = service.executor.decide_batch(batch)
-            return _json(await unless_gone(request.receive, decided))
+            answered = await unless_gone(request.receive, service.executor.decide_batch(batch))
+            return _json(answered.body, headers=_truncated(answered.cuts))
         except DecidealotError as exc:
             return _on_error(request, exc)
         except ClientGone:

@@ -13,9 +13,9 @@ import httpx
 import msgspec
 
 from decidealot import tracing
-from decidealot.contract import Json
+from decidealot.contract import TRUNCATED_HEADER, Json, read_truncated_header
 from decidealot.errors import ProviderUnavailable
-from decidealot.mcp.server import Arguments, ToolFailure, failure_of
+from decidealot.mcp.server import Arguments, Reply, ToolFailure, failure_of
 
 log = logging.getLogger("decidealot.mcp")
 
@@ -32,19 +32,20 @@ class ForwardingBackend:
     async def close(self) -> None:
         await self._client.aclose()
 
-    async def system_one(self, arguments: Arguments) -> Json:
+    async def system_one(self, arguments: Arguments) -> Reply:
         return await self._call("POST", "/v1/systemone", arguments)
 
-    async def system_one_batch(self, arguments: Arguments) -> Json:
+    async def system_one_batch(self, arguments: Arguments) -> Reply:
         return await self._call("POST", "/v1/systemone/batch", arguments)
 
     async def list_models(self) -> Json:
-        return await self._call("GET", "/v1/models", None)
+        return (await self._call("GET", "/v1/models", None)).body
 
     async def unload_models(self) -> Json:
-        return await self._call("POST", "/v1/models/unload", None)
+        return (await self._call("POST", "/v1/models/unload", None)).body
 
-    async def _call(self, method: str, path: str, body: Arguments | None) -> Json:
+    async def _call(self, method: str, path: str, body: Arguments | None) -> Reply:
+        """The server's answer, with the cuts its `Decidealot-Truncated` header names."""
         content = msgspec.json.encode(body) if body is not None else None
         headers = {"Content-Type": "application/json"} if content is not None else {}
         tracing.inject(headers)
@@ -58,7 +59,13 @@ class ForwardingBackend:
         except msgspec.DecodeError:
             answer = None
         if response.is_success and isinstance(answer, dict):
-            return answer
+            header = response.headers.get(TRUNCATED_HEADER)
+            cuts = read_truncated_header(header) if header is not None else []
+            if cuts is None:
+                log.warning(
+                    "the --url server sent a %s header that cannot be read", TRUNCATED_HEADER
+                )
+            return Reply(answer, cuts or [])
         if not response.is_success and _is_envelope(answer):
             raise ToolFailure(response.status_code, answer)
         log.warning(

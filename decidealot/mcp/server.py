@@ -18,7 +18,7 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import AbstractContextManager, asynccontextmanager, contextmanager, nullcontext
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import msgspec
 from mcp.server.context import ServerRequestContext
@@ -36,7 +36,14 @@ from mcp_types import (
 )
 
 from decidealot import __version__, logs, tracing
-from decidealot.contract import ErrorBody, Json, ValidationErrorBody, ValidationIssue
+from decidealot.contract import (
+    TRUNCATED_META,
+    Cut,
+    ErrorBody,
+    Json,
+    ValidationErrorBody,
+    ValidationIssue,
+)
 from decidealot.errors import DecidealotError, RequestInvalid, RequestTooLarge, ShuttingDown
 from decidealot.mcp.strict import rejection
 from decidealot.mcp.tools import (
@@ -67,12 +74,21 @@ class ToolFailure(Exception):
         self.envelope = envelope
 
 
+class Reply(NamedTuple):
+    """A decision tool's result: the HTTP response body, and the questions whose state the
+    model read only in part (the HTTP API's `Decidealot-Truncated`; the result's `_meta`)."""
+
+    body: Json
+    cuts: list[Cut]
+
+
 class Backend(Protocol):
-    """Where tool calls go. Each method returns the HTTP response body or raises ToolFailure."""
+    """Where tool calls go. Each method returns the HTTP response (a decision's as a `Reply`)
+    or raises ToolFailure."""
 
-    async def system_one(self, arguments: Arguments) -> Json: ...
+    async def system_one(self, arguments: Arguments) -> Reply: ...
 
-    async def system_one_batch(self, arguments: Arguments) -> Json: ...
+    async def system_one_batch(self, arguments: Arguments) -> Reply: ...
 
     async def list_models(self) -> Json: ...
 
@@ -121,20 +137,22 @@ class ServiceBackend:
         self._service = service
         self._admits = admits
 
-    async def system_one(self, arguments: Arguments) -> Json:
+    async def system_one(self, arguments: Arguments) -> Reply:
         async with self._admitted():
             _check_size(arguments, self._service.settings.max_request_bytes)
             request = await validate_request(arguments, self._service.catalog)
-            return msgspec.to_builtins(await self._service.executor.decide(request))
+            answered = await self._service.executor.decide(request)
+            return Reply(msgspec.to_builtins(answered.body), answered.cuts)
 
-    async def system_one_batch(self, arguments: Arguments) -> Json:
+    async def system_one_batch(self, arguments: Arguments) -> Reply:
         async with self._admitted():
             settings = self._service.settings
             _check_size(arguments, settings.max_request_bytes)
             batch = await validate_batch(
                 arguments, self._service.catalog, settings.max_batch_requests
             )
-            return msgspec.to_builtins(await self._service.executor.decide_batch(batch))
+            answered = await self._service.executor.decide_batch(batch)
+            return Reply(msgspec.to_builtins(answered.body), answered.cuts)
 
     async def list_models(self) -> Json:
         async with self._admitted():
@@ -185,7 +203,7 @@ class ServiceBackend:
 def build_server(backend: Backend) -> Server[Any]:
     """A low-level MCP server whose tools are `TOOLS`, answered by `backend`."""
     _quiet_sdk_logs()
-    operations: dict[str, Callable[[Arguments], Awaitable[Json]]] = {
+    operations: dict[str, Callable[[Arguments], Awaitable[Reply]]] = {
         SYSTEM_ONE: backend.system_one,
         SYSTEM_ONE_BATCH: backend.system_one_batch,
         LIST_MODELS: _without_arguments(backend.list_models),
@@ -215,11 +233,11 @@ def build_server(backend: Backend) -> Server[Any]:
             log.info("tool %s failed with status 422", params.name)
             return _tool_result(refused, is_error=True)
         try:
-            result = await operation(arguments)
+            body, cuts = await operation(arguments)
         except ToolFailure as failure:
             log.info("tool %s failed with status %d", params.name, failure.status)
             return _tool_result(failure.envelope, is_error=True)
-        return _tool_result(result, is_error=False)
+        return _tool_result(body, is_error=False, cuts=cuts)
 
     def input_schema(name: str) -> dict[str, Any] | None:
         tool = TOOLS.get(name)
@@ -255,10 +273,10 @@ def _quiet_sdk_logs() -> None:
 
 def _without_arguments(
     operation: Callable[[], Awaitable[Json]],
-) -> Callable[[Arguments], Awaitable[Json]]:
-    async def call(arguments: Arguments) -> Json:
+) -> Callable[[Arguments], Awaitable[Reply]]:
+    async def call(arguments: Arguments) -> Reply:
         _reject_arguments(arguments)
-        return await operation()
+        return Reply(await operation(), [])
 
     return call
 
@@ -271,13 +289,15 @@ def _names(models: Json) -> list[str] | None:
     return [m["name"] for m in listed if isinstance(m, dict) and isinstance(m.get("name"), str)]
 
 
-def _tool_result(body: Json, *, is_error: bool) -> CallToolResult:
-    """A result, or an error without structured content: the envelope as text, in tool terms."""
+def _tool_result(body: Json, *, is_error: bool, cuts: list[Cut] | None = None) -> CallToolResult:
+    """A result, or an error without structured content: the envelope as text, in tool terms.
+    A result whose state was read only in part says so in `_meta` (docs/mcp.md)."""
     if is_error:
         text = msgspec.json.encode(in_tool_terms(body)).decode()
         return CallToolResult(content=[TextContent(text=text)], is_error=True)
     text = msgspec.json.encode(body).decode()
-    return CallToolResult(content=[TextContent(text=text)], structured_content=body)
+    meta = {TRUNCATED_META: msgspec.to_builtins(cuts)} if cuts else None
+    return CallToolResult(content=[TextContent(text=text)], structured_content=body, meta=meta)
 
 
 def in_tool_terms(envelope: Json) -> Json:

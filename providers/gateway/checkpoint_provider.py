@@ -66,7 +66,10 @@ class CheckpointProvider:
         (key -> path; the service has filled every checkpoint setting, override or installed
         bundle); the runtime applies `DECIDEALOT_DEVICE`, the torch threads and the precision.
         `calibrations` (key -> file) replace those checkpoints' own confidence rules."""
-        options: dict[str, object] = {"precision": settings.precision}
+        options: dict[str, object] = {
+            "precision": settings.precision,
+            "long_states": settings.long_states,
+        }
         if calibrations:
             options["calibrations"] = calibrations
         spec = EngineSpec(

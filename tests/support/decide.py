@@ -38,4 +38,4 @@ async def through_service(service: Service, request: SystemOneRequest) -> System
     """What `POST /v1/systemone` does with `request` on `service`: validate (which routes it),
     then decide."""
     routed = await validate_request(msgspec.to_builtins(request), service.catalog)
-    return await service.executor.decide(routed)
+    return (await service.executor.decide(routed)).body

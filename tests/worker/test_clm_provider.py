@@ -324,7 +324,7 @@ async def test_the_executor_runs_the_encoder_calls_inside_the_hold_unless_parall
     provider.accept = watched_accept  # type: ignore[method-assign]
     provider._encoder.embed = watched_embed  # type: ignore[method-assign]
     routed = Routed(_request(), Route(provider, "clm"))
-    response = await Executor(residency, ["clm"]).decide(routed)
+    response = (await Executor(residency, ["clm"]).decide(routed)).body
     assert set(response.answers) == {"queue", "urgent"} and len(fake.calls) == 2
     # bounds are checked before any wait; the encoder calls keep to the lane unless parallel
     assert holding == {"prepare": 0, "encoder": 1 if in_lane else 0}

@@ -16,14 +16,17 @@ from typing import cast
 
 import torch
 
-from decidealot.contract import Question
+from decidealot.contract import Cut, Question
+from decidealot.errors import RequestInvalid, state_too_long
 from decidealot.jobs import Decision, EngineSpec, Job, PassShape
 from decidealot.providers.laya.worker import readout
 from decidealot.providers.laya.worker.model import PASS_INPUTS, Checkpoint, load_checkpoint
-from decidealot.providers.laya.worker.render import LayaRow, render_rows
+from decidealot.providers.laya.worker.render import LayaRow, fill, render_heads, state_ids, windows
 from decidealot.providers.worker.precision import CheckpointLoad, LoadReports, engine_precision
 
 CHECKPOINT_KEYS = ("english", "multilingual", "typed-decisions")
+LONG_STATES = ("cut", "refuse", "windows")
+"""`DECIDEALOT_LONG_STATES`, handed over as `EngineSpec.options["long_states"]`."""
 PASS_TOKEN_LIMIT = 262_144
 """Padded tokens (rows x longest row) above which a turn is cut into several passes."""
 CPU_PASS_COST = 64
@@ -35,7 +38,9 @@ is pure waste there: a turn is cut wherever that saves more padding than this.""
 @dataclass(frozen=True, slots=True)
 class LayaPreparedJob:
     """A job's rendered rows plus what readout needs; its checkpoint, looked up once in
-    `prepare`, is its rows' group, so `forward` and `finish` have it at hand."""
+    `prepare`, is its rows' group, so `forward` and `finish` have it at hand. The rows are
+    `windows` runs of one row per question in question order (1 unless the state is read in
+    windows)."""
 
     group: Checkpoint
     key: str
@@ -43,6 +48,8 @@ class LayaPreparedJob:
     input_tokens: int
     questions: dict[str, Question]
     rows: list[LayaRow]
+    windows: int
+    cuts: list[Cut]
 
 
 class LayaEngine:
@@ -55,6 +62,9 @@ class LayaEngine:
             raise ValueError(f"unknown Laya checkpoint keys: {sorted(unknown)}")
         self._paths = dict(spec.checkpoints)
         self._calibrations = calibrations(spec, CHECKPOINT_KEYS)
+        self._long_states = spec.options.get("long_states", "cut")
+        if self._long_states not in LONG_STATES:
+            raise ValueError(f"Laya engine option long_states must be one of {LONG_STATES}")
         self._device = torch.device(spec.device)
         self._precision = engine_precision(spec.options, spec.device)
         # On CUDA a pass is worth a large batch: cut only past the token limit.
@@ -92,33 +102,59 @@ class LayaEngine:
         return self._reports.take()
 
     def prepare(self, job: Job) -> LayaPreparedJob:
+        """One row per question, or under `windows` one per question per window of a state
+        longer than the questions leave room for; refused (`refuse`) or reported (`cuts`)
+        when a row holds only part of the state."""
         checkpoint = self._checkpoint(job.checkpoint)
-        tokenizer = checkpoint.tokenizer
+        tokenizer, specials, budget = checkpoint.tokenizer, checkpoint.specials, checkpoint.budget
 
         def encode(texts: Sequence[str]) -> list[list[int]]:
             return tokenizer(list(texts), add_special_tokens=False)["input_ids"]
 
-        rows = render_rows(
-            job.state,
-            job.questions,
-            encode,
-            checkpoint.specials,
-            checkpoint.budget,
-            checkpoint.texts,
-        )
+        heads = render_heads(job.questions, checkpoint.texts, specials, budget)
+        state = state_ids(job.state, encode, specials)
+        split = [state]
+        if self._long_states == "windows" and heads:
+            if min(head.room for head in heads) == 0:
+                raise RequestInvalid.question(
+                    None, "the questions' options fill the whole row, leaving no room for the state"
+                )
+            split = windows(state, heads, budget)
+        if len(split) == 1:
+            rows = [
+                fill(head, state, isinstance(job.state, list), specials, budget) for head in heads
+            ]
+        else:  # each window's text is read as upstream reads it: decoded, a string state
+            texts = [tokenizer.decode(part).replace(specials.mask_text, " ") for part in split]
+            rows = [
+                fill(head, ids, False, specials, budget) for ids in encode(texts) for head in heads
+            ]
+        cuts = _cuts(list(job.questions), rows, len(split), len(state))
+        if cuts and self._long_states == "refuse":
+            tightest = min(cuts, key=lambda cut: cut.read)
+            reads = f"laya-{job.checkpoint}'s {budget.max_len}-token rows"
+            raise state_too_long(tightest.total, tightest.question, tightest.read, reads)
         tokens = sum(len(row.ids) for row in rows)
-        return LayaPreparedJob(checkpoint, job.checkpoint, tokens, job.questions, rows)
+        return LayaPreparedJob(
+            checkpoint, job.checkpoint, tokens, job.questions, rows, len(split), cuts
+        )
 
     def forward(self, group: Hashable, rows: Sequence[LayaRow]) -> list[list[float]]:
         return self._forward(cast(Checkpoint, group), rows)
 
     def finish(self, prepared: LayaPreparedJob, outputs: Sequence[object]) -> Decision:
+        """Each question's answer; over windows, upstream `predict_long`'s deciding window's."""
         temperatures = prepared.group.temperatures
-        answers = {
-            name: readout.answer(question, outputs[i], temperatures)  # type: ignore[arg-type]
-            for i, (name, question) in enumerate(prepared.questions.items())
-        }
-        return Decision(f"laya-{prepared.key}", answers, prepared.input_tokens)
+        count = len(prepared.questions)
+        answers = {}
+        for i, (name, question) in enumerate(prepared.questions.items()):
+            per_window = [
+                readout.answer(question, outputs[w * count + i], temperatures)  # type: ignore[arg-type]
+                for w in range(prepared.windows)
+            ]
+            answers[name] = per_window[readout.deciding_window(per_window)]
+        model = f"laya-{prepared.key}"
+        return Decision(model, answers, prepared.input_tokens, prepared.cuts)
 
     def _forward(self, checkpoint: Checkpoint, rows: Sequence[LayaRow]) -> list[list[float]]:
         """One padded pass; returns each row's logits trimmed to its own option count."""
@@ -126,6 +162,19 @@ class LayaEngine:
         out = checkpoint.forward({name: t.to(self._device) for name, t in inputs.items()})
         values = out.cpu().tolist()
         return [values[i][: len(row.markers)] for i, row in enumerate(rows)]
+
+
+def _cuts(names: list[str], rows: list[LayaRow], windows: int, total: int) -> list[Cut]:
+    """The questions whose rows hold only part of the state (`total` tokens): what they read,
+    less what any of their windows lost (a window's text can tokenise longer than its room)."""
+    cuts = []
+    for i, name in enumerate(names):
+        own = rows[i :: len(names)] if names else []
+        lost = sum(row.state_total - row.state_read for row in own)
+        if lost:
+            read = own[0].state_read if windows == 1 else max(0, total - lost)
+            cuts.append(Cut(name, read, total))
+    return cuts
 
 
 def pass_inputs(rows: Sequence[LayaRow], pad_id: int) -> dict[str, torch.Tensor]:

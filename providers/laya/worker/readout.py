@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
-from decidealot.contract import Answer, Question
+from decidealot.contract import Answer, NoulAnswer, Question
 from decidealot.providers.laya.calibration import Payload, clamp_temperature
 from decidealot.providers.laya.worker.render import QTYPES, question_type
 from decidealot.providers.worker import readout as shared_readout
@@ -57,3 +57,16 @@ def answer(question: Question, logits: Sequence[float], temperatures: Temperatur
     return shared_readout.answer_from_probabilities(
         question, probs, entropy_confidence, true_index=1
     )
+
+
+def deciding_window(per_window: Sequence[Answer]) -> int:
+    """Which window's answer upstream `Agent.predict_long` keeps: a noul's highest P(true), a
+    choice's or score's highest top probability (its `answer_confidence`), each compared as
+    upstream reports them (4 decimals); the first on a tie."""
+
+    def key(answer: Answer) -> float:
+        if isinstance(answer, NoulAnswer):
+            return round(answer.noul, 4)
+        return round(max(answer.probabilities.values()), 4)
+
+    return max(range(len(per_window)), key=lambda w: key(per_window[w]))

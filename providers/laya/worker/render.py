@@ -41,15 +41,33 @@ class Budget:
 
 @dataclass(frozen=True, slots=True)
 class LayaRow:
-    """One question's encoder row: token ids, the position of each option's marker, its type."""
+    """One question's encoder row: token ids, the position of each option's marker, its type,
+    and how many of the state's tokens it holds (`state_read`) of how many (`state_total`)."""
 
     ids: list[int]
     markers: list[int]
     qtype: int
+    state_read: int
+    state_total: int
 
     @property
     def tokens(self) -> int:
         return len(self.ids)
+
+    @property
+    def cut(self) -> bool:
+        return self.state_read < self.state_total
+
+
+@dataclass(frozen=True, slots=True)
+class Head:
+    """One question's half of its rows, `[CLS] <type> question: … [SEP] [MASK] option … [SEP]`
+    (upstream `build_head`), and the state tokens it leaves room for (`state_room`)."""
+
+    ids: list[int]
+    markers: list[int]
+    qtype: int
+    room: int
 
 
 def criterion_text(value: Json) -> str:
@@ -120,16 +138,32 @@ def render_rows(
     budget: Budget,
     encode_texts: Encode | None = None,
 ) -> list[LayaRow]:
-    """One row per question, in `questions` order; the state is tokenised once, by `encode`,
-    the questions' texts by `encode_texts` (default `encode`; the engine's keeps them, as
-    they recur from request to request). Each text is tokenised alone, so which call does it
-    does not change its ids.
+    """One row per question, in `questions` order (upstream `build_sequence`); the state is
+    tokenised once, by `encode`, the questions' texts by `encode_texts` (default `encode`; the
+    engine's keeps them, as they recur from request to request). Each text is tokenised alone,
+    so which call does it does not change its ids.
 
     Raises `RequestInvalid` naming the question when its option markers cannot all fit in
     `max_len`: options are never dropped silently.
     """
     if not questions:
         return []
+    heads = render_heads(questions, encode_texts or encode, specials, budget)
+    ids = state_ids(state, encode, specials)
+    keep_tail = isinstance(state, list)  # a conversation keeps its newest turns
+    return [fill(head, ids, keep_tail, specials, budget) for head in heads]
+
+
+def state_ids(state: State, encode: Encode, specials: Specials) -> list[int]:
+    """The state's tokens as upstream tokenises it: its text, `[MASK]` literals blanked."""
+    return encode([serialize_state(state).replace(specials.mask_text, " ")])[0]
+
+
+def render_heads(
+    questions: dict[str, Question], encode: Encode, specials: Specials, budget: Budget
+) -> list[Head]:
+    """Each question's head, in `questions` order; `RequestInvalid` names a question whose
+    option markers cannot all fit in `max_len`."""
     mask = specials.mask_text
     names = list(questions)
     heads: list[str] = []
@@ -140,11 +174,9 @@ def render_rows(
         heads.append(f"{question_type(question)} question: {ins}")
         options.append([" " + text.replace(mask, " ") for text in option_texts(question)])
     flat_options = [text for texts in options for text in texts]
-    state_ids = encode([serialize_state(state).replace(mask, " ")])[0]
-    encoded = (encode_texts or encode)([*heads, *flat_options])
+    encoded = encode([*heads, *flat_options]) if names else []
     head_ids, option_ids = encoded[: len(names)], encoded[len(names) :]
-    keep_tail = isinstance(state, list)  # a conversation keeps its newest turns
-    rows: list[LayaRow] = []
+    result: list[Head] = []
     offset = 0
     for name, head, texts in zip(names, head_ids, options, strict=True):
         spans = [
@@ -152,32 +184,20 @@ def render_rows(
             for ids in option_ids[offset : offset + len(texts)]
         ]
         offset += len(texts)
-        rows.append(
-            _assemble(
-                name,
-                QTYPES[question_type(questions[name])],
-                head,
-                spans,
-                state_ids,
-                keep_tail,
-                specials,
-                budget,
-            )
-        )
-    return rows
+        qtype = QTYPES[question_type(questions[name])]
+        result.append(_head(name, qtype, head, spans, specials, budget))
+    return result
 
 
-def _assemble(
+def _head(
     name: str,
     qtype: int,
     head: list[int],
     spans: list[list[int]],
-    state_ids: list[int],
-    keep_tail: bool,
     specials: Specials,
     budget: Budget,
-) -> LayaRow:
-    """Upstream `build_head` + `build_sequence`: cap option spans, cap the head, fit the state."""
+) -> Head:
+    """Upstream `build_head`: cap option spans, cap the instructions."""
     option_budget = budget.head_max_len - sum(len(span) for span in spans)
     if option_budget < 16:
         per_option = max(4, (budget.head_max_len - 16) // max(1, len(spans)))
@@ -189,9 +209,6 @@ def _assemble(
         markers.append(len(ids))
         ids.extend(span)
     ids.append(specials.sep_id)
-    room = max(0, budget.max_len - len(ids) - 1)
-    kept = state_ids[max(0, len(state_ids) - room) :] if keep_tail else state_ids[:room]
-    ids = [*ids, *kept, specials.sep_id][: budget.max_len]
     fitting = sum(1 for marker in markers if marker < budget.max_len)
     if fitting != len(markers):
         raise RequestInvalid.question(
@@ -200,4 +217,35 @@ def _assemble(
             f"{budget.max_len}-token input; use fewer or shorter options",
             loc=["criteria"],
         )
-    return LayaRow(ids=ids, markers=markers, qtype=qtype)
+    return Head(ids, markers, qtype, max(0, budget.max_len - len(ids) - 1))
+
+
+def fill(
+    head: Head, state: list[int], keep_tail: bool, specials: Specials, budget: Budget
+) -> LayaRow:
+    """Upstream `build_sequence`: the head, as much of the state as its room holds (its first
+    tokens, or its last with `keep_tail`), `[SEP]`, within `max_len`."""
+    room = head.room
+    kept = state[max(0, len(state) - room) :] if keep_tail else state[:room]
+    ids = [*head.ids, *kept, specials.sep_id][: budget.max_len]
+    return LayaRow(ids, head.markers, head.qtype, len(kept), len(state))
+
+
+def windows(state: list[int], heads: list[Head], budget: Budget) -> list[list[int]]:
+    """Upstream `Agent.predict_long`'s split with its defaults (`window_budget`): windows of
+    `max(64, max_len - head_max_len - 8)` tokens capped at the smallest room the questions
+    leave, a stride of half a window, the last one reaching the state's end. A state within
+    that room is one window, itself."""
+    room = min(head.room for head in heads)
+    if len(state) <= room:
+        return [state]
+    size = min(max(64, budget.max_len - budget.head_max_len - 8), room)
+    step = max(1, size // 2)
+    split: list[list[int]] = []
+    start = 0
+    while start < len(state):
+        split.append(state[start : start + size])
+        if start + size >= len(state):
+            break
+        start += step
+    return split

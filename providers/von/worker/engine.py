@@ -18,10 +18,11 @@ import torch
 from decidealot.contract import (
     Answer,
     ChoiceQuestion,
+    Cut,
     NoulQuestion,
     Question,
 )
-from decidealot.errors import RequestInvalid
+from decidealot.errors import RequestInvalid, state_too_long
 from decidealot.jobs import Decision, EngineSpec, Job, PassShape
 from decidealot.providers.von.worker import readout
 from decidealot.providers.von.worker.model import CPU_PASS_TOKENS, WINDOW, VonModel, VonRow
@@ -33,6 +34,7 @@ from decidealot.providers.von.worker.render import (
     option_texts,
     options_tokens,
     pack,
+    state_limit,
     state_token_ids,
 )
 from decidealot.providers.worker.precision import CheckpointLoad, LoadReports, engine_precision
@@ -67,6 +69,8 @@ class VonPreparedJob:
     plans: list[_Plan]
     input_tokens: int
     group: str
+    cuts: list[Cut]
+    """The questions whose state was cut in the middle."""
 
 
 class VonEngine:
@@ -88,6 +92,9 @@ class VonEngine:
         if not isinstance(max_state_tokens, int) or max_state_tokens < 1:
             raise ValueError("Von engine option max_state_tokens must be a positive integer")
         self._max_state_tokens = max_state_tokens
+        self._long_states = spec.options.get("long_states", "cut")
+        if self._long_states not in ("cut", "refuse", "windows"):
+            raise ValueError("Von engine option long_states must be cut, refuse or windows")
         self._precision = engine_precision(spec.options, spec.device)
         self._models: dict[str, VonModel] = {}
         self._load_lock = threading.Lock()
@@ -123,6 +130,7 @@ class VonEngine:
         rows: list[VonRow] = []
         plans: list[_Plan] = []
         instruction_chars = 0
+        cuts: list[Cut] = []
         for name, question in job.questions.items():
             instructions = instructions_text(question.instructions)
             instruction_chars += len(instructions)
@@ -139,14 +147,10 @@ class VonEngine:
                     f"instructions and criteria take {fixed} tokens by themselves, before any "
                     f"state; Von's context window holds {WINDOW}",
                 )
-            fitted = fit_state(
-                tokenizer,
-                state,
-                state_ids,
-                fixed,
-                window=WINDOW,
-                max_state_tokens=self._max_state_tokens,
-            )
+            limit = state_limit(fixed, window=WINDOW, max_state_tokens=self._max_state_tokens)
+            if len(state_ids) > limit:
+                cuts.append(Cut(name, limit, len(state_ids)))
+            fitted = fit_state(tokenizer, state, state_ids, limit)
             rows.append(self._row(model, name, fitted, instructions, options))
             row = len(rows) - 1
             null_row = None
@@ -158,11 +162,15 @@ class VonEngine:
                 fitted_tokens[fitted] = max(1, len(fitted_ids))
             state_tokens = fitted_tokens.get(fitted, 1)
             plans.append(_Plan(name, question, options, row, null_row, state_tokens, fitted))
+        if cuts and self._long_states == "refuse":
+            tightest = min(cuts, key=lambda cut: cut.read)
+            reads = f"{job.checkpoint}'s {WINDOW}-token window"
+            raise state_too_long(tightest.total, tightest.question, tightest.read, reads)
         if rows:
             input_tokens = sum(len(row.ids) for row in rows)
         else:  # upstream's estimate when no pass ran
             input_tokens = max(1, len(state) // 4) + max(1, instruction_chars // 4)
-        return VonPreparedJob(job.checkpoint, rows, plans, input_tokens, job.checkpoint)
+        return VonPreparedJob(job.checkpoint, rows, plans, input_tokens, job.checkpoint, cuts)
 
     @staticmethod
     def _row(
@@ -192,7 +200,7 @@ class VonEngine:
         logits: list[torch.Tensor] = list(outputs)  # type: ignore[arg-type]
         with torch.inference_mode():
             answers = {plan.name: self._answer(model, plan, logits) for plan in prepared.plans}
-        return Decision(prepared.checkpoint, answers, prepared.input_tokens)
+        return Decision(prepared.checkpoint, answers, prepared.input_tokens, prepared.cuts)
 
     def tempered(
         self, prepared: VonPreparedJob, outputs: Sequence[object]

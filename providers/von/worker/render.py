@@ -140,26 +140,23 @@ def options_tokens(
     return len(tokenizer(text)["input_ids"])
 
 
-def fit_state(
-    tokenizer: Tokenizer,
-    state: str,
-    state_ids: list[int],
-    options_length: int,
-    *,
-    window: int,
-    max_state_tokens: int,
-) -> str:
+def state_limit(options_length: int, *, window: int, max_state_tokens: int) -> int:
+    """The state tokens a question leaves room for (upstream `_fit_state`'s `limit`, what it
+    reports as `kept_tokens`): the window less the question and its option markers, less 8."""
+    return max(16, min(max_state_tokens, window - options_length - 8))
+
+
+def fit_state(tokenizer: Tokenizer, state: str, state_ids: list[int], limit: int) -> str:
     """Cut the middle out of a state too long for the window (60% head, 40% tail), as upstream.
 
     The question and every option marker must fit, so only the state gives way; rules sit at
     its top and recent events at its bottom, so the middle is the cheapest part to lose.
     `state_ids` are `state_token_ids(state)`, computed once for all of a request's questions;
-    `options_length` is `options_tokens(...)`. The kept ids are decoded and joined by " ... ",
+    `limit` is `state_limit(...)`. The kept ids are decoded and joined by " ... ",
     and the packed text is tokenised again, exactly as von-sdk 1.3.7 does, so the model reads
     upstream's tokens even where that text tokenises longer than the cut (a split character,
     an escaped `[SEP]` literal) and the row ends up past the window.
     """
-    limit = max(16, min(max_state_tokens, window - options_length - 8))
     if len(state_ids) <= limit:
         return state
     head = int(limit * 0.6)
