@@ -64,8 +64,9 @@ class CheckpointProvider:
     ) -> Self:
         """The provider over a worker process running `factory`'s engine on `checkpoints`
         (key -> path; the service has filled every checkpoint setting, override or installed
-        bundle); the runtime applies `DECIDEALOT_DEVICE`, the torch threads and the precision.
-        `calibrations` (key -> file) replace those checkpoints' own confidence rules."""
+        bundle); the runtime applies `DECIDEALOT_DEVICE`, the torch threads and the precision,
+        the engine `DECIDEALOT_LONG_STATES`. `calibrations` (key -> file) replace those
+        checkpoints' own confidence rules."""
         options: dict[str, object] = {
             "precision": settings.precision,
             "long_states": settings.long_states,

@@ -22,7 +22,7 @@ import httpx
 import pytest
 
 from tests.support.checkpoints import TinyCheckpoints
-from tests.support.mcp_clients import over_http, tool_outcome
+from tests.support.mcp_clients import over_http, over_stdio, tool_outcome
 from tests.support.servers import RunningServer, start_server
 
 laya = pytest.importorskip("laya")
@@ -222,6 +222,21 @@ async def test_mcp_results_carry_the_cuts_in_meta(cut: RunningServer, agent: Any
     in_batch = batch.meta[META]
     assert {entry["item"] for entry in in_batch} == {1}
     assert_agrees(in_batch, upstream)
+
+
+async def test_forwarding_mcp_reads_the_header_into_meta(cut: RunningServer, agent: Any) -> None:
+    """`decidealot mcp --url` gives what the server's header says."""
+    state = long_state(100, "forwarded")
+    upstream = expected_cuts(agent, state, QUESTIONS)
+    async with over_stdio(["--url", cut.url], {}) as client:
+        result = await client.call_tool("system_one", request(state))
+        batch = await client.call_tool(
+            "system_one_batch", {"requests": [request(state), request(SHORT)]}
+        )
+        short = await client.call_tool("system_one", request(SHORT))
+    assert_agrees(result.meta[META], upstream)
+    assert {entry["item"] for entry in batch.meta[META]} == {0}
+    assert short.meta is None or META not in short.meta
 
 
 # -- refuse --------------------------------------------------------------------------------
