@@ -100,28 +100,33 @@ def agent(paths: dict[str, Path]) -> Any:
 
 
 def _serve(folder: Path, paths: dict[str, Path], **env: str) -> Iterator[RunningServer]:
-    server = start_server(
-        folder,
-        launcher="decidealot",
-        args=("serve",),
-        DECIDEALOT_DEVICE="cpu",
-        DECIDEALOT_TORCH_THREADS="1",
-        DECIDEALOT_VON_ENABLED="false",
-        DECIDEALOT_LAYA_ENGLISH_CHECKPOINT=str(paths["english"]),
-        DECIDEALOT_LAYA_MULTILINGUAL_CHECKPOINT=str(paths["multilingual"]),
-        DECIDEALOT_LAYA_TYPED_DECISIONS_CHECKPOINT=str(paths["typed-decisions"]),
-        **env,
-    )
+    """`decidealot serve` on the tiny Laya checkpoints (Von off unless `env` says)."""
+    settings = {
+        "DECIDEALOT_DEVICE": "cpu",
+        "DECIDEALOT_TORCH_THREADS": "1",
+        "DECIDEALOT_VON_ENABLED": "false",
+        "DECIDEALOT_LAYA_ENGLISH_CHECKPOINT": str(paths["english"]),
+        "DECIDEALOT_LAYA_MULTILINGUAL_CHECKPOINT": str(paths["multilingual"]),
+        "DECIDEALOT_LAYA_TYPED_DECISIONS_CHECKPOINT": str(paths["typed-decisions"]),
+    }
+    server = start_server(folder, launcher="decidealot", args=("serve",), **(settings | env))
     yield server
     assert server.stop(30) == 0
 
 
 @pytest.fixture(scope="module")
+def von_path(tiny: TinyCheckpoints) -> Path:
+    """A tiny Von whose positions reach past the 8192-token window."""
+    return tiny.von(size="long", independent_options=False, digit_split=False, seed=3)
+
+
+@pytest.fixture(scope="module")
 def cut(
-    tmp_path_factory: pytest.TempPathFactory, paths: dict[str, Path]
+    tmp_path_factory: pytest.TempPathFactory, paths: dict[str, Path], von_path: Path
 ) -> Iterator[RunningServer]:
-    """The default mode: no setting."""
-    yield from _serve(tmp_path_factory.mktemp("cut"), paths)
+    """The default mode: no setting; Laya and Von."""
+    von = {"DECIDEALOT_VON_ENABLED": "true", "DECIDEALOT_VON_CHECKPOINT": str(von_path)}
+    yield from _serve(tmp_path_factory.mktemp("cut"), paths, **von)
 
 
 @pytest.fixture(scope="module")
@@ -222,6 +227,36 @@ async def test_mcp_results_carry_the_cuts_in_meta(cut: RunningServer, agent: Any
     in_batch = batch.meta[META]
     assert {entry["item"] for entry in in_batch} == {1}
     assert_agrees(in_batch, upstream)
+
+
+def test_von_reports_its_middle_cut_as_von_sdk_does(cut: RunningServer, von_path: Path) -> None:
+    from von.backends.option_marker_backend import OptionMarkerBackend
+
+    with pytest.MonkeyPatch.context() as env:
+        for name, value in {"VON_CHAINS_DIR": "off", "VON_NOUL_DECISION": "raw"}.items():
+            env.setenv(name, value)
+        for name in ("VON_CALIBRATION", "VON_MAX_STATE_TOKENS", "VON_ON_OVERFLOW"):
+            env.delenv(name, raising=False)
+        upstream = OptionMarkerBackend(checkpoint_dir=str(von_path), device="cpu")
+    state = f"{SECRET} " + "The refund for order 84213 was sent twice. " * 1200
+    questions = {
+        "late": {"type": "noul", "instructions": "Was the payment sent twice?"},
+        "queue": QUESTIONS["queue"],
+    }
+    theirs = upstream.evaluate(state, questions)
+    assert theirs.truncation is not None
+    response = post(cut, "/v1/systemone", {"model": "von", "state": state, "questions": questions})
+    assert response.status_code == 200, response.text
+    assert response.json()["usage"]["input_tokens"] == theirs.usage.input_tokens
+    entries = parse_truncated(response.headers[HEADER])
+    assert [entry["question"] for entry in entries] == ["late", "queue"]
+    assert len(entries) == theirs.truncation["questions_affected"]
+    worst = max(entries, key=lambda entry: entry["total"])
+    assert worst["total"] == theirs.truncation["state_tokens"]
+    assert worst["read"] == theirs.truncation["kept_tokens"]
+    counted = cut.metric("decidealot_truncated_states_total", provider="von", checkpoint="von-1.1")
+    assert counted == 1
+    assert not any(SECRET in line for line in cut.log_lines())
 
 
 async def test_forwarding_mcp_reads_the_header_into_meta(cut: RunningServer, agent: Any) -> None:

@@ -54,10 +54,6 @@ class LayaRow:
     def tokens(self) -> int:
         return len(self.ids)
 
-    @property
-    def cut(self) -> bool:
-        return self.state_read < self.state_total
-
 
 @dataclass(frozen=True, slots=True)
 class Head:
