@@ -27,7 +27,7 @@ from decidealot.errors import RequestInvalid
 from decidealot.jobs import Decision, EngineSpec, Job
 from decidealot.providers.laya.tiny import VARIANTS
 from decidealot.providers.laya.worker.engine import LayaEngine, create
-from decidealot.providers.worker.passes import run_together
+from decidealot.providers.worker.passes import Planner, run_together
 from tests.support.checkpoints import TinyCheckpoints
 
 laya = pytest.importorskip("laya")
@@ -201,3 +201,27 @@ def test_refuse_names_the_tokens_and_the_room_before_any_pass(sides: Sides) -> N
     assert "DECIDEALOT_LONG_STATES" in issue.msg
     room = theirs["state_tokens"] - theirs["state_tokens_dropped"]
     assert f"room for {room}" in issue.msg
+
+
+def test_windows_are_rows_that_share_turns_with_other_jobs(sides: Sides) -> None:
+    """A windowed job's rows go through the planner like any others: a short request's rows
+    run in the same turn, and each job's answers are those it gets alone."""
+    engine = sides.engines["windows"]
+    questions = msgspec.convert(QUESTIONS, dict[str, Question])
+    rng = random.Random("shared")
+    long = engine.prepare(Job("english", _state(rng, "string", "latin", 160), questions))
+    short = engine.prepare(Job("english", "The customer was charged twice.", questions))
+    assert long.windows > 2 and len(long.rows) == long.windows * len(QUESTIONS)
+    planner = Planner(4096, engine.shape)
+    planner.add(0, long)
+    planner.add(1, short)
+    assert {job.id for each in planner.take() for job in each.tasks} == {0, 1}
+    together = run_together(engine, [long, short], 4096)
+    for prepared, decision in zip((long, short), together, strict=True):
+        (alone,) = run_together(engine, [prepared])
+        assert decision.input_tokens == alone.input_tokens
+        for name, answer in msgspec.to_builtins(decision.answers).items():
+            expected = msgspec.to_builtins(alone.answers)[name]
+            for key in ("noul", "score", "confidence"):
+                if key in expected:
+                    assert answer[key] == pytest.approx(expected[key], abs=1e-5)
