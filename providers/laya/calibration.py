@@ -71,7 +71,8 @@ class Payload:
     temperature: list[Any]
     temperature_by_options: dict[str, Any]
     binning_map: dict[str, dict[str, Any]] | None
-    """Recalibrates laya's `answer_confidence` only, a field the contract does not carry."""
+    """Recalibrates laya's `answer_confidence` only, a field the contract does not carry (it
+    picks the window a windowed state's choice or score answers from)."""
     model_id_or_path: Any = None
     subfolder: Any = None
     config: Any = None

@@ -63,6 +63,7 @@ CROWDED = {
 
 @dataclass(frozen=True)
 class Sides:
+    paths: dict[str, Path]
     agents: dict[str, Any]
     engines: dict[str, LayaEngine]
     """By mode."""
@@ -85,7 +86,7 @@ def sides(tiny: TinyCheckpoints) -> Iterator[Sides]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # the shipped choice:11+ clamp warning
         agents = {k: laya.load(str(paths[k]), device="cpu") for k in CHECKPOINTS}
-    yield Sides(agents, engines)
+    yield Sides(paths, agents, engines)
 
 
 def _state(rng: random.Random, shape: str, script: str, words: int) -> Any:
@@ -225,3 +226,39 @@ def test_windows_are_rows_that_share_turns_with_other_jobs(sides: Sides) -> None
             for key in ("noul", "score", "confidence"):
                 if key in expected:
                     assert answer[key] == pytest.approx(expected[key], abs=1e-5)
+
+
+def test_windows_pick_through_a_calibration_files_binning_map(sides: Sides, tmp_path: Path) -> None:
+    """A laya calibration file's binning map recalibrates `answer_confidence`, which is what
+    picks a choice's or score's window: coarse bins make ties, and the first tied window wins."""
+    path = str(sides.paths["english"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        writer, upstream = laya.load(path, device="cpu"), laya.load(path, device="cpu")
+    writer.binning_map = {
+        "choice:3-5": {"bins": 3, "values": [0.2, 0.5, 0.9]},
+        "score:3-5": {"bins": 2, "values": [0.4, 0.8]},
+    }
+    calibration = tmp_path / "calibration.json"
+    writer.save_calibration(str(calibration))
+    upstream.load_calibration(str(calibration))
+    engine = create(
+        EngineSpec(
+            factory="decidealot.providers.laya.worker.engine:create",
+            checkpoints={"english": path},
+            device="cpu",
+            options={"long_states": "windows", "calibrations": {"english": str(calibration)}},
+        )
+    )
+    moved = 0
+    for words in (45, 160):
+        for shape in ("string", "object"):
+            state = _state(random.Random(f"binned-{words}-{shape}"), shape, "latin", words)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)
+                theirs = upstream.predict_long(state, QUESTIONS)
+            ours = _decide(engine, "english", state, QUESTIONS)
+            _assert_answers(ours, theirs)
+            unbinned = _decide(sides.engines["windows"], "english", state, QUESTIONS)
+            moved += msgspec.to_builtins(ours.answers) != msgspec.to_builtins(unbinned.answers)
+    assert moved  # the map picked another window somewhere

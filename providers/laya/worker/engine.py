@@ -152,7 +152,8 @@ class LayaEngine:
                 readout.answer(question, outputs[w * count + i], temperatures)  # type: ignore[arg-type]
                 for w in range(prepared.windows)
             ]
-            answers[name] = per_window[readout.deciding_window(per_window)]
+            deciding = readout.deciding_window(per_window, question, temperatures)
+            answers[name] = per_window[deciding]
         model = f"laya-{prepared.key}"
         return Decision(model, answers, prepared.input_tokens, prepared.cuts)
 

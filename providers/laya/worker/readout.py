@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from decidealot.contract import Answer, NoulAnswer, Question
 from decidealot.providers.laya.calibration import Payload, clamp_temperature
@@ -24,17 +25,35 @@ class Temperatures:
     """A checkpoint's softmax temperatures, clamped once at load as upstream does: its own
     (`rl_agent_config.json`) or a calibration file's, which replaces them whole."""
 
-    def __init__(self, by_type: Sequence[object], by_options: Mapping[str, object]):
+    def __init__(
+        self,
+        by_type: Sequence[object],
+        by_options: Mapping[str, object],
+        binning: Mapping[str, Mapping[str, Any]] | None = None,
+    ):
         if not isinstance(by_type, list | tuple) or len(by_type) != 3:
             raise ValueError("rl_agent_config.json: temperature must be a list of 3 numbers")
         self.by_type = [clamp_temperature(t) for t in by_type]
         self.by_options = {key: clamp_temperature(t) for key, t in by_options.items()}
+        self.binning = binning or {}
 
     @classmethod
     def of(cls, payload: Payload) -> Temperatures:
         """A calibration file's (`laya.Agent.load_calibration`); its binning map recalibrates
-        only upstream's `answer_confidence`, which the contract does not report."""
-        return cls(payload.temperature, payload.temperature_by_options)
+        only upstream's `answer_confidence`, which the contract does not report but which picks
+        the window a windowed state's choice or score answers from (`deciding_window`)."""
+        return cls(payload.temperature, payload.temperature_by_options, payload.binning_map)
+
+    def answer_confidence(self, qtype: str, probs: Sequence[float]) -> float:
+        """Upstream's `answer_confidence` as it reports it: the top probability, through the
+        binning map's entry for the question's bucket when there is one (`apply_binning_map`),
+        to 4 decimals."""
+        top = max(probs)
+        entry = self.binning.get(temperature_bucket(qtype, len(probs)))
+        if entry:
+            bins = int(entry["bins"])
+            top = float(entry["values"][min(bins - 1, max(0, int(top * bins)))])
+        return round(top, 4)
 
     def get(self, qtype: str, options: int) -> float:
         fallback = self.by_type[QTYPES[qtype]]
@@ -59,14 +78,17 @@ def answer(question: Question, logits: Sequence[float], temperatures: Temperatur
     )
 
 
-def deciding_window(per_window: Sequence[Answer]) -> int:
+def deciding_window(
+    per_window: Sequence[Answer], question: Question, temperatures: Temperatures
+) -> int:
     """Which window's answer upstream `Agent.predict_long` keeps: a noul's highest P(true), a
-    choice's or score's highest top probability (its `answer_confidence`), each compared as
-    upstream reports them (4 decimals); the first on a tie."""
+    choice's or score's highest `answer_confidence`, each compared as upstream reports them (4
+    decimals); the first on a tie."""
+    qtype = question_type(question)
 
     def key(answer: Answer) -> float:
         if isinstance(answer, NoulAnswer):
             return round(answer.noul, 4)
-        return round(max(answer.probabilities.values()), 4)
+        return temperatures.answer_confidence(qtype, list(answer.probabilities.values()))
 
     return max(range(len(per_window)), key=lambda w: key(per_window[w]))
