@@ -51,7 +51,8 @@ class Answering:
 
 async def _decide(answers: dict[str, Answer]) -> SystemOneResponse:
     executor = Executor(Residency(registry.settings()), [])
-    return await executor.decide(Routed(REQUEST, Route(Answering(answers), "hosted")))  # type: ignore[arg-type]
+    routed = Routed(REQUEST, Route(Answering(answers), "hosted"))
+    return (await executor.decide(routed)).body  # type: ignore[arg-type]
 
 
 async def test_an_answer_per_question_of_its_kind_is_returned() -> None:
