@@ -56,7 +56,7 @@ class LayaRow:
 
 
 @dataclass(frozen=True, slots=True)
-class Head:
+class LayaHead:
     """One question's half of its rows, `[CLS] <type> question: … [SEP] [MASK] option … [SEP]`
     (upstream `build_head`), and the state tokens it leaves room for (`state_room`)."""
 
@@ -157,7 +157,7 @@ def state_ids(state: State, encode: Encode, specials: Specials) -> list[int]:
 
 def render_heads(
     questions: dict[str, Question], encode: Encode, specials: Specials, budget: Budget
-) -> list[Head]:
+) -> list[LayaHead]:
     """Each question's head, in `questions` order; `RequestInvalid` names a question whose
     option markers cannot all fit in `max_len`."""
     mask = specials.mask_text
@@ -172,7 +172,7 @@ def render_heads(
     flat_options = [text for texts in options for text in texts]
     encoded = encode([*heads, *flat_options]) if names else []
     head_ids, option_ids = encoded[: len(names)], encoded[len(names) :]
-    result: list[Head] = []
+    result: list[LayaHead] = []
     offset = 0
     for name, head, texts in zip(names, head_ids, options, strict=True):
         spans = [
@@ -192,7 +192,7 @@ def _head(
     spans: list[list[int]],
     specials: Specials,
     budget: Budget,
-) -> Head:
+) -> LayaHead:
     """Upstream `build_head`: cap option spans, cap the instructions."""
     option_budget = budget.head_max_len - sum(len(span) for span in spans)
     if option_budget < 16:
@@ -213,11 +213,11 @@ def _head(
             f"{budget.max_len}-token input; use fewer or shorter options",
             loc=["criteria"],
         )
-    return Head(ids, markers, qtype, max(0, budget.max_len - len(ids) - 1))
+    return LayaHead(ids, markers, qtype, max(0, budget.max_len - len(ids) - 1))
 
 
 def fill(
-    head: Head, state: list[int], keep_tail: bool, specials: Specials, budget: Budget
+    head: LayaHead, state: list[int], keep_tail: bool, specials: Specials, budget: Budget
 ) -> LayaRow:
     """Upstream `build_sequence`: the head, as much of the state as its room holds (its first
     tokens, or its last with `keep_tail`), `[SEP]`, within `max_len`."""
@@ -227,7 +227,7 @@ def fill(
     return LayaRow(ids, head.markers, head.qtype, len(kept), len(state))
 
 
-def windows(state: list[int], heads: list[Head], budget: Budget) -> list[list[int]]:
+def windows(state: list[int], heads: list[LayaHead], budget: Budget) -> list[list[int]]:
     """Upstream `Agent.predict_long`'s split with its defaults (`window_budget`): windows of
     `max(64, max_len - head_max_len - 8)` tokens capped at the smallest room the questions
     leave, a stride of half a window, the last one reaching the state's end. A state within
