@@ -131,9 +131,12 @@ def cut(
 
 @pytest.fixture(scope="module")
 def refuse(
-    tmp_path_factory: pytest.TempPathFactory, paths: dict[str, Path]
+    tmp_path_factory: pytest.TempPathFactory, paths: dict[str, Path], von_path: Path
 ) -> Iterator[RunningServer]:
-    yield from _serve(tmp_path_factory.mktemp("refuse"), paths, DECIDEALOT_LONG_STATES="refuse")
+    """Laya and Von, refusing."""
+    von = {"DECIDEALOT_VON_ENABLED": "true", "DECIDEALOT_VON_CHECKPOINT": str(von_path)}
+    folder = tmp_path_factory.mktemp("refuse")
+    yield from _serve(folder, paths, DECIDEALOT_LONG_STATES="refuse", **von)
 
 
 @pytest.fixture(scope="module")
@@ -295,6 +298,23 @@ def test_refuse_answers_422_at_the_state_before_any_pass(refuse: RunningServer, 
     assert refuse.metric("decidealot_forward_pass_seconds_count") - passes <= 1  # item 0's
     short = post(refuse, "/v1/systemone", request(SHORT))
     assert short.status_code == 200 and HEADER not in short.headers
+
+
+def test_von_refuses_what_it_would_cut(refuse: RunningServer) -> None:
+    questions = {"late": {"type": "noul", "instructions": "Was the payment sent twice?"}}
+    short = {"model": "von", "state": SHORT, "questions": questions}
+    assert post(refuse, "/v1/systemone", short).status_code == 200
+    passes = refuse.metric("decidealot_forward_pass_seconds_count", provider="von")
+    state = f"{SECRET} " + "The refund for order 84213 was sent twice. " * 1200
+    response = post(refuse, "/v1/systemone", {**short, "state": state})
+    assert response.status_code == 422, response.text
+    (issue,) = response.json()["detail"]
+    assert issue["loc"] == ["body", "state"]
+    assert re.search(
+        r"the state has \d+ tokens and question 'late' leaves room for \d+", issue["msg"]
+    )
+    assert "von-1.1's 8192-token window" in issue["msg"] and SECRET not in response.text
+    assert refuse.metric("decidealot_forward_pass_seconds_count", provider="von") == passes
 
 
 async def test_refuse_is_a_tool_error_over_mcp(refuse: RunningServer) -> None:
