@@ -35,6 +35,18 @@ def _ref(name: str) -> dict[str, str]:
     return {"$ref": _REF.format(name=name)}
 
 
+_TRUNCATED: dict[str, Any] = {
+    "description": (
+        "Present only when the model read part of the state for some question: an RFC 8941 "
+        "list of sf-strings, one per such question (its name), each with the integer "
+        "parameters read (state tokens the model read for it) and total (the state's tokens "
+        "for it), and item (the request's index) on a batch. See DECIDEALOT_LONG_STATES."
+    ),
+    "schema": {"type": "string"},
+    "example": '"category";read=448;total=2029, "urgency";read=462;total=2029',
+}
+
+
 def _json(name: str, description: str, examples: dict[str, Any] | None = None) -> dict[str, Any]:
     """A JSON response of schema `name`, with `examples` (name -> value) when given."""
     media: dict[str, Any] = {"schema": _ref(name)}
@@ -166,6 +178,7 @@ def document(settings: Settings, models: dict[str, bool] | None = None) -> dict[
         shown = examples.shown(named, accepted)
         body: dict[str, Any] = {"schema": _ref(request)}
         answers = _json(response, "The answers.")
+        answers["headers"] = {"Decidealot-Truncated": _TRUNCATED}
         if shown:
             body["examples"] = _named(shown)
             answers["content"]["application/json"]["examples"] = _answers(shown)

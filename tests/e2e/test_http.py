@@ -462,6 +462,7 @@ def test_openapi_describes_every_route(gateway: RunningServer) -> None:
     for path in ("/v1/systemone", "/v1/systemone/batch"):
         responses = paths[path]["post"]["responses"]
         assert {"200", "413", "422", "503"} <= set(responses)
+        assert "RFC 8941" in responses["200"]["headers"]["Decidealot-Truncated"]["description"]
     assert "409" in paths["/v1/models/unload"]["post"]["responses"]
     assert "503" in paths["/health"]["get"]["responses"]
     components = schema["components"]["schemas"]
