@@ -159,6 +159,34 @@ def _hosts(name: str, raw: str) -> tuple[str, ...]:
     return hosts
 
 
+_PATH_SEGMENT = re.compile(r"(/[A-Za-z0-9._~!$&'()*+,;=:@%-]+)+")
+_ORIGIN = re.compile(r"https?://[^/?#\s]+")
+
+
+def _root_path(name: str, raw: str) -> str:
+    """A path prefix such as `/decide` ("/" alone: none); a trailing slash is dropped."""
+    value = raw.strip().rstrip("/")
+    if value and not _PATH_SEGMENT.fullmatch(value):
+        raise ConfigError(
+            f"{name}: expected a path that starts with / (such as /decide), got {raw!r}"
+        )
+    return value
+
+
+def _origins(name: str, raw: str) -> tuple[str, ...]:
+    """Browser origins (`scheme://host[:port]`, no path), comma-separated, or `*` for any."""
+    origins = tuple(dict.fromkeys(o.strip().rstrip("/") for o in raw.split(",") if o.strip()))
+    if not origins:
+        raise ConfigError(f"{name}: expected comma-separated origins such as https://app.example")
+    for origin in origins:
+        if origin != "*" and not _ORIGIN.fullmatch(origin):
+            raise ConfigError(
+                f"{name}: expected origins as scheme://host[:port] (such as "
+                f"https://app.example) or *, got {origin!r}"
+            )
+    return origins
+
+
 def _token_budget(name: str, raw: str) -> int:
     value = integer(low=0)(name, raw)
     if 0 < value < 512:
@@ -222,6 +250,11 @@ class Settings(Section, frozen=True, kw_only=True):
     """The keys any of which opens every route but /health and /docs (rotation: several)."""
     log_level: Annotated[str, setting(choice(("debug", "info", "warning", "error")))] = "info"
     log_format: Annotated[LogFormat, setting(choice(("auto", "json", "text")))] = "auto"
+    root_path: Annotated[str, setting(_root_path)] = ""
+    """The path prefix a reverse proxy serves the service under ("": none); requests arrive
+    with it (kept) or without it (stripped), and the OpenAPI document names it."""
+    cors_origins: Annotated[tuple[str, ...], setting(_origins)] = ()
+    """Browser origins allowed to call the API ((): CORS off, no CORS headers at all)."""
 
     # Request framing and batch limits.
     max_request_bytes: Annotated[int, setting(integer(low=1024))] = 2 * 1024 * 1024

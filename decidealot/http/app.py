@@ -12,6 +12,7 @@ from litestar.exceptions import HTTPException
 from decidealot import logs, metrics
 from decidealot.asgi.body import read_body
 from decidealot.asgi.disconnect import CLIENT_GONE, ClientGone, unless_gone
+from decidealot.asgi.edge import Cors, RootPath
 from decidealot.asgi.middleware import ASGIApp, AuthAdmission, error_body
 from decidealot.contract import (
     TRUNCATED_HEADER,
@@ -62,7 +63,8 @@ def _on_error(_: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:
 
 def create_app(service: Service) -> ASGIApp:
     """The ASGI app for `service`: REST routes and the `/mcp` mount, behind the gateway layer
-    (request ids, auth, admission) like any route."""
+    (request ids, auth, admission) like any route; in front of it, when set, the path prefix
+    (DECIDEALOT_ROOT_PATH) and CORS (DECIDEALOT_CORS_ORIGINS), `decidealot.asgi.edge`."""
     settings = service.settings
     mcp = McpEndpoint(service)
 
@@ -142,10 +144,15 @@ def create_app(service: Service) -> ASGIApp:
         logging_config=None,
     )
     routes = {route.path for route in app.routes if "{" not in route.path} - {MCP_PATH}
-    return AuthAdmission(
+    served: ASGIApp = AuthAdmission(
         app,
         service,
         routes=routes,
         mounts=[MCP_PATH, docs.ASSETS_PATH],
         largest_body=mcp.body_limit,
     )
+    if settings.cors_origins:
+        served = Cors(served, settings.cors_origins)
+    if settings.root_path:
+        served = RootPath(served, settings.root_path)
+    return served

@@ -299,4 +299,8 @@ def document(settings: Settings, models: dict[str, bool] | None = None) -> dict[
     if secured:
         document["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
         document["security"] = [{"bearer": []}]
+    if settings.root_path:
+        # Behind a proxy under a prefix: Swagger's calls, and any client generated from the
+        # document, go to the prefix (a relative server URL keeps the document's host).
+        document["servers"] = [{"url": settings.root_path}]
     return document

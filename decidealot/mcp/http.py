@@ -63,8 +63,11 @@ class MethodNotAllowed(DecidealotError):
     status, code, message = 405, "METHOD_NOT_ALLOWED", "Method Not Allowed"
 
 
-def transport_security(allowed_hosts: tuple[str, ...]) -> TransportSecuritySettings:
-    """DNS-rebinding protection: the Host (and any browser Origin) must name an allowed host.
+def transport_security(
+    allowed_hosts: tuple[str, ...], cors_origins: tuple[str, ...] = ()
+) -> TransportSecuritySettings:
+    """DNS-rebinding protection: the Host (and any browser Origin) must name an allowed host,
+    or the Origin be one DECIDEALOT_CORS_ORIGINS lists (pages the operator let call the API).
 
     An entry without a port allows any port; `*` turns the check off for deployments that
     are reached under names they cannot list (the bearer key still guards them).
@@ -81,7 +84,7 @@ def transport_security(allowed_hosts: tuple[str, ...]) -> TransportSecuritySetti
     return TransportSecuritySettings(
         enable_dns_rebinding_protection=True,
         allowed_hosts=host_patterns,
-        allowed_origins=origin_patterns,
+        allowed_origins=origin_patterns + [o for o in cors_origins if o != "*"],
     )
 
 
@@ -103,7 +106,7 @@ def _session_manager(service: Service) -> StreamableHTTPSessionManager:
     return StreamableHTTPSessionManager(
         app=build_server(ServiceBackend(service, admits=False)),  # the gateway admits /mcp
         stateless=True,
-        security_settings=transport_security(settings.mcp_allowed_hosts),
+        security_settings=transport_security(settings.mcp_allowed_hosts, settings.cors_origins),
         max_request_body_size=_SCREENED_GROWTH * (settings.max_request_bytes + _FRAMING_BYTES)
         + _FRAMING_BYTES,
     )

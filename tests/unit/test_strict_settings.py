@@ -162,6 +162,35 @@ def test_a_key_file_that_cannot_be_used_is_refused_naming_it(
     assert "a key" not in message
 
 
+@pytest.mark.parametrize(
+    ("raw", "value"),
+    [("/decide", "/decide"), ("/decide/", "/decide"), ("/a/b-c_d.e", "/a/b-c_d.e"), ("/", "")],
+)
+def test_the_root_path_is_a_prefix_without_its_trailing_slash(raw: str, value: str) -> None:
+    settings = registry.from_env(NO_LOCAL | {"DECIDEALOT_ROOT_PATH": raw})
+    assert settings.root_path == value
+
+
+@pytest.mark.parametrize("raw", ["decide", "https://host/decide", "/de cide", "/a?b", "/a//b"])
+def test_a_root_path_that_is_no_path_is_refused(raw: str) -> None:
+    line = refusal(NO_LOCAL | {"DECIDEALOT_ROOT_PATH": raw})
+    assert line.startswith("DECIDEALOT_ROOT_PATH: expected a path that starts with /")
+
+
+def test_cors_is_off_unless_origins_are_listed() -> None:
+    assert registry.from_env(NO_LOCAL).cors_origins == ()
+    listed = "https://app.example, http://localhost:5173/,https://app.example"
+    settings = registry.from_env(NO_LOCAL | {"DECIDEALOT_CORS_ORIGINS": listed})
+    assert settings.cors_origins == ("https://app.example", "http://localhost:5173")
+
+
+@pytest.mark.parametrize("raw", ["app.example", "https://app.example/path", "ftp://x", ","])
+def test_an_origin_that_is_no_origin_is_refused(raw: str) -> None:
+    assert refusal(NO_LOCAL | {"DECIDEALOT_CORS_ORIGINS": raw}).startswith(
+        "DECIDEALOT_CORS_ORIGINS: expected "
+    )
+
+
 def test_every_setting_is_spelled_in_full_in_the_docs() -> None:
     docs = (ROOT / "docs" / "configuration.md").read_text()
     documented = set(re.findall(r"DECIDEALOT_[A-Z0-9_]*[A-Z0-9]", docs))
