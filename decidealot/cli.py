@@ -7,6 +7,7 @@ and one line naming the variable. Subcommands import their heavy parts lazily.
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import shlex
 import sys
@@ -121,7 +122,14 @@ def _tiny_checkpoints(directory: str) -> int:
         root.mkdir(parents=True, exist_ok=True)
         written = write_checkpoints(root)
     except OSError as exc:
-        print(f"decidealot: cannot write checkpoints to {root}: {exc.strerror}", file=sys.stderr)
+        fix = ""
+        if exc.errno in (errno.EACCES, errno.EPERM):
+            from decidealot.checkpoints.paths import ownership_fix
+
+            fix = f". Fix: {ownership_fix(root)}"
+        print(
+            f"decidealot: cannot write checkpoints to {root}: {exc.strerror}{fix}", file=sys.stderr
+        )
         return 1
     print(f"# Random checkpoints of every local model in {root}: {TINY_NOTE}")
     for descriptor, paths in written:

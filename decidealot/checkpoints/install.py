@@ -48,7 +48,7 @@ from decidealot.checkpoints.manifest import (
     load_manifest,
     read_record,
 )
-from decidealot.checkpoints.paths import TINY_HINT, Placed, find, to_download
+from decidealot.checkpoints.paths import TINY_HINT, Placed, find, ownership_fix, to_download
 from decidealot.checkpoints.progress import mb, progress_class
 from decidealot.config import Settings
 
@@ -92,8 +92,8 @@ class _Installer:
         if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
             return self.fail(
                 f"cannot write {place} ({os.strerror(exc.errno)})",
-                "make DECIDEALOT_MODEL_DIR writable by the service's user "
-                f"(uid {os.getuid()}) or point it at a writable directory",
+                f"{ownership_fix(self.model_dir)}; or point DECIDEALOT_MODEL_DIR at a "
+                "writable directory",
                 file,
             )
         if exc.errno in (errno.ENOSPC, errno.EDQUOT):

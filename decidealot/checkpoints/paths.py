@@ -6,6 +6,7 @@ knows them only through the registry.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import NamedTuple
 
@@ -20,6 +21,18 @@ TINY_HINT = (
     "`decidealot checkpoints tiny DIR` writes random checkpoints (answers carry no meaning) "
     "and prints the variables that use them, for trying the API offline"
 )
+
+
+def ownership_fix(folder: Path) -> str:
+    """How to make `folder` writable by this process. A bind mount keeps its owner on the
+    host (often root), and the images run as uid 10001, so the message names the uid and both
+    ways out: the folder given to that uid, or the process run as the folder's owner."""
+    uid, gid = os.getuid(), os.getgid()
+    return (
+        f"this process runs as uid {uid} (gid {gid}), which may not write there: give that uid "
+        f"the folder (`chown -R {uid}:{gid} {folder}`; for a bind mount, on the host's folder), "
+        "or run as the folder's owner (`docker run --user UID:GID`, Compose's `user:`)"
+    )
 
 
 class Placed(NamedTuple):

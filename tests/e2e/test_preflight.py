@@ -18,6 +18,7 @@ import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import NamedTuple
 
 import httpx
 import msgspec
@@ -470,3 +471,59 @@ def test_cuda_without_a_gpu_is_told_at_startup(
     assert "Traceback" not in result.stderr
     assert result.stderr.startswith("decidealot: DECIDEALOT_DEVICE=cuda: ")
     assert "sees no CUDA device" in result.stderr
+
+
+class Unwritable(NamedTuple):
+    folder: Path
+    wrapper: tuple[str, ...]
+    """What runs the command so that it may not write `folder`."""
+
+
+@pytest.fixture
+def unwritable(tmp_path: Path) -> Iterator[Unwritable]:
+    """A folder the command may not write, as a bind mount owned by root is to the images'
+    user. As root, the folder belongs to nobody and the command runs without root's
+    capabilities (so owner and mode bind it); otherwise the folder is made read-only."""
+    folder = tmp_path / "unwritable"
+    folder.mkdir()
+    if os.getuid() != 0:
+        folder.chmod(0o555)
+        yield Unwritable(folder, ())
+        folder.chmod(0o755)
+        return
+    if shutil.which("setpriv") is None:
+        pytest.skip("as root, util-linux's setpriv drops the capabilities that ignore modes")
+    os.chown(folder, 65534, 65534)
+    yield Unwritable(folder, ("setpriv", "--bounding-set=-all", "--"))
+
+
+def _names_the_uid_and_the_fix(line: str) -> None:
+    uid, gid = os.getuid(), os.getgid()
+    assert "Permission denied" in line, line
+    assert f"this process runs as uid {uid} (gid {gid})" in line, line
+    assert f"`chown -R {uid}:{gid} " in line, line
+    assert "`docker run --user UID:GID`" in line, line
+
+
+def test_tiny_checkpoints_in_an_unwritable_folder_name_the_uid_and_the_fix(
+    unwritable: Unwritable,
+) -> None:
+    target = unwritable.folder / "tiny"
+    result = run_cli("checkpoints", "tiny", str(target), wrapper=unwritable.wrapper, timeout=300)
+    assert result.returncode == 1, result.stderr[-2000:]
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith(f"decidealot: cannot write checkpoints to {target}: "), line
+    _names_the_uid_and_the_fix(line)
+
+
+def test_startup_in_an_unwritable_model_dir_names_the_uid_and_the_fix(
+    unwritable: Unwritable,
+) -> None:
+    """The first start, installing Von's bundle into a model folder it may not write."""
+    env = {"DECIDEALOT_LAYA_ENABLED": "false", "DECIDEALOT_MODEL_DIR": str(unwritable.folder)}
+    clear = ("DECIDEALOT_", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+    result = run_cli("serve", clear=clear, wrapper=unwritable.wrapper, **env)
+    assert result.returncode == 1, result.stderr[-2000:]
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("decidealot: bundle von"), line
+    _names_the_uid_and_the_fix(line)

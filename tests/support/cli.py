@@ -17,14 +17,16 @@ def run_cli(
     clear: tuple[str, ...] = ("DECIDEALOT_",),
     code: str | None = None,
     timeout: float = 120,
+    wrapper: tuple[str, ...] = (),
     **env: str,
 ) -> subprocess.CompletedProcess[str]:
     """`python -m decidealot ARGS` (or `python -c CODE ARGS`) with the variables starting with
-    any of `clear` removed from this environment and `env` added."""
+    any of `clear` removed from this environment and `env` added, run by `wrapper` if given
+    (a command that takes the command to run as its last arguments)."""
     clean = {k: v for k, v in os.environ.items() if not k.startswith(clear)}
     command = ["-c", code, *args] if code is not None else ["-m", "decidealot", *args]
     return subprocess.run(
-        [sys.executable, *command],
+        [*wrapper, sys.executable, *command],
         cwd=ROOT,
         env=clean | env,
         capture_output=True,
