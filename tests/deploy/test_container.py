@@ -22,6 +22,7 @@ import shutil
 import subprocess
 import time
 import uuid
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,6 +67,11 @@ def decision(model: str, text: str = "a ticket about a late delivery") -> dict[s
     }
 
 
+class ImageSizes(UserWarning):
+    """Both images' sizes: a report, not a problem. A warning is what pytest shows of a test
+    in the run's summary, under pytest-xdist too (.ci/run)."""
+
+
 @dataclass
 class Images:
     cpu: str
@@ -74,7 +80,7 @@ class Images:
 
 
 @pytest.fixture(scope="module")
-def images(tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config) -> Images:
+def images(tmp_path_factory: pytest.TempPathFactory) -> Images:
     """Both images, built on the stand-in base from the local index; each size reported."""
     try:
         container.docker_ready()
@@ -87,11 +93,8 @@ def images(tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config
     with container.serving(index) as url:
         output = container.build_image("Dockerfile", CPU_TAG, base, url + "/simple")
         container.build_image("Dockerfile.cuda", CUDA_TAG, base, url + "/simple")
-    reporter = pytestconfig.pluginmanager.get_plugin("terminalreporter")
-    for tag in (CPU_TAG, CUDA_TAG):
-        size = container.image_bytes(tag)
-        if reporter is not None:
-            reporter.write_line(f"test_container: {tag} is {size / 1e9:.2f} GB")
+    sizes = ", ".join(f"{t} {container.image_bytes(t) / 1e9:.2f} GB" for t in (CPU_TAG, CUDA_TAG))
+    warnings.warn(ImageSizes(sizes), stacklevel=1)
     return Images(CPU_TAG, CUDA_TAG, container.context_bytes(output))
 
 
