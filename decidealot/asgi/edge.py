@@ -15,6 +15,8 @@ from litestar.config.cors import CORSConfig
 from litestar.constants import DEFAULT_ALLOWED_CORS_HEADERS
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
+from decidealot.contract import TRUNCATED_HEADER
+
 ALLOWED_METHODS = ("GET", "POST")
 ALLOWED_HEADERS = (
     "authorization",
@@ -29,7 +31,13 @@ ALLOWED_HEADERS = (
 )
 """What a browser may send: the key, the body's encodings, a request id, a trace context and
 the MCP transport's headers."""
-EXPOSED_HEADERS = ("x-request-id", "x-typesafe-request-id", "retry-after", "www-authenticate")
+EXPOSED_HEADERS = (
+    "x-request-id",
+    "x-typesafe-request-id",
+    "retry-after",
+    "www-authenticate",
+    TRUNCATED_HEADER.lower(),
+)
 """What a browser's script may read of an answer besides the CORS-safelisted headers."""
 
 
