@@ -23,13 +23,15 @@ from typing import Annotated, Literal, TypeVar, get_args, get_origin
 
 import msgspec
 
+from decidealot import cpu
+
 T = TypeVar("T")
 Parse = Callable[[str, str], object]
 """`parse(variable, raw)`: the value of a setting, or `ConfigError`."""
 
 Device = Literal["auto", "cpu", "cuda"]
 LogFormat = Literal["auto", "json", "text"]
-Precision = Literal["fp32", "int8", "bf16", "fp16"]
+Precision = Literal["auto", "fp32", "bf16", "int8", "fp16"]
 LongStates = Literal["cut", "refuse", "windows"]
 LONG_STATES: tuple[LongStates, ...] = ("cut", "refuse", "windows")
 
@@ -201,23 +203,34 @@ def _model_dir(name: str, raw: str) -> Path:
 
 
 PRECISION_DEVICES = {
+    "auto": ("cpu", "cuda"),
     "fp32": ("cpu", "cuda"),
+    "bf16": ("cpu", "cuda"),
     "int8": ("cpu",),
-    "bf16": ("cuda",),
     "fp16": ("cuda",),
 }
-"""`DECIDEALOT_PRECISION` values and the devices each runs on. fp32: exact parity with upstream;
-int8: int8 encoder weights (providers/worker/int8.py); bf16, fp16: CUDA autocast, as
-upstream Laya runs there."""
+"""`DECIDEALOT_PRECISION` values and the devices each runs on. auto (the default): what
+`decidealot.cpu.auto_precision` chooses for the device and CPU, checked by a load-time probe;
+fp32: exact parity with upstream; bf16: bf16 weights with fp32 norms, residual and readout on a
+CPU with bf16 units, CUDA autocast on a GPU (as upstream Laya runs there); int8: int8 encoder
+weights on a CPU with int8 dot-product units (providers/worker/int8.py); fp16: CUDA
+autocast."""
 
 
-def precision_problem(precision: str, device: str) -> str | None:
-    """Why `precision` cannot run on `device` (`auto` is checked once resolved), or None."""
+def precision_problem(
+    precision: str, device: str, cpu_flags: frozenset[str] | None = None
+) -> str | None:
+    """Why `precision` cannot run on `device` (`auto` is checked once resolved), or None.
+    Given the CPU's flags (`decidealot.cpu.flags`), a CPU precision needs its units there."""
     if precision not in PRECISION_DEVICES:
         return f"expected one of {', '.join(PRECISION_DEVICES)}, got {precision!r}"
     devices = PRECISION_DEVICES[precision]
     if device not in ("auto", *devices):
         return f"{precision} runs on {' or '.join(devices)} only, not on DECIDEALOT_DEVICE={device}"
+    if device == "cpu" and cpu_flags is not None:
+        missing = cpu.missing_units(precision, cpu_flags)
+        if missing is not None:
+            return f"{missing}; set DECIDEALOT_PRECISION=auto or fp32"
     return None
 
 
@@ -275,7 +288,7 @@ class Settings(Section, frozen=True, kw_only=True):
     """How long SIGTERM lets admitted requests run before it answers the rest 503."""
     device: Annotated[Device, setting(choice(("auto", "cpu", "cuda")))] = "auto"
     torch_threads: Annotated[int, setting(integer(low=0, high=1024))] = 0  # 0: torch's default
-    precision: Annotated[Precision, setting(choice(tuple(PRECISION_DEVICES)))] = "fp32"
+    precision: Annotated[Precision, setting(choice(tuple(PRECISION_DEVICES)))] = "auto"
     batch_token_budget: Annotated[int, setting(_token_budget)] = 0  # 0: by device
     worker_passes: Annotated[int, setting(integer(low=0, high=64))] = 0  # 0: by device
     worker_python: Annotated[Path | None, setting(file)] = None  # None: the gateway's own
@@ -352,7 +365,7 @@ def read_core(env: Mapping[str, str], known: set[str]) -> dict[str, object]:
     """The core's settings in `env` (the OTEL_* ones too), checked against each other."""
     values = read_section(Settings, env, known)
     problem = precision_problem(
-        str(values.get("precision", "fp32")), str(values.get("device", "auto"))
+        str(values.get("precision", "auto")), str(values.get("device", "auto"))
     )
     if problem is not None:
         raise ConfigError(f"DECIDEALOT_PRECISION: {problem}")

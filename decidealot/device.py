@@ -15,7 +15,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from decidealot.config import ConfigError, Settings
+from decidealot import cpu
+from decidealot.config import ConfigError, Settings, precision_problem
 from decidealot.frames import Start
 from decidealot.jobs import EngineSpec
 
@@ -113,6 +114,16 @@ def check_cuda(settings: Settings) -> None:
             "DECIDEALOT_DEVICE=cuda: torch in the worker's interpreter sees no CUDA device here; "
             "set DECIDEALOT_DEVICE=cpu (or auto), or run where a GPU and its driver are visible"
         )
+
+
+def check_precision(settings: Settings) -> None:
+    """`DECIDEALOT_PRECISION` on the device it will run on: bf16 or int8 on a CPU without their
+    units (`decidealot.cpu`) is a ConfigError naming the setting and the missing flags, told
+    before listening, not a server that answers many times slower than fp32 (or dies of
+    SIGILL in a kernel the CPU cannot run)."""
+    problem = precision_problem(settings.precision, resolve_device(settings), cpu.flags())
+    if problem is not None:
+        raise ConfigError(f"DECIDEALOT_PRECISION: {problem}")
 
 
 @functools.cache

@@ -3,8 +3,9 @@
 A checkpoint directory that lacks a file its engine reads, or holds one its engine cannot parse
 (each bundle declares how its files are read: `decidealot.registry.Bundle.checks`), would
 otherwise start, and fail every request to it with a worker traceback (a calibration file set
-for a checkpoint too); `DECIDEALOT_DEVICE=cuda`
-on a machine where torch sees no GPU would start a worker that fails every pass. Both are told
+for a checkpoint too); `DECIDEALOT_DEVICE=cuda` on a machine where torch sees no GPU would start
+a worker that fails every pass, and bf16 or int8 on a CPU without their units one many times
+slower than fp32. Each is told
 here, in one message naming the setting (or bundle) and the file. Nothing here imports torch.
 """
 
@@ -18,7 +19,7 @@ from decidealot.checkpoints import install
 from decidealot.checkpoints.manifest import BundleError
 from decidealot.checkpoints.paths import Placed, enabled_bundles
 from decidealot.config import ConfigError, Settings
-from decidealot.device import check_cuda
+from decidealot.device import check_cuda, check_precision
 from decidealot.registry import FileCheck
 
 log = logging.getLogger("decidealot.preflight")
@@ -150,9 +151,11 @@ def raise_all(problems: list[str]) -> None:
 
 
 def check_device(settings: Settings) -> None:
-    """`DECIDEALOT_DEVICE=cuda` must name a GPU torch can use; raises ConfigError otherwise."""
+    """`DECIDEALOT_DEVICE=cuda` must name a GPU torch can use, and `DECIDEALOT_PRECISION` a
+    precision the device (on CPU, its units) runs; raises ConfigError otherwise."""
     if registry.enabled_local(settings):
         check_cuda(settings)
+        check_precision(settings)
 
 
 def ready_to_serve(settings: Settings, *, progress: bool, rehash: bool) -> None:

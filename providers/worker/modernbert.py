@@ -248,6 +248,9 @@ class ModernBert(nn.Module):
         self.final_norm = nn.LayerNorm(
             config.hidden_size, eps=config.norm_eps, bias=config.norm_bias
         )
+        self.compute_dtype = torch.float32
+        """What the attention runs in: bf16 once `bf16.lower` made the linear layers bf16;
+        the residual stream and the norms stay fp32 either way."""
         dim = config.head_dim
         for kind, theta in config.rope_theta:
             steps = torch.arange(0, dim, 2, dtype=torch.float, device="cpu")
@@ -267,7 +270,7 @@ class ModernBert(nn.Module):
         hidden = self.embeddings(input_ids)
         masks = (
             {
-                kind: additive(mask, _attention_dtype(hidden))
+                kind: self._lowered(additive(mask, self._attention_dtype(hidden)))
                 for kind, mask in attention_mask.items()
             }
             if isinstance(attention_mask, dict)
@@ -297,7 +300,7 @@ class ModernBert(nn.Module):
         `[rows, 1, L, L]`; None where nothing would be masked (no padding; for sliding layers,
         rows shorter than the window too). A boolean mask costs sdpa a conversion on every
         call, and an expanded one a pass over L x L more: together a fifth of a small pass."""
-        device, dtype = hidden.device, _attention_dtype(hidden)
+        device, dtype = hidden.device, self._attention_dtype(hidden)
         keys = None if padding is None else padding.to(device=device, dtype=torch.bool)
         unpadded = keys is None or bool(keys.all())
         full = None if unpadded else additive(keys[:, None, None, :], dtype)  # type: ignore[index]
@@ -312,13 +315,20 @@ class ModernBert(nn.Module):
             sliding = additive(allowed, dtype)
         return {FULL: full, SLIDING: sliding}
 
+    def _lowered(self, mask: torch.Tensor | None) -> torch.Tensor | None:
+        """A caller's float mask in bf16 where the attention runs bf16 (`compute_dtype`): sdpa
+        takes a float mask only in its queries' dtype (fp32 masks pass as they are)."""
+        if mask is None or self.compute_dtype == torch.float32:
+            return mask
+        return mask.to(self.compute_dtype)
 
-def _attention_dtype(hidden: torch.Tensor) -> torch.dtype:
-    """The dtype sdpa sees its queries in: autocast's where it is on, else the hidden states'."""
-    kind = hidden.device.type
-    if torch.is_autocast_enabled(kind):
-        return torch.get_autocast_dtype(kind)
-    return hidden.dtype
+    def _attention_dtype(self, hidden: torch.Tensor) -> torch.dtype:
+        """The dtype sdpa sees its queries in: autocast's where it is on, else the linear
+        layers' (`compute_dtype`)."""
+        kind = hidden.device.type
+        if torch.is_autocast_enabled(kind):
+            return torch.get_autocast_dtype(kind)
+        return self.compute_dtype
 
 
 def additive(mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:

@@ -92,6 +92,7 @@ def side(request: pytest.FixtureRequest, checkpoints: dict[str, Path]) -> Iterat
         factory="decidealot.providers.laya.worker.engine:create",
         checkpoints={k: str(p) for k, p in checkpoints.items()},
         preload=["english"],
+        options={"precision": "fp32"},  # parity is fp32's; auto, the default, may run bf16
         device=device,
     )
     engine = create(spec)

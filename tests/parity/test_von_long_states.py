@@ -87,6 +87,7 @@ def pairs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, tuple[
             spec = EngineSpec(
                 factory="decidealot.providers.von.worker.engine:create",
                 checkpoints={"von-1.1": str(path)},
+                options={"precision": "fp32"},  # parity is fp32's; auto may run bf16
                 device="cpu",
             )
             result[name] = (upstream, create(spec))

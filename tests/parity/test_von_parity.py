@@ -119,7 +119,8 @@ def pairs(
                 EngineSpec(
                     factory="decidealot.providers.von.worker.engine:create",
                     checkpoints={"von-1.1": str(path)},
-                    options={"max_state_tokens": MAX_STATE_TOKENS},
+                    # parity is fp32's; auto, the default, may run bf16
+                    options={"max_state_tokens": MAX_STATE_TOKENS, "precision": "fp32"},
                     device=device,
                 )
             )

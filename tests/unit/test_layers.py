@@ -36,6 +36,7 @@ LAYERS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
             "decidealot.bundles",
             "decidealot.config",
             "decidealot.contract",
+            "decidealot.cpu",
             "decidealot.device",
             "decidealot.errors",
             "decidealot.frames",

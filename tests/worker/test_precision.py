@@ -168,9 +168,8 @@ def test_int8_answers_do_not_depend_on_the_batch(
 @pytest.mark.parametrize(
     ("env", "accepts"),
     [
-        ({"DECIDEALOT_PRECISION": "fp64"}, "expected one of fp32, int8, bf16, fp16"),
+        ({"DECIDEALOT_PRECISION": "fp64"}, "expected one of auto, fp32, bf16, int8, fp16"),
         ({"DECIDEALOT_PRECISION": "int8", "DECIDEALOT_DEVICE": "cuda"}, "int8 runs on cpu only"),
-        ({"DECIDEALOT_PRECISION": "bf16", "DECIDEALOT_DEVICE": "cpu"}, "bf16 runs on cuda only"),
         ({"DECIDEALOT_PRECISION": "fp16", "DECIDEALOT_DEVICE": "cpu"}, "fp16 runs on cuda only"),
     ],
 )
@@ -187,14 +186,15 @@ def test_serve_exits_before_listening_on_an_unknown_precision() -> None:
     result = cli("serve", DECIDEALOT_PRECISION="int4")
     assert result.returncode == 2
     (line,) = result.stderr.strip().splitlines()
-    assert "DECIDEALOT_PRECISION" in line and "fp32, int8, bf16, fp16" in line
+    assert "DECIDEALOT_PRECISION" in line and "auto, fp32, bf16, int8, fp16" in line
 
 
 @pytest.mark.parametrize(
     ("env", "precision"),
     [
-        ({}, "fp32"),
+        ({}, "auto"),
         ({"DECIDEALOT_PRECISION": " INT8 "}, "int8"),
+        ({"DECIDEALOT_PRECISION": "bf16", "DECIDEALOT_DEVICE": "cpu"}, "bf16"),
         ({"DECIDEALOT_PRECISION": "int8", "DECIDEALOT_DEVICE": "auto"}, "int8"),
         ({"DECIDEALOT_PRECISION": "bf16", "DECIDEALOT_DEVICE": "cuda"}, "bf16"),
         ({"DECIDEALOT_PRECISION": "fp16", "DECIDEALOT_DEVICE": "auto"}, "fp16"),

@@ -22,6 +22,7 @@ from decidealot.providers.laya import calibration as calibration_file
 from decidealot.providers.laya.worker.readout import Temperatures
 from decidealot.providers.laya.worker.render import Budget, Specials
 from decidealot.providers.worker import modernbert
+from decidealot.providers.worker.bf16 import Lowered, lower_guarded
 from decidealot.providers.worker.checkpoint_files import read_safetensors
 from decidealot.providers.worker.int8 import (
     PROBE_LENGTH,
@@ -38,7 +39,10 @@ MASKED_LOGIT = -1e4
 
 
 class HeadAttention(nn.Module):
-    """Packed-projection self-attention with `nn.MultiheadAttention`'s parameter names."""
+    """Packed-projection self-attention with `nn.MultiheadAttention`'s parameter names. Under
+    bf16 its projections are bf16 (`bf16.PACKED`) and its input is cast to match."""
+
+    bf16_parameters = ("in_proj_weight", "in_proj_bias")
 
     def __init__(self, d: int, heads: int):
         super().__init__()
@@ -51,11 +55,12 @@ class HeadAttention(nn.Module):
         self, x: torch.Tensor, keep: torch.Tensor, queries: torch.Tensor | None = None
     ) -> torch.Tensor:
         """Attention over all of `x`; outputs only at `queries` (`[rows, K, d]`) when given."""
+        x = x.to(self.in_proj_weight.dtype)
         if queries is None:
             projected = F.linear(x, self.in_proj_weight, self.in_proj_bias).chunk(3, dim=-1)
         else:
             d = x.size(-1)
-            q = F.linear(queries, self.in_proj_weight[:d], self.in_proj_bias[:d])
+            q = F.linear(queries.to(x.dtype), self.in_proj_weight[:d], self.in_proj_bias[:d])
             kv = F.linear(x, self.in_proj_weight[d:], self.in_proj_bias[d:]).chunk(2, dim=-1)
             projected = (q, *kv)
         q, k, v = (part.unflatten(-1, (self.heads, -1)).transpose(1, 2) for part in projected)
@@ -157,10 +162,13 @@ class Checkpoint:
     """The questions' texts' token ids, kept across requests."""
     linears: Quantised
     """How many of the encoder's linear layers run int8 (none outside `int8`)."""
+    lowered: Lowered | None
+    """Under bf16 on a CPU: whether the encoder kept its bf16 weights after the probe."""
 
 
 def torch_pass(model: DecisionModel, device: torch.device, amp_dtype: torch.dtype) -> ForwardFn:
-    """Eager torch with sdpa attention, under CUDA autocast when `amp_dtype` is not fp32."""
+    """Eager torch with sdpa attention, under CUDA autocast when `amp_dtype` is not fp32 (bf16
+    on a CPU casts the encoder's weights at load instead: `bf16.lower_guarded`)."""
 
     def forward(inputs: dict[str, torch.Tensor]) -> torch.Tensor:
         autocast = (
@@ -174,9 +182,9 @@ def torch_pass(model: DecisionModel, device: torch.device, amp_dtype: torch.dtyp
     return forward
 
 
-def int8_encoder(model: DecisionModel, specials: Specials, budget: Budget) -> Quantised:
-    """Make the encoder's linear layers int8 (`int8`), checked on a probe of random
-    rows with four markers each; the head and scorer stay fp32."""
+def probe(model: DecisionModel, specials: Specials, budget: Budget) -> Callable[[], torch.Tensor]:
+    """Option probabilities of random rows with four markers each, through `model`: what the
+    load checks int8 or bf16 against fp32 on."""
     generator = torch.Generator().manual_seed(0)
     rows, options = PROBE_ROWS, 4
     length = min(budget.max_len, PROBE_LENGTH)
@@ -191,7 +199,7 @@ def int8_encoder(model: DecisionModel, specials: Specials, budget: Budget) -> Qu
         "marker_mask": torch.ones(rows, options, dtype=torch.bool),
         "qtype": torch.arange(rows) % 3,
     }
-    return quantize_guarded(model.encoder, lambda: model(**inputs).softmax(-1))
+    return lambda: model(**inputs).softmax(-1)
 
 
 _SPECIAL_ROLES = ("cls_token", "sep_token", "mask_token", "pad_token")
@@ -211,9 +219,9 @@ def load_checkpoint(
     calibration: str | Path | None = None,
 ) -> Checkpoint:
     """Build the model from `encoder/config.json` on the meta device, assign it the checkpoint's
-    fp16 weights read as fp32 (strictly: every key, no extras), then apply `precision`
-    (`decidealot.config.PRECISION_DEVICES`). A `calibration` file (laya's
-    `save_calibration` payload) replaces the checkpoint's temperatures."""
+    fp16 weights read as fp32 (strictly: every key, no extras), then apply `precision` (a
+    resolved one, not `auto`: `decidealot.config.PRECISION_DEVICES`). A `calibration` file
+    (laya's `save_calibration` payload) replaces the checkpoint's temperatures."""
     root = Path(directory)
     config = json.loads(_require(root / "rl_agent_config.json", "its config").read_text())
     weights_path = _require(root / "model.safetensors", "its weights")
@@ -243,7 +251,8 @@ def load_checkpoint(
     modernbert.load(model, read_safetensors(weights_path, torch.float32))
     model.to(device).eval().requires_grad_(False)
 
-    amp = AUTOCAST.get(precision, torch.float32)
+    cpu_bf16 = precision == "bf16" and device.type == "cpu"
+    amp = torch.float32 if cpu_bf16 else AUTOCAST.get(precision, torch.float32)
     specials = Specials(
         cls_id=tokenizer.cls_token_id,
         sep_id=tokenizer.sep_token_id,
@@ -254,10 +263,14 @@ def load_checkpoint(
         max_len=int(config.get("max_len", 512)),
         head_max_len=int(config.get("head_max_len", 192)),
     )
-    if precision == "int8":
-        linears = int8_encoder(model, specials, budget)
+    if precision == "int8":  # the head and scorer stay fp32
+        linears = quantize_guarded(model.encoder, probe(model, specials, budget))
     else:
         linears = unquantised(model.encoder)
+    lowered = None
+    if cpu_bf16:  # the encoder and the head's projections; norms, type_emb and scorer fp32
+        head = () if model.head is None else (model.head,)
+        lowered = lower_guarded(model.encoder, probe(model, specials, budget), head)
     return Checkpoint(
         model=model,
         tokenizer=tokenizer,
@@ -269,4 +282,5 @@ def load_checkpoint(
         forward=torch_pass(model, device, amp),
         texts=CachedIds(tokenizer),
         linears=linears,
+        lowered=lowered,
     )

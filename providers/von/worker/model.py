@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,11 +22,11 @@ from torch import nn
 
 from decidealot.providers.von.calibration import CalibrationError, VonCalibration, parse
 from decidealot.providers.worker import modernbert
+from decidealot.providers.worker.bf16 import Lowered, lower_guarded
 from decidealot.providers.worker.checkpoint_files import read_json_object
 from decidealot.providers.worker.int8 import (
     PROBE_LENGTH,
     PROBE_ROWS,
-    Quantised,
     quantize_guarded,
     unquantised,
 )
@@ -132,8 +132,8 @@ class VonModel:
         precision: str = "fp32",
         calibration: Path | None = None,
     ):
-        """Load `directory` onto `device` in `precision` (`DECIDEALOT_PRECISION`), with its
-        own `marker_calibration.json` or the `calibration` file that replaces it whole
+        """Load `directory` onto `device` in `precision` (`DECIDEALOT_PRECISION`, resolved),
+        with its own `marker_calibration.json` or the `calibration` file that replaces it whole
         (upstream's `VON_CALIBRATION`)."""
         self.calibration = load_calibration(calibration or directory / "marker_calibration.json")
         try:
@@ -157,13 +157,22 @@ class VonModel:
         """Guards `_shared_logits`: a worker may run several passes at once."""
         self.encoder.to(device).eval()
         self.scorer.to(device).eval()
-        self.amp_dtype = AUTOCAST.get(precision, torch.float32)
-        self.linears = self._int8_encoder() if precision == "int8" else unquantised(self.encoder)
+        cpu_bf16 = precision == "bf16" and device.type == "cpu"
+        self.amp_dtype = torch.float32 if cpu_bf16 else AUTOCAST.get(precision, torch.float32)
+        self.linears = (  # the scorer stays fp32
+            quantize_guarded(self.encoder, self._probe())
+            if precision == "int8"
+            else unquantised(self.encoder)
+        )
         """How many of the encoder's linear layers run int8 (none outside `int8`)."""
+        self.lowered: Lowered | None = (
+            lower_guarded(self.encoder, self._probe()) if cpu_bf16 else None
+        )
+        """Under bf16 on a CPU: whether the encoder kept its bf16 weights after the probe."""
 
-    def _int8_encoder(self) -> Quantised:
-        """The encoder's linear layers in int8 (`int8`), checked on a probe of random
-        rows with four markers each; the scorer stays fp32."""
+    def _probe(self) -> Callable[[], torch.Tensor]:
+        """Option probabilities of random rows with four markers each, through the encoder
+        and scorer: what the load checks int8 or bf16 against fp32 on."""
         generator = torch.Generator().manual_seed(0)
         rows, options = PROBE_ROWS, 4
         length = PROBE_LENGTH
@@ -176,9 +185,9 @@ class VonModel:
 
         def probe() -> torch.Tensor:
             states = self.encoder(input_ids=ids, attention_mask=valid).last_hidden_state
-            return self.scorer(states[:, markers]).softmax(-1)
+            return self.scorer(states[:, markers].float()).softmax(-1)
 
-        return quantize_guarded(self.encoder, probe)
+        return probe
 
     def _load_weights(self, path: Path) -> None:
         weights = torch.load(path, map_location="cpu", weights_only=True)
