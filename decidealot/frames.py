@@ -65,9 +65,11 @@ class Ready(msgspec.Struct, tag="ready", frozen=True):
 
 class Loaded(msgspec.Struct, tag="loaded", frozen=True):
     """A checkpoint is in memory (at `Start` when preloaded, else on its first job, before
-    that job's answer): which linear layers of its encoder run int8 under
-    `DECIDEALOT_PRECISION`, and the roles the int8 probe kept fp32 (`kept_fp32`). `path` is
-    the checkpoint's folder, for the gateway's log line; nothing of its contents."""
+    that job's answer): the precision it runs in, the `DECIDEALOT_PRECISION` value it came from
+    (`requested`) and why (`reason`: requested, what `auto` chose on which CPU flags, or the
+    load probe's fallback to fp32), which linear layers of its encoder run int8, and the roles
+    the int8 probe kept fp32 (`kept_fp32`). `path` is the checkpoint's folder, for the
+    gateway's log line and status view; nothing of its contents."""
 
     checkpoint: str
     path: str
@@ -75,6 +77,8 @@ class Loaded(msgspec.Struct, tag="loaded", frozen=True):
     linear_layers: int
     int8_layers: int
     kept_fp32: list[str] = []
+    requested: str = ""
+    reason: str = ""
 
 
 class Failed(msgspec.Struct, tag="failed", frozen=True):

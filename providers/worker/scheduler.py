@@ -210,8 +210,17 @@ class Scheduler:
             for load in self._loads():
                 linears = load.linears
                 counts = linears.linear_layers, linears.int8_layers
+                kept = list(linears.kept)
                 self._emit(
-                    Loaded(load.checkpoint, load.path, load.precision, *counts, list(linears.kept))
+                    Loaded(
+                        load.checkpoint,
+                        load.path,
+                        load.precision,
+                        *counts,
+                        kept,
+                        load.requested,
+                        load.reason,
+                    )
                 )
 
     def compute(self, thread: int) -> None:

@@ -210,7 +210,8 @@ def test_an_engine_refuses_a_precision_its_resolved_device_cannot_run() -> None:
 
     with pytest.raises(ValueError, match="DECIDEALOT_PRECISION: int8 runs on cpu only"):
         engine_precision({"precision": "int8"}, "cuda")
-    assert engine_precision({}, "cpu") == "fp32"
+    assert engine_precision({"precision": "fp32"}, "cpu").precision == "fp32"
+    assert engine_precision({}, "cpu").requested == "auto"  # the default
 
 
 @pytest.fixture(scope="module")

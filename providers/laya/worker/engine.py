@@ -66,7 +66,8 @@ class LayaEngine:
         if self._long_states not in LONG_STATES:
             raise ValueError(f"Laya engine option long_states must be one of {LONG_STATES}")
         self._device = torch.device(spec.device)
-        self._precision = engine_precision(spec.options, spec.device)
+        # On a GPU upstream Laya autocasts to bf16 (its shipped `amp_dtype`): `auto` does too.
+        self._precision = engine_precision(spec.options, spec.device, on_cuda="bf16")
         # On CUDA a pass is worth a large batch: cut only past the token limit.
         cpu = self._device.type == "cpu"
         self.shape = PassShape(PASS_TOKEN_LIMIT, CPU_PASS_COST if cpu else None)
@@ -91,9 +92,9 @@ class LayaEngine:
             if key not in self._loaded:
                 path = self._paths[key]
                 loaded = load_checkpoint(
-                    path, self._device, self._precision, self._calibrations.get(key)
+                    path, self._device, self._precision.precision, self._calibrations.get(key)
                 )
-                self._reports.add(key, path, self._precision, loaded.linears)
+                self._reports.add(key, path, self._precision, loaded.linears, loaded.lowered)
                 self._loaded[key] = loaded
             return self._loaded[key]
 

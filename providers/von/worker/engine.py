@@ -95,7 +95,8 @@ class VonEngine:
         self._long_states = spec.options.get("long_states", "cut")
         if self._long_states not in ("cut", "refuse", "windows"):
             raise ValueError("Von engine option long_states must be cut, refuse or windows")
-        self._precision = engine_precision(spec.options, spec.device)
+        # Upstream Von runs fp32 on a GPU too (von.md): so does `auto` there.
+        self._precision = engine_precision(spec.options, spec.device, on_cuda="fp32")
         self._models: dict[str, VonModel] = {}
         self._load_lock = threading.Lock()
         self._reports = LoadReports()
@@ -112,8 +113,10 @@ class VonEngine:
             if checkpoint not in self._models:
                 path = self._checkpoints[checkpoint]
                 calibration = self._calibrations.get(checkpoint)
-                model = VonModel(path, self._device, self._precision, calibration)
-                self._reports.add(checkpoint, str(path), self._precision, model.linears)
+                model = VonModel(path, self._device, self._precision.precision, calibration)
+                self._reports.add(
+                    checkpoint, str(path), self._precision, model.linears, model.lowered
+                )
                 self._models[checkpoint] = model
             return self._models[checkpoint]
 
