@@ -40,6 +40,7 @@ def _spec(
         factory="decidealot.providers.laya.worker.engine:create",
         checkpoints={k: str(p) for k, p in checkpoints.items()},
         preload=preload or [],
+        options={"precision": "fp32"},  # exact answers here; bf16's: tests/worker/test_bf16.py
         device=device,
     )
 

@@ -73,12 +73,13 @@ def device_engines(
 
 
 def _engine(path: Path, device: str = "cpu", **options: Any) -> VonEngine:
+    """In fp32: these tests hold the engine to exact answers (bf16's: tests/worker/test_bf16.py)."""
     return create(
         EngineSpec(
             factory="decidealot.providers.von.worker.engine:create",
             checkpoints={"von-1.1": str(path)},
             preload=["von-1.1"],
-            options=options,
+            options={"precision": "fp32", **options},
             device=device,
         )
     )
