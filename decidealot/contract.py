@@ -201,6 +201,74 @@ class Health(msgspec.Struct):
     providers: list[str]
 
 
+class CheckpointStatus(msgspec.Struct, kw_only=True):
+    """A checkpoint a local provider's worker holds, as it reported its load."""
+
+    name: str
+    precision: str
+    """What it runs in: fp32, bf16, int8 or fp16."""
+    requested: str
+    """The `DECIDEALOT_PRECISION` value it came from (`auto` by default)."""
+    reason: str
+    """Why: `requested`, what `auto` chose on which CPU flags, or the load probe's fallback."""
+    folder: str
+    verified: str | None
+    """`repo@revision` of the bundle's install record (every file's sha256 checked against
+    it); None for a local checkpoint the settings name, which nothing verified."""
+    int8_share: float
+    """Share of its encoder's linear layers that run int8 (0 outside `int8`)."""
+
+
+class ProviderStatus(msgspec.Struct, kw_only=True):
+    name: str
+    enabled: bool
+    local: bool
+    loaded: bool | None = None
+    """Local providers: whether its worker is up (None for a hosted or disabled one)."""
+    device: str | None = None
+    running: int = 0
+    """Decisions holding its residency slot now."""
+    checkpoints: list[CheckpointStatus] = []
+    details: dict[str, Json] = {}
+    """What the provider itself reports: CLM `encoder_answered_last_call`, Jev
+    `catalog_age_seconds` (None before the first call or fetch)."""
+
+
+class SlotStatus(msgspec.Struct, kw_only=True):
+    total: int
+    """`DECIDEALOT_MAX_RESIDENT_PROVIDERS`."""
+    held_by: list[str]
+    """The local providers loaded now."""
+
+
+class DecisionStatus(msgspec.Struct, kw_only=True):
+    queued: int
+    """Admitted to local providers and not yet holding a slot."""
+    running: int
+    """Holding a slot: sent to a worker, or about to be."""
+    limit: int
+    """`DECIDEALOT_MAX_PENDING_REQUESTS` (0: no bound) on queued plus running."""
+
+
+class CpuStatus(msgspec.Struct, kw_only=True):
+    bf16_units: list[str]
+    """The CPU's native bf16 flags (amx_bf16, avx512_bf16): where `auto` runs bf16."""
+    int8_units: list[str]
+    """Its int8 dot-product flags (amx_int8, avx512_vnni, avx_vnni): where int8 may run."""
+
+
+class Status(msgspec.Struct, kw_only=True):
+    """`GET /v1/status`: what runs, for an operator (the contract's `/health` stays as it is)."""
+
+    status: Literal["ok", "draining"]
+    precision: str
+    """`DECIDEALOT_PRECISION` as set."""
+    cpu: CpuStatus
+    providers: list[ProviderStatus]
+    slots: SlotStatus
+    decisions: DecisionStatus
+
+
 class UnloadedProvider(msgspec.Struct):
     name: str
     was_loaded: bool = msgspec.field(name="wasLoaded")

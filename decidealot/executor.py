@@ -94,6 +94,11 @@ class Executor:
         self._max_pending = max_pending_requests
         self._pending = 0
 
+    @property
+    def pending(self) -> int:
+        """Decisions admitted to local providers and not yet answered."""
+        return self._pending
+
     @contextlib.contextmanager
     def _admitted(self, local: bool) -> Iterator[None]:
         """Count a request against `DECIDEALOT_MAX_PENDING_REQUESTS` while it runs."""

@@ -79,6 +79,8 @@ class Loaded(msgspec.Struct, tag="loaded", frozen=True):
     kept_fp32: list[str] = []
     requested: str = ""
     reason: str = ""
+    probe_fallback: bool = False
+    """True where the load probe found bf16 moved the probabilities too far: fp32 runs."""
 
 
 class Failed(msgspec.Struct, tag="failed", frozen=True):

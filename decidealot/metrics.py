@@ -76,6 +76,23 @@ class Gauge:
         self._metric.remove_by_labels(labels)
 
 
+class Info:
+    """A gauge at 1 whose labels say what holds for a key (some of them) now: setting a key
+    again replaces its series, so one series per key is ever exposed."""
+
+    def __init__(self, metric: prometheus_client.Gauge, key: Sequence[str]) -> None:
+        self._metric = metric
+        self._key = tuple(key)
+
+    def set(self, **labels: str) -> None:
+        self.remove(**{name: labels[name] for name in self._key})
+        self._metric.labels(**labels).set(1)
+
+    def remove(self, **key: str) -> None:
+        """Drop the key's series (a key never set is no error)."""
+        self._metric.remove_by_labels(key)
+
+
 class Histogram:
     """A prometheus_client histogram whose label values are keywords of `observe`."""
 
@@ -97,6 +114,10 @@ class Registry:
 
     def gauge(self, name: str, help: str, labels: Sequence[str] = ()) -> Gauge:
         return Gauge(prometheus_client.Gauge(name, help, labels, registry=self.collectors))
+
+    def info(self, name: str, help: str, key: Sequence[str], labels: Sequence[str]) -> Info:
+        metric = prometheus_client.Gauge(name, help, (*key, *labels), registry=self.collectors)
+        return Info(metric, key)
 
     def histogram(
         self,
@@ -223,6 +244,14 @@ INT8_LINEAR_SHARE = REGISTRY.gauge(
     "load-time probe kept some in fp32, 0 under the other precisions. A checkpoint has a "
     "series only while it is loaded.",
     ("provider", "checkpoint"),
+)
+PRECISION_INFO = REGISTRY.info(
+    "decidealot_precision_info",
+    "1 per loaded checkpoint: the precision it runs in, the DECIDEALOT_PRECISION "
+    "value it came from (requested) and why (reason: requested, what auto chose on which CPU "
+    "flags, or the load probe's fallback to fp32).",
+    ("provider", "checkpoint"),
+    ("precision", "requested", "reason"),
 )
 WORKER_STARTS = REGISTRY.counter(
     "decidealot_worker_starts_total",

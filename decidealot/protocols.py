@@ -13,7 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import NamedTuple, Protocol, runtime_checkable
 
-from decidealot.contract import ModelInfo, SystemOneRequest, SystemOneResponse
+from decidealot.contract import Json, ModelInfo, SystemOneRequest, SystemOneResponse
+from decidealot.frames import Loaded
 from decidealot.jobs import Decision, Job
 
 
@@ -79,6 +80,22 @@ class LocalRuntime(Protocol):
         the worker (a batch then forwards its next item, so the two can share passes).
         Raises `RequestInvalid` or `ProviderUnavailable`; cancelling the call withdraws the
         job."""
+
+
+@runtime_checkable
+class ReportsCheckpoints(Protocol):
+    """A local runtime that says how its worker loaded each checkpoint (`GET /v1/status`)."""
+
+    def checkpoints(self) -> list[Loaded]:
+        """The `Loaded` frame of each checkpoint its current worker holds, in load order."""
+
+
+@runtime_checkable
+class ReportsDetails(Protocol):
+    """A provider with state of its own worth showing an operator (`GET /v1/status`)."""
+
+    def status_details(self) -> dict[str, Json]:
+        """Named JSON values, e.g. CLM's `encoder_answered_last_call`."""
 
 
 class MadeJob(NamedTuple):

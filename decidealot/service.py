@@ -14,16 +14,34 @@ import contextlib
 import contextvars
 import logging
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any, cast
 
-from decidealot import logs, registry
+from decidealot import cpu, logs, registry
 from decidealot.catalog import Catalog
+from decidealot.checkpoints.manifest import read_record
 from decidealot.checkpoints.paths import with_checkpoints
 from decidealot.config import Settings
-from decidealot.contract import Health, ModelList
+from decidealot.contract import (
+    CheckpointStatus,
+    CpuStatus,
+    DecisionStatus,
+    Health,
+    ModelList,
+    ProviderStatus,
+    SlotStatus,
+    Status,
+)
 from decidealot.errors import ShuttingDown
 from decidealot.executor import Executor
-from decidealot.protocols import LocalProvider, LocalRuntime, Provider
+from decidealot.frames import Loaded
+from decidealot.protocols import (
+    LocalProvider,
+    LocalRuntime,
+    Provider,
+    ReportsCheckpoints,
+    ReportsDetails,
+)
 from decidealot.residency import Residency
 
 log = logging.getLogger("decidealot.service")
@@ -54,6 +72,42 @@ def lane_of(name: str, runtime: LocalRuntime, settings: Settings) -> tuple[str |
     except KeyError:
         return ("cuda" if runtime.device == "cuda" else "local"), name
     return descriptor.lane_for(descriptor.of(settings), runtime.device)
+
+
+def _disabled(name: str, local: bool) -> ProviderStatus:
+    return ProviderStatus(name=name, enabled=False, local=local)
+
+
+def _provider_status(provider: Provider, residency: Residency) -> ProviderStatus:
+    details = provider.status_details() if isinstance(provider, ReportsDetails) else {}
+    if not provider.local:
+        return ProviderStatus(name=provider.name, enabled=True, local=False, details=details)
+    runtime = cast(LocalProvider, provider).runtime
+    loads = runtime.checkpoints() if isinstance(runtime, ReportsCheckpoints) else []
+    return ProviderStatus(
+        name=provider.name,
+        enabled=True,
+        local=True,
+        loaded=runtime.loaded,
+        device=runtime.device,
+        running=residency.active(runtime.name),
+        checkpoints=[_checkpoint_status(load) for load in loads],
+        details=details,
+    )
+
+
+def _checkpoint_status(load: Loaded) -> CheckpointStatus:
+    folder = Path(load.path)
+    record = read_record(folder) or read_record(folder.parent)  # a bundle's entry file
+    return CheckpointStatus(
+        name=load.checkpoint,
+        precision=load.precision,
+        requested=load.requested,
+        reason=load.reason,
+        folder=load.path,
+        verified=None if record is None else f"{record.repo}@{record.revision}",
+        int8_share=load.int8_layers / load.linear_layers if load.linear_layers else 0.0,
+    )
 
 
 class Service:
@@ -106,6 +160,36 @@ class Service:
 
     def health(self) -> Health:
         return Health("ok", [p.name for p in self.providers])
+
+    def status(self) -> Status:
+        """What runs (`GET /v1/status`): each registered provider, the checkpoints each local
+        worker holds and in what precision and why, residency slots, and decisions in flight."""
+        built = {provider.name: provider for provider in self.providers}
+        providers = [
+            _provider_status(built[d.name], self.residency)
+            if d.name in built
+            else _disabled(d.name, d.local)
+            for d in registry.registered()
+        ]
+        running = sum(p.running for p in providers)
+        flags = cpu.flags()
+        return Status(
+            status="draining" if self.draining else "ok",
+            precision=self.settings.precision,
+            cpu=CpuStatus(
+                bf16_units=list(cpu.bf16_units(flags)), int8_units=list(cpu.int8_units(flags))
+            ),
+            providers=providers,
+            slots=SlotStatus(
+                total=self.settings.max_resident_providers,
+                held_by=[n for n in self.residency.names if self.residency.loaded(n)],
+            ),
+            decisions=DecisionStatus(
+                queued=max(0, self.executor.pending - running),
+                running=running,
+                limit=self.settings.max_pending_requests,
+            ),
+        )
 
     async def models(self) -> ModelList:
         return ModelList(await self.catalog.models())

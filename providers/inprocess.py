@@ -23,6 +23,7 @@ from decidealot.errors import ProviderUnavailable
 from decidealot.frames import (
     Cancel,
     FromWorker,
+    Loaded,
     Submit,
     ToWorker,
     decode_from_worker,
@@ -68,6 +69,10 @@ class InProcessRuntime:
     @property
     def loaded(self) -> bool:
         return self._scheduler is not None
+
+    def checkpoints(self) -> list[Loaded]:
+        """How its engine loaded each checkpoint it holds (`protocols.ReportsCheckpoints`)."""
+        return [] if self._channel is None else list(self._channel.loads.values())
 
     @property
     def engine(self) -> object:

@@ -79,6 +79,11 @@ def create_app(service: Service) -> ASGIApp:
             raise ShuttingDown()
         return _json(service.health())
 
+    @get("/v1/status", sync_to_thread=False)
+    def status() -> Response[bytes]:
+        """What runs, for an operator: behind the key, unlike `/health` (the contract's)."""
+        return _json(service.status())
+
     @get("/v1/models")
     async def models() -> Response[bytes]:
         return _json(await service.models())
@@ -125,6 +130,7 @@ def create_app(service: Service) -> ASGIApp:
     app = Litestar(
         route_handlers=[
             health,
+            status,
             models,
             systemone,
             systemone_batch,

@@ -20,6 +20,7 @@ from decidealot.contract import (
     ErrorBody,
     Health,
     ModelList,
+    Status,
     SystemOneResponse,
     UnloadResponse,
     ValidationErrorBody,
@@ -114,6 +115,7 @@ def _schemas(settings: Settings) -> dict[str, Any]:
             BatchResponse,
             ModelList,
             Health,
+            Status,
             UnloadResponse,
             ErrorBody,
             ValidationErrorBody,
@@ -213,6 +215,15 @@ def document(settings: Settings, models: dict[str, bool] | None = None) -> dict[
                     "responses": {
                         "200": _json("Health", "Serving."),
                         "503": _json("ErrorBody", "PROVIDER_UNAVAILABLE: shutting down."),
+                    },
+                }
+            },
+            "/v1/status": {
+                "get": {
+                    "summary": "What runs: providers, checkpoints, precision and why, slots",
+                    "responses": {
+                        "200": _json("Status", "The service's state now."),
+                        **guarded,
                     },
                 }
             },

@@ -39,8 +39,9 @@ class JobChannel:
         """When the worker last sent a frame, or when jobs started waiting on an idle one."""
         self.passes: dict[int, float] = {}
         """Compute thread -> when its running pass began."""
-        self._checkpoints: set[str] = set()
-        """The checkpoints the worker reported loaded (`Loaded`), whose gauges `end` removes."""
+        self.loads: dict[str, Loaded] = {}
+        """Checkpoint -> how the worker reported loading it (`Loaded`): for the status view,
+        and the gauges `end` removes."""
         self._ended = False
 
     def open(self, job_id: int) -> asyncio.Future[Decision]:
@@ -70,9 +71,10 @@ class JobChannel:
             if not future.done():
                 future.set_exception(ProviderUnavailable(message))
         self.inflight.clear()
-        for checkpoint in self._checkpoints:
+        for checkpoint in self.loads:
             metrics.INT8_LINEAR_SHARE.remove(provider=self._provider, checkpoint=checkpoint)
-        self._checkpoints.clear()
+            metrics.PRECISION_INFO.remove(provider=self._provider, checkpoint=checkpoint)
+        self.loads.clear()
 
     def deliver(self, frame: FromWorker) -> None:
         """Apply one frame after the handshake; FrameError for one that has no place here."""
@@ -108,14 +110,33 @@ class JobChannel:
             )
 
     def _loaded(self, frame: Loaded) -> None:
-        """A checkpoint loaded: the share of its linear layers that run int8, and a warning
-        when `DECIDEALOT_PRECISION=int8` left some in fp32 (answers then move less, and cost
-        more, than int8 promises)."""
+        """A checkpoint loaded: one line saying the precision it runs in and why (a warning
+        where bf16's load probe put fp32 back), `decidealot_precision_info`, the share of its
+        linear layers that run int8, and a warning when `DECIDEALOT_PRECISION=int8` left some
+        in fp32 (answers then move less, and cost more, than int8 promises). None once `end`ed."""
         if self._ended:
             return
+        self.loads[frame.checkpoint] = frame
+        level = logging.WARNING if frame.probe_fallback else logging.INFO
+        self._log.log(
+            level,
+            "%s checkpoint %s (%s) runs %s (DECIDEALOT_PRECISION=%s: %s)",
+            self._provider,
+            frame.checkpoint,
+            frame.path,
+            frame.precision,
+            frame.requested,
+            frame.reason,
+        )
+        metrics.PRECISION_INFO.set(
+            provider=self._provider,
+            checkpoint=frame.checkpoint,
+            precision=frame.precision,
+            requested=frame.requested,
+            reason=frame.reason,
+        )
         share = frame.int8_layers / frame.linear_layers if frame.linear_layers else 0.0
         metrics.INT8_LINEAR_SHARE.set(share, provider=self._provider, checkpoint=frame.checkpoint)
-        self._checkpoints.add(frame.checkpoint)
         if frame.precision == "int8" and frame.kept_fp32:
             self._log.warning(
                 "%s checkpoint %s (%s) runs %d of its %d linear layers in int8 under "

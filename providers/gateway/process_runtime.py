@@ -40,6 +40,7 @@ from decidealot.frames import (
     Cancel,
     Failed,
     FrameError,
+    Loaded,
     Ready,
     Release,
     Released,
@@ -96,6 +97,13 @@ class ProcessRuntime:
     @property
     def loaded(self) -> bool:
         return self._worker is not None and self._worker.alive
+
+    def checkpoints(self) -> list[Loaded]:
+        """How its worker loaded each checkpoint it holds (`protocols.ReportsCheckpoints`)."""
+        worker = self._worker
+        if worker is None or not worker.alive:
+            return []
+        return list(worker.channel.loads.values())
 
     @property
     def pid(self) -> int | None:

@@ -57,6 +57,8 @@ class CheckpointLoad:
     linears: Quantised
     requested: str
     reason: str
+    probe_fallback: bool = False
+    """bf16 was chosen, but the load probe put the fp32 weights back."""
 
 
 class LoadReports:
@@ -83,7 +85,15 @@ class LoadReports:
                 f"; the load probe moved probabilities by {lowered.probe_error:.4f}, more than "
                 f"{bf16.PROBE_TOLERANCE} under bf16, so it runs fp32"
             )
-        load = CheckpointLoad(checkpoint, path, precision, linears, chosen.requested, reason)
+        load = CheckpointLoad(
+            checkpoint,
+            path,
+            precision,
+            linears,
+            chosen.requested,
+            reason,
+            probe_fallback=precision != chosen.precision,
+        )
         with self._lock:
             self._loads.append(load)
 

@@ -220,6 +220,7 @@ class Scheduler:
                         kept,
                         load.requested,
                         load.reason,
+                        load.probe_fallback,
                     )
                 )
 

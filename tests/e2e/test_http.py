@@ -221,7 +221,7 @@ UNAUTHORIZED = {
 
 @pytest.mark.parametrize(
     ("method", "path"),
-    [("GET", "/v1/models"), ("POST", "/v1/systemone"), ("POST", "/v1/systemone/batch"),
+    [("GET", "/v1/status"), ("GET", "/v1/models"), ("POST", "/v1/systemone"), ("POST", "/v1/systemone/batch"),
      ("POST", "/v1/models/unload"), ("GET", "/docs/x"),
      ("POST", "/mcp"), ("GET", "/nope")],
 )  # fmt: skip
@@ -457,8 +457,8 @@ def test_media_types(small: RunningServer) -> None:
 def test_openapi_describes_every_route(gateway: RunningServer) -> None:
     schema = httpx.get(gateway.url + "/openapi.json").json()
     paths = schema["paths"]
-    assert set(paths) == {"/health", "/v1/models", "/v1/systemone", "/v1/systemone/batch",
-                          "/v1/models/unload", "/mcp"}  # fmt: skip
+    assert set(paths) == {"/health", "/v1/status", "/v1/models", "/v1/systemone",
+                          "/v1/systemone/batch", "/v1/models/unload", "/mcp"}  # fmt: skip
     for path in ("/v1/systemone", "/v1/systemone/batch"):
         responses = paths[path]["post"]["responses"]
         assert {"200", "413", "422", "503"} <= set(responses)

@@ -195,12 +195,14 @@ async def test_catalog_is_cached_for_60_seconds_then_refreshed(
     typesafe: FakeTypeSafe, make_provider: Any, clock: Clock
 ) -> None:
     provider = await make_provider()
+    assert provider.status_details() == {"catalog_age_seconds": None}  # /v1/status
     first = await provider.models()
     typesafe.models.append(
         {"name": "jev-2.0.0", "description": "New.", "release_date": "2026-12-01"}
     )
     clock.now += 59.9
     assert await provider.models() == first
+    assert provider.status_details() == {"catalog_age_seconds": pytest.approx(59.9)}
     await provider.decide("jev-latest", validated())  # a fresh catalog is not fetched again
     assert len(typesafe.calls(MODELS_PATH)) == 1
 

@@ -191,6 +191,7 @@ async def test_encoder_failures_are_unavailable_then_recover(
     failure: str, make_provider, fake: FakeEmbeddings, caplog: pytest.LogCaptureFixture
 ) -> None:
     provider = make_provider(timeout_seconds=0.3, api_key=SECRET)
+    assert provider.status_details() == {"encoder_answered_last_call": None}  # no call yet
     if failure == "down":
         fake.stop()
     else:
@@ -201,12 +202,14 @@ async def test_encoder_failures_are_unavailable_then_recover(
     assert raised.value.__cause__ is None and raised.value.__suppress_context__
     assert SECRET not in str(raised.value) and SECRET not in caplog.text
     assert "CLM encoder call failed" in caplog.text
+    assert provider.status_details() == {"encoder_answered_last_call": False}  # /v1/status
 
     if failure == "down":
         fake.start()
     fake.mode = "ok"
     recovered = await provider.decide("clm", _request())
     assert set(recovered.answers) == {"queue", "urgent"}
+    assert provider.status_details() == {"encoder_answered_last_call": True}
 
 
 async def test_transient_errors_are_retried_within_the_budget(

@@ -113,6 +113,8 @@ class EncoderClient:
             else None
         )
         self._client: httpx.AsyncClient | None = None
+        self.answered_last_call: bool | None = None
+        """Whether the encoder's last call (retries included) answered; None before any."""
 
     def __repr__(self) -> str:  # never shows the key
         return f"EncoderClient(model={self._model!r}, width={self._width})"
@@ -163,12 +165,15 @@ class EncoderClient:
             reraise=True,
         )
         try:
-            return await retrying(self._call, texts)
+            answer = await retrying(self._call, texts)
         except _EncoderFailure as failure:
+            self.answered_last_call = False
             logger.warning("CLM encoder call failed: %s", failure.reason)
             metrics.ENCODER_FAILURES.inc(reason=failure.kind)
             tracing.annotate(failure=failure.kind)
             raise ProviderUnavailable() from None
+        self.answered_last_call = True
+        return answer
 
     async def _call(self, texts: list[str]) -> tuple[list[bytes], int]:
         await self.start()

@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
-from decidealot.contract import ModelInfo, SystemOneRequest
+from decidealot.contract import Json, ModelInfo, SystemOneRequest
 from decidealot.errors import RequestInvalid, over_token_limit
 from decidealot.frames import MAX_FRAME_BYTES
 from decidealot.jobs import Job
@@ -171,6 +171,10 @@ class ClmProvider:
     async def close(self) -> None:
         await self._encoder.close()
         await self.runtime.unload()
+
+    def status_details(self) -> dict[str, Json]:
+        """Whether the encoder answered its last call (`GET /v1/status`)."""
+        return {"encoder_answered_last_call": self._encoder.answered_last_call}
 
     async def models(self) -> list[ModelInfo]:
         return list(self._selectors)

@@ -33,6 +33,7 @@ class HostedCatalog:
         self._models: list[ModelInfo] = []
         self._expires_at = -float("inf")
         self._refresh: asyncio.Task[list[ModelInfo]] | None = None
+        self._fetched_at: float | None = None
 
     def __repr__(self) -> str:
         return f"HostedCatalog(models={len(self._models)}, ttl_seconds={self._ttl_seconds})"
@@ -60,5 +61,10 @@ class HostedCatalog:
             if self._refresh is asyncio.current_task():  # close() may have let go of it
                 self._refresh = None
         self._models = models
-        self._expires_at = self._clock() + self._ttl_seconds
+        self._fetched_at = self._clock()
+        self._expires_at = self._fetched_at + self._ttl_seconds
         return models
+
+    def age_seconds(self) -> float | None:
+        """Seconds since the catalog last came from TypeSafe; None before the first fetch."""
+        return None if self._fetched_at is None else self._clock() - self._fetched_at

@@ -11,7 +11,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from decidealot.contract import ModelInfo, SystemOneRequest, SystemOneResponse
+from decidealot.contract import Json, ModelInfo, SystemOneRequest, SystemOneResponse
 from decidealot.errors import ProviderUnavailable
 from decidealot.providers.jev.gateway.catalog import HostedCatalog
 from decidealot.providers.jev.gateway.client import TypeSafeClient
@@ -53,6 +53,10 @@ class JevProvider:
 
     async def models(self) -> list[ModelInfo]:
         return await self._catalog.models()
+
+    def status_details(self) -> dict[str, Json]:
+        """The hosted catalog's age (`GET /v1/status`)."""
+        return {"catalog_age_seconds": self._catalog.age_seconds()}
 
     async def decide(self, selector: str, request: SystemOneRequest) -> SystemOneResponse:
         # A hosted request refreshes an expired catalog too; a name TypeSafe no longer lists
