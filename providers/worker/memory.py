@@ -28,6 +28,18 @@ def release_freed() -> None:
             ctypes.CDLL(None).malloc_trim(0)
 
 
+def trim() -> None:
+    """Ask glibc to return its free heap pages (`malloc_trim`), without a collection: what a
+    worker does each time its passes fall idle. Each compute thread's malloc arena keeps the
+    pages of its largest pass's temporaries, a bf16 or int8 pass's (casts, quantised copies)
+    more than an fp32 one's, so after a round of load a reduced-precision worker held as much
+    as an fp32 one; trimmed, it holds its weights' saving between rounds (docs/performance.md).
+    """
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None).malloc_trim(0)
+
+
 def resident_bytes() -> int:
     """This process's resident memory (Linux `/proc/self/statm`), 0 where it cannot be read."""
     try:

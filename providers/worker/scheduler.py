@@ -49,6 +49,7 @@ from decidealot.frames import (
     read_payload,
 )
 from decidealot.jobs import Engine
+from decidealot.providers.worker.memory import trim
 from decidealot.providers.worker.passes import PlannedJob, PlannedPass, Planner
 
 if TYPE_CHECKING:  # precision imports torch, which a torch-free engine's worker never loads
@@ -101,6 +102,8 @@ class Scheduler:
         self._cancelled: set[int] = set()
         """Ids cancelled before the planner had them: prepare drops them."""
         self._stopped = False
+        self._computing = 0
+        """Compute threads running a turn (guarded by `_changed`)."""
         self._threads: list[threading.Thread] = []
         self._loads = engine.take_loaded if isinstance(engine, ReportsLoads) else None
 
@@ -232,10 +235,16 @@ class Scheduler:
                     if self._stopped:
                         return
                     self._changed.wait()
+                self._computing += 1
                 if self._planner.has_rows:
                     self._changed.notify()  # what this turn left, for an idle thread
             for each in turn:
                 self._run(thread, each)
+            with self._changed:
+                self._computing -= 1
+                idle = not self._computing and not self._planner.has_rows
+            if idle:  # the last pass of a round: its temporaries' pages go back (`trim`)
+                trim()
 
     def _run(self, thread: int, each: PlannedPass) -> None:
         """One forward pass; a failing pass of several jobs is rerun job by job, so an error
