@@ -129,6 +129,7 @@ def servers(
         return [str(Path(python()).with_name("laya-serve"))], env
 
     ours_env = {
+        "DECIDEALOT_PRECISION": "fp32",  # like for like with upstream (bench/bf16.py: auto)
         "DECIDEALOT_VON_ENABLED": "false",
         "DECIDEALOT_LAYA_ENGLISH_CHECKPOINT": str(folder / "english"),
         "DECIDEALOT_LAYA_MULTILINGUAL_CHECKPOINT": str(folder / "multilingual"),

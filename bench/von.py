@@ -113,6 +113,7 @@ def servers(
         return command, env
 
     ours_env = {
+        "DECIDEALOT_PRECISION": "fp32",  # like for like with upstream (bench/bf16.py: auto)
         "DECIDEALOT_LAYA_ENABLED": "false",
         "DECIDEALOT_VON_CHECKPOINT": str(checkpoint),
         "DECIDEALOT_MODEL_DIR": str(logs / "models"),
