@@ -92,7 +92,9 @@ def _laya_engine(key: str, path: Path, calibration: Path | None) -> LayaEngine:
         EngineSpec(
             factory="decidealot.providers.laya.worker.engine:create",
             checkpoints={key: str(path)},
-            options={"calibrations": {key: str(calibration)}} if calibration else {},
+            # parity is fp32's; auto, the default, may run bf16
+            options={"precision": "fp32"}
+            | ({"calibrations": {key: str(calibration)}} if calibration else {}),
         )
     )
 
@@ -269,6 +271,7 @@ def _von_engine(path: Path, calibration: Path | None) -> VonEngine:
             checkpoints={"von-1.1": str(path)},
             options={
                 "max_state_tokens": von_parity.MAX_STATE_TOKENS,
+                "precision": "fp32",  # parity is fp32's; auto, the default, may run bf16
                 **({"calibrations": {"von-1.1": str(calibration)}} if calibration else {}),
             },
         )
