@@ -10,9 +10,10 @@ four servers run at once on the same checkpoint, one torch thread per pass:
 
 Every point is closed-loop load with the same requests (bench/peers.py's `load_points`: the
 servers take turns per point, in a rotating order); reported per server: decisions/s, p50, p99,
-the worker's (laya serve's) resident memory after the runs, and max and mean |dp| against
-Decidealot fp32 over the same requests. What `auto` ran, and why, is read from its
-`decidealot_precision_info` gauge; the CPU's model and bf16/int8 flags head the table.
+the CPU of its process tree per decision, the worker's (laya serve's) resident memory after the
+runs, and max and mean |dp| against Decidealot fp32 over the same requests. What `auto` ran,
+and why, is read from its `decidealot_precision_info` gauge; the CPU's model and bf16/int8
+flags head the table.
 
     .venv/bin/python bench/bf16.py                       # both checkpoints, 8 and 32 clients
     .venv/bin/python bench/bf16.py --sections base-4 --seconds 5 --quality 8
@@ -52,6 +53,8 @@ class Peer:
     rps: dict[int, float] = field(default_factory=dict)
     p50: dict[int, float] = field(default_factory=dict)
     p99: dict[int, float] = field(default_factory=dict)
+    cpu_ms: dict[int, float] = field(default_factory=dict)
+    """CPU of the server's process tree per decision."""
     rss_mb: float = float("nan")
     max_dp: float = float("nan")
     mean_dp: float = float("nan")
@@ -163,9 +166,10 @@ def run_section(name: str, args: argparse.Namespace) -> Section:
             peer: http_peer(peer, url + "/v1/systemone", models[peer], pids[peer], states)
             for peer, url in urls.items()
         }
-        results, _ = load_points(peers, args.clients, args.seconds)
+        results, cpu_ms = load_points(peers, args.clients, args.seconds)
         for result in results:
             peer = section.peers[result.name]
+            peer.cpu_ms[result.clients] = cpu_ms[(result.name, result.clients)]
             peer.rps[result.clients] = result.rps
             peer.p50[result.clients] = result.p50_ms
             peer.p99[result.clients] = result.p99_ms
@@ -208,15 +212,16 @@ def markdown(sections: list[Section], clients: list[int]) -> str:
         f"CPU: {cpu_model()}; its bf16 and int8 units (/proc/cpuinfo flags): {units}.",
         "",
         "| checkpoint | server | "
-        + " | ".join(f"dec/s {n} | p50 ms {n} | p99 ms {n}" for n in clients)
+        + " | ".join(f"dec/s {n} | p50 ms {n} | p99 ms {n} | CPU ms/dec {n}" for n in clients)
         + " | max \\|dp\\| | mean \\|dp\\| | RSS MB |",
-        "|---|---|" + "---:|---:|---:|" * len(clients) + "---:|---:|---:|",
+        "|---|---|" + "---:|---:|---:|---:|" * len(clients) + "---:|---:|---:|",
     ]
     notes = []
     for section in sections:
         for name, peer in section.peers.items():
             points = " | ".join(
-                f"{peer.rps[n]:.2f} | {peer.p50[n]:.0f} | {peer.p99[n]:.0f}" for n in clients
+                f"{peer.rps[n]:.2f} | {peer.p50[n]:.0f} | {peer.p99[n]:.0f} | {peer.cpu_ms[n]:.0f}"
+                for n in clients
             )
             lines.append(
                 f"| {section.name} | {name} | {points} | {peer.max_dp:.4f} | "
