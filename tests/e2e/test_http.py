@@ -221,8 +221,8 @@ UNAUTHORIZED = {
 
 @pytest.mark.parametrize(
     ("method", "path"),
-    [("GET", "/v1/status"), ("GET", "/v1/models"), ("POST", "/v1/systemone"), ("POST", "/v1/systemone/batch"),
-     ("POST", "/v1/models/unload"), ("GET", "/docs/x"),
+    [("GET", "/v1/status"), ("GET", "/v1/models"), ("POST", "/v1/systemone"),
+     ("POST", "/v1/systemone/batch"), ("POST", "/v1/models/unload"), ("GET", "/docs/x"),
      ("POST", "/mcp"), ("GET", "/nope")],
 )  # fmt: skip
 def test_every_route_but_health_and_docs_needs_the_key(
