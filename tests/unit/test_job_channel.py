@@ -20,7 +20,17 @@ def share(provider: str, checkpoint: str) -> float | None:
 
 
 def loaded(checkpoint: str, int8_layers: int) -> Loaded:
-    return Loaded(checkpoint, f"/models/{checkpoint}", "int8", 4, int8_layers)
+    return Loaded(
+        checkpoint, f"/models/{checkpoint}", "int8", 4, int8_layers, [], "int8", "requested"
+    )
+
+
+def precision_series(provider: str) -> list[dict[str, str]]:
+    """`decidealot_precision_info`'s label sets for `provider`."""
+    (family,) = [
+        f for f in metrics.REGISTRY.collectors.collect() if f.name == "decidealot_precision_info"
+    ]
+    return [s.labels for s in family.samples if s.labels["provider"] == provider]
 
 
 async def test_ending_a_channel_removes_its_checkpoints_gauges_and_fails_its_jobs() -> None:
@@ -31,9 +41,15 @@ async def test_ending_a_channel_removes_its_checkpoints_gauges_and_fails_its_job
     other.deliver(loaded("first", 1))
     waiting = channel.open(1)
     assert (share("gauged", "first"), share("gauged", "second")) == (1.0, 0.5)
+    assert sorted(s["checkpoint"] for s in precision_series("gauged")) == ["first", "second"]
+    assert set(channel.loads) == {"first", "second"}  # what GET /v1/status shows
+    channel.deliver(Loaded("first", "/models/first", "fp32", 4, 0, [], "auto", "auto on a CPU"))
+    (first,) = [s for s in precision_series("gauged") if s["checkpoint"] == "first"]
+    assert (first["precision"], first["reason"]) == ("fp32", "auto on a CPU")  # one series a key
 
     channel.end("gone")
     assert (share("gauged", "first"), share("gauged", "second")) == (None, None)
+    assert precision_series("gauged") == [] and channel.loads == {}
     assert share("other", "first") == 0.25  # another provider's checkpoint of the same name
     assert isinstance(waiting.exception(), ProviderUnavailable)
 
