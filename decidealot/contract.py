@@ -217,6 +217,9 @@ class CheckpointStatus(msgspec.Struct, kw_only=True):
     it); None for a local checkpoint the settings name, which nothing verified."""
     int8_share: float
     """Share of its encoder's linear layers that run int8 (0 outside `int8`)."""
+    calibration: str | None = None
+    """The calibration file it runs with (its `DECIDEALOT_*_CALIBRATION` setting); None: the
+    temperatures its checkpoint ships."""
 
 
 class ProviderStatus(msgspec.Struct, kw_only=True):

@@ -78,7 +78,21 @@ def _disabled(name: str, local: bool) -> ProviderStatus:
     return ProviderStatus(name=name, enabled=False, local=local)
 
 
-def _provider_status(provider: Provider, residency: Residency) -> ProviderStatus:
+def _calibrations(name: str, settings: Settings) -> dict[str, str]:
+    """Checkpoint key -> the calibration file a `*_CALIBRATION` setting gives it (unset: the
+    temperatures the checkpoint ships)."""
+    try:
+        descriptor = registry.descriptor(name)
+    except KeyError:
+        return {}
+    section = descriptor.of(settings)
+    files = {c.key: getattr(section, c.setting, None) for c in descriptor.calibrations}
+    return {key: str(path) for key, path in files.items() if path is not None}
+
+
+def _provider_status(
+    provider: Provider, residency: Residency, settings: Settings
+) -> ProviderStatus:
     details = provider.status_details() if isinstance(provider, ReportsDetails) else {}
     if not provider.local:
         return ProviderStatus(name=provider.name, enabled=True, local=False, details=details)
@@ -91,12 +105,15 @@ def _provider_status(provider: Provider, residency: Residency) -> ProviderStatus
         loaded=runtime.loaded,
         device=runtime.device,
         running=residency.active(runtime.name),
-        checkpoints=[_checkpoint_status(load) for load in loads],
+        checkpoints=[
+            _checkpoint_status(load, _calibrations(provider.name, settings).get(load.checkpoint))
+            for load in loads
+        ],
         details=details,
     )
 
 
-def _checkpoint_status(load: Loaded) -> CheckpointStatus:
+def _checkpoint_status(load: Loaded, calibration: str | None) -> CheckpointStatus:
     folder = Path(load.path)
     record = read_record(folder) or read_record(folder.parent)  # a bundle's entry file
     return CheckpointStatus(
@@ -107,6 +124,7 @@ def _checkpoint_status(load: Loaded) -> CheckpointStatus:
         folder=load.path,
         verified=None if record is None else f"{record.repo}@{record.revision}",
         int8_share=load.int8_layers / load.linear_layers if load.linear_layers else 0.0,
+        calibration=calibration,
     )
 
 
@@ -166,7 +184,7 @@ class Service:
         worker holds and in what precision and why, residency slots, and decisions in flight."""
         built = {provider.name: provider for provider in self.providers}
         providers = [
-            _provider_status(built[d.name], self.residency)
+            _provider_status(built[d.name], self.residency, self.settings)
             if d.name in built
             else _disabled(d.name, d.local)
             for d in registry.registered()

@@ -11,6 +11,7 @@ run fp32.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,12 +20,15 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from decidealot import cpu
+from decidealot.providers.laya import calibration as laya_file
 from tests.support.app import in_process
 from tests.support.checkpoints import TinyCheckpoints
 from tests.support.servers import GATEWAY, RunningServer, start_server
 
 KEY = "st4tus-Key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
+CALIBRATION: dict[str, Path] = {}
+"""The calibration file the server's english checkpoint runs with (`path`)."""
 DECISION = {"state": "Ticket: charged twice.", "questions": {"refund": {"type": "noul"}}}
 
 
@@ -33,8 +37,12 @@ def server(
     tiny: TinyCheckpoints, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[RunningServer]:
     laya = tiny.laya_all()
+    folder = tmp_path_factory.mktemp("status")
+    fitted = laya_file.payload([1.2, 0.8, 1.5], {}, model_id_or_path=None, config=None)
+    CALIBRATION.update(path=folder / "english-calibration.json")
+    CALIBRATION["path"].write_text(json.dumps(fitted))
     started = start_server(
-        tmp_path_factory.mktemp("status"),
+        folder,
         launcher="decidealot",
         args=("serve",),
         DECIDEALOT_API_KEY=KEY,
@@ -42,6 +50,7 @@ def server(
         DECIDEALOT_TORCH_THREADS="1",
         DECIDEALOT_MAX_RESIDENT_PROVIDERS="2",
         DECIDEALOT_VON_CHECKPOINT=str(tiny.von(independent_options=False)),
+        DECIDEALOT_LAYA_ENGLISH_CALIBRATION=str(CALIBRATION["path"]),
         **{
             f"DECIDEALOT_LAYA_{key.upper().replace('-', '_')}_CHECKPOINT": str(path)
             for key, path in laya.items()
@@ -95,6 +104,9 @@ def test_status_says_what_runs_and_why(server: RunningServer) -> None:
         assert checkpoint["verified"] is None  # local checkpoints: no install record
         assert checkpoint["int8_share"] == 0.0
         assert Path(checkpoint["folder"]).is_dir()
+    (english,) = providers["laya"]["checkpoints"]
+    assert english["calibration"] == str(CALIBRATION["path"])  # the setting's file
+    assert providers["von"]["checkpoints"][0]["calibration"] is None  # its shipped map
     assert sorted(status["slots"]["held_by"]) == ["laya", "von"]
     assert status["slots"]["total"] == 2
     assert status["decisions"] == {"queued": 0, "running": 0, "limit": 64}
