@@ -241,6 +241,12 @@ def test_the_health_check_turns_healthy(served: Running) -> None:
 # -- docker stop with requests in flight --------------------------------------------------------
 
 
+BATCH_BYTES = str(64 << 20)
+"""The body bound for the stop tests: a fast machine decides so many items per second that
+40 s of work spread over 4 batches outgrows the default 2 MiB (an instant 413, never in
+flight)."""
+
+
 def _batch(items: int) -> dict[str, Any]:
     """A batch of Laya decisions on long states: work the worker takes its time over."""
     text = "the parcel arrived late and the box was damaged; " * 40
@@ -279,7 +285,7 @@ def _stop_with_requests_in_flight(
 
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
         sent = [pool.submit(send) for _ in range(4)]
-        _wait_in_flight(served.url, 4)
+        _wait_in_flight(served.url, 4, sent)
         started = time.monotonic()
         run("docker", "stop", *stop, served.name, timeout=300)
         seconds = time.monotonic() - started
@@ -293,11 +299,21 @@ def _stop_with_requests_in_flight(
     )
 
 
-def _wait_in_flight(url: str, count: int) -> None:
-    """Until `count` requests are being served besides the scrape asking."""
+def _wait_in_flight(
+    url: str, count: int, sent: list[concurrent.futures.Future[httpx.Response]]
+) -> None:
+    """Until `count` requests are being served besides the scrape asking; one of `sent`
+    answered before that fails at once, saying what it was answered."""
     deadline = time.monotonic() + 60
     with httpx.Client(timeout=10, headers=AUTH) as client:
         while time.monotonic() < deadline:
+            for future in sent:
+                if future.done():
+                    answer = future.result()
+                    raise AssertionError(
+                        f"a batch was answered before {count} were in flight: "
+                        f"{answer.status_code} {answer.text[:300]}"
+                    )
             gauge = "decidealot_http_requests_in_flight "
             for line in client.get(url + "/metrics").text.splitlines():
                 if line.startswith(gauge) and float(line.split()[1]) - 1 >= count:
@@ -311,7 +327,7 @@ def test_docker_stop_under_the_default_grace_answers_every_request(
 ) -> None:
     """The image's drain (5 s) fits `docker stop`'s 10 s: batches that need far longer are
     answered 503 with Retry-After when it runs out, and the process exits 0, never killed."""
-    served = start()
+    served = start(DECIDEALOT_MAX_REQUEST_BYTES=BATCH_BYTES)
     stopped = _stop_with_requests_in_flight(served, work_seconds=40)
     assert stopped.exit_code == 0, (stopped.exit_code, stopped.seconds, stopped.log)
     assert set(stopped.statuses) <= {200, 503}, stopped.statuses
@@ -330,7 +346,11 @@ def test_docker_stop_under_the_compose_grace_lets_every_request_finish(
     grace = _seconds(service["stop_grace_period"])
     drain = float(service["environment"]["DECIDEALOT_DRAIN_SECONDS"])
     assert grace >= drain + 10  # 5 s for what the drain cuts to answer, 5 s for the workers
-    served = start(f"--stop-timeout={int(grace)}", DECIDEALOT_DRAIN_SECONDS=str(drain))
+    served = start(
+        f"--stop-timeout={int(grace)}",
+        DECIDEALOT_DRAIN_SECONDS=str(drain),
+        DECIDEALOT_MAX_REQUEST_BYTES=BATCH_BYTES,
+    )
     stopped = _stop_with_requests_in_flight(served, work_seconds=8)
     assert stopped.exit_code == 0, (stopped.exit_code, stopped.seconds, stopped.log)
     assert stopped.statuses == [200] * 4, stopped.statuses
