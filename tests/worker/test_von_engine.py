@@ -463,6 +463,7 @@ async def test_provider_answers_through_a_real_worker(
     settings = registry.settings(
         von_checkpoint=von_dirs["independent"],
         device="cpu",
+        precision="fp32",  # the direct engine below runs fp32; auto may pick bf16 here
         torch_threads=1,
         provider_idle_unload_seconds=0,
         laya_enabled=False,
