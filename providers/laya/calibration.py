@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -241,17 +239,3 @@ def payload(
     if binning_map is not None:
         body["binning_map"] = dict(binning_map)
     return body
-
-
-def write_calibration(path: Path, body: Mapping[str, Any]) -> None:
-    """Write `body` as `save_calibration` does: indented JSON, replaced atomically."""
-    destination = Path(os.path.realpath(path))
-    fd, temporary = tempfile.mkstemp(dir=destination.parent, prefix=".calibration.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as stream:
-            json.dump(body, stream, indent=2)
-            stream.write("\n")
-        os.replace(temporary, destination)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
