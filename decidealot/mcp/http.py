@@ -70,7 +70,9 @@ def transport_security(
     or the Origin be one DECIDEALOT_CORS_ORIGINS lists (pages the operator let call the API).
 
     An entry without a port allows any port; `*` turns the check off for deployments that
-    are reached under names they cannot list (the bearer key still guards them).
+    are reached under names they cannot list (the bearer key still guards them). A CORS `*`
+    is not carried over: letting any page read the API's answers is no reason to let any page
+    reach the tools through a rebound name.
     """
     hosts = allowed_hosts or LOOPBACK_HOSTS
     if "*" in hosts:

@@ -189,3 +189,34 @@ def test_cors_is_off_by_default(gateway: RunningServer) -> None:
     assert not any(name.startswith("access-control-") for name in answer.headers)
     plain = httpx.get(gateway.url + "/health", headers={"Origin": ORIGIN})
     assert not any(name.startswith("access-control-") for name in plain.headers)
+
+
+@pytest.fixture(scope="module")
+def any_origin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    server = start_server(
+        tmp_path_factory.mktemp("any-origin"),
+        **ALL_FAKES,
+        DECIDEALOT_API_KEY=KEY,
+        DECIDEALOT_CORS_ORIGINS="*",
+    )
+    yield server
+    assert server.stop() == 0
+
+
+def test_any_origin_opens_the_api_but_not_mcp(any_origin: RunningServer) -> None:
+    """`*` lets every page read the REST API's answers; `/mcp` keeps its DNS-rebinding guard,
+    so a page on an origin nobody listed cannot call the tools through a rebound name."""
+    origin = {"Origin": "https://anywhere.example"}
+    with httpx.Client(timeout=30) as client:
+        api = client.post(any_origin.url + "/v1/systemone", json=REQUEST, headers=origin | AUTH)
+        assert api.status_code == 200
+        assert api.headers["access-control-allow-origin"] == "*"
+        mcp = client.post(
+            any_origin.url + "/mcp", json=MCP_INIT, headers=origin | AUTH | MCP_HEADERS
+        )
+        assert mcp.status_code == 403, mcp.text
+        local = {"Origin": "http://localhost:5173"}  # the loopback default still holds
+        mcp = client.post(
+            any_origin.url + "/mcp", json=MCP_INIT, headers=local | AUTH | MCP_HEADERS
+        )
+        assert mcp.status_code == 200, mcp.text
