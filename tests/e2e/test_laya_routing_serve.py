@@ -1,7 +1,7 @@
 """Laya's routing of a huge state over a real `decidealot serve` (tiny random checkpoints, CPU).
 
 Routing reads every line of every string value, as upstream `laya.lang.analyse` does (about
-4 s for a 2 MiB structured state on one core), so a state past `INLINE_DETECTION_COST` is
+1 s for a 2 MiB structured state on one core), so a state past `INLINE_DETECTION_COST` is
 routed off the event loop: while such a request routes, `/health` keeps answering at once, and
 the request routes where upstream's router sends the same state.
 """
@@ -66,10 +66,13 @@ def test_routing_a_huge_state_does_not_hold_the_loop(served: RunningServer) -> N
     timed = while_health_polls(served.url, "/v1/systemone", body)
 
     assert timed.response.status_code == 200, timed.response.text[:500]
-    assert timed.seconds > 2 * STALL_SECONDS, "the request was too quick to show anything"
     assert timed.health_polls > 5
     slowest = timed.slowest_health
     assert slowest < STALL_SECONDS, f"/health took {slowest:.2f} s while the state routed"
+    # Routing on the loop holds one /health for all of the routing, a good part of the request,
+    # on a fast machine as on a slow one: a quiet Zen 4 answers this state in 2.1 s, of which
+    # routing inline held /health for 0.78 s, under STALL_SECONDS; only the ratio caught it.
+    assert slowest < timed.seconds / 5, (slowest, timed.seconds)
 
     upstream = upstream_router.Router(auto_task_detection=True)
     expected = upstream.route(state, {"billing": NOUL})["model"]
