@@ -12,7 +12,6 @@ fresh agent's `save_calibration` writes none).
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from decidealot.providers import calibrate
+from decidealot.providers.json_files import read_json_object
 from decidealot.providers.laya import calibration
 from decidealot.providers.laya.calibration import QTYPE_NAMES, TEMPERATURE_MAX, TEMPERATURE_MIN
 from decidealot.providers.laya.worker.engine import LayaPreparedJob
@@ -147,7 +147,7 @@ def fit(setup: calibrate.Setup) -> calibrate.Outcome:
     rows, skipped = calibrate.collect(engine, _read, setup)  # type: ignore[arg-type]
     records = [Record(*r.record, r.label.gold) for r in rows]
     fitted = fit_temperatures(records)
-    config = json.loads((setup.checkpoint / "rl_agent_config.json").read_text(encoding="utf-8"))
+    config = read_json_object(setup.checkpoint / "rl_agent_config.json", ValueError)
     body = calibration.payload(
         fitted.temperature,
         fitted.temperature_by_options,

@@ -12,12 +12,13 @@ Pure Python: the gateway checks files with it before listening, the worker loads
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from decidealot.providers.json_files import read_json_object
 
 VERSION = 2
 """laya's `CALIBRATION_VERSION`: files without a `version` are version 1 (no identity)."""
@@ -181,13 +182,7 @@ def parse(payload: object) -> Payload:
 def read_calibration(path: Path) -> Payload:
     """The file at `path`, parsed as laya reads it (Python's `json`, so NaN literals load
     and are then clamped, as upstream's)."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except UnicodeDecodeError:
-        raise CalibrationError("not UTF-8 JSON") from None
-    except json.JSONDecodeError as exc:
-        raise CalibrationError(f"not valid JSON ({exc})") from None
-    return parse(data)
+    return parse(read_json_object(path, CalibrationError))
 
 
 def check(path: Path) -> str | None:
@@ -204,7 +199,7 @@ def warnings(path: Path, checkpoint: Path) -> list[str]:
     a file fitted for another checkpoint, temperatures it had to clamp."""
     loaded = read_calibration(path)
     found = []
-    config = json.loads((checkpoint / "rl_agent_config.json").read_text(encoding="utf-8"))
+    config = read_json_object(checkpoint / "rl_agent_config.json", CalibrationError)
     mismatch = loaded.mismatch(config)
     if mismatch is not None:
         found.append(mismatch)

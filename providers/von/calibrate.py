@@ -32,7 +32,8 @@ import torch
 
 from decidealot.contract import NoulQuestion
 from decidealot.providers import calibrate
-from decidealot.providers.von.calibration import MAP_FEATURES, read_object
+from decidealot.providers.json_files import read_json_object
+from decidealot.providers.von.calibration import MAP_FEATURES, CalibrationError
 from decidealot.providers.von.worker import readout
 from decidealot.providers.von.worker.engine import VonEngine, VonPreparedJob
 
@@ -236,7 +237,9 @@ def fit(setup: calibrate.Setup) -> calibrate.Outcome:
         setup,
     )
     records = [Record(*row.record, _von_order(row)[0]) for row in rows]
-    current = read_object(setup.current or setup.checkpoint / "marker_calibration.json")
+    current = read_json_object(
+        setup.current or setup.checkpoint / "marker_calibration.json", CalibrationError
+    )
     if len(records) < 2:
         raise ValueError(f"{len(records)} usable rows: a cross-validated fit needs at least 2")
     fitted = fit_map(records, setup.folds, setup.seed, current.get("calibration_map"))

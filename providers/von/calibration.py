@@ -12,10 +12,11 @@ Pure Python: the gateway checks files with it before listening, the worker loads
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from decidealot.providers.json_files import read_json_object
 
 MAP_FEATURES = ("bias", "entropy", "log_tokens", "n_options")
 """The map's features, in the order `von calibrate` fits them."""
@@ -83,23 +84,10 @@ def parse(data: dict[str, Any]) -> VonCalibration:
     )
 
 
-def read_object(path: Path) -> dict[str, Any]:
-    """The file as a JSON object, read as upstream reads it (Python's `json`)."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except UnicodeDecodeError:
-        raise CalibrationError("not UTF-8 JSON") from None
-    except json.JSONDecodeError as exc:
-        raise CalibrationError(f"not valid JSON ({exc})") from None
-    if not isinstance(data, dict):
-        raise CalibrationError("not a JSON object")
-    return data
-
-
 def check(path: Path) -> str | None:
     """What stops this file from loading (a `registry.FileCheck`), or None."""
     try:
-        parse(read_object(path))
+        parse(read_json_object(path, CalibrationError))
     except CalibrationError as exc:
         return str(exc)
     return None
@@ -107,9 +95,10 @@ def check(path: Path) -> str | None:
 
 def warnings(path: Path, checkpoint: Path) -> list[str]:
     """What to warn of when the file at `path` replaces `checkpoint`'s own (a directory)."""
-    data = read_object(path)
+    data = read_json_object(path, CalibrationError)
     found = []
-    problem = mismatch(data, read_object(checkpoint / "marker_calibration.json"))
+    shipped = read_json_object(checkpoint / "marker_calibration.json", CalibrationError)
+    problem = mismatch(data, shipped)
     if problem is not None:
         found.append(problem)
     rule = parse(data).calibration_map

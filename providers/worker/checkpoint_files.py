@@ -1,5 +1,5 @@
-"""Reading a checkpoint's files in the worker: its JSON objects (`read_json_object`, one message
-for each way one can be unusable) and its tensors (`read_safetensors`, through `safetensors`).
+"""Reading a checkpoint's tensors in the worker (`read_safetensors`, through `safetensors`); its
+JSON objects are read by `decidealot.providers.json_files`, which the gateway shares.
 
 `safetensors.torch.load_file` copies the whole file into tensors and the caller's `.float()`
 then copies it again, so an fp16 checkpoint read as fp32 held both at once and paid two copies.
@@ -12,27 +12,13 @@ plus one tensor at its peak (docs/performance.md has the peak RSS of both reader
 from __future__ import annotations
 
 import ctypes
-import json
 import mmap
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
 from safetensors import SafetensorError, safe_open
 
 _LIBC = ctypes.CDLL(None, use_errno=True)
-
-
-def read_json_object(path: Path, error: Callable[[str], Exception]) -> dict[str, object]:
-    """`path` as a JSON object; raises `error(message)` naming the file when it cannot be
-    read, is not JSON or is not an object."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise error(f"cannot read {path.name}") from exc
-    if not isinstance(data, dict):
-        raise error(f"{path.name} is not a JSON object")
-    return data
 
 
 class WeightsError(ValueError):

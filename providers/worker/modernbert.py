@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from decidealot.providers.worker.checkpoint_files import read_json_object
+from decidealot.providers.json_files import read_json_object
 
 FULL = "full_attention"
 SLIDING = "sliding_attention"

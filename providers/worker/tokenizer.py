@@ -18,7 +18,7 @@ from typing import overload
 
 from tokenizers import Tokenizer
 
-from decidealot.providers.worker.checkpoint_files import read_json_object
+from decidealot.providers.json_files import read_json_object
 
 SPECIAL_TOKENS_MAP = "special_tokens_map.json"
 ROLES = ("cls_token", "sep_token", "pad_token", "mask_token", "unk_token", "bos_token", "eos_token")

@@ -111,8 +111,8 @@ GOOD_LAYA = laya_file.payload(
 @pytest.mark.parametrize(
     ("body", "problem"),
     [
-        ("{", "not valid JSON"),
-        ([1, 2], "not a JSON object"),
+        ("{", "calibration.json is not valid JSON (Expecting property name"),
+        ([1, 2], "calibration.json is not a JSON object but an array"),
         ({**GOOD_LAYA, "temperature": [1, 2]}, "temperature must be a list of 3 numbers"),
         ({**GOOD_LAYA, "temperature": "abc"}, "temperature must be a list of 3 numbers"),
         ({**GOOD_LAYA, "temperature_by_options": [1]}, "temperature_by_options must be an object"),
@@ -137,7 +137,7 @@ def test_a_laya_file_laya_would_refuse_is_named(body: Any, problem: str, tmp_pat
 @pytest.mark.parametrize(
     ("body", "problem"),
     [
-        ("nope", "not valid JSON"),
+        ("nope", "marker_calibration.json is not valid JSON (Expecting value"),
         ({"temperature": "warm"}, "temperature must be a number"),
         (
             {"temperature": 1.0, "independent_options": "yes"},

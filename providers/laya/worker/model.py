@@ -8,7 +8,6 @@ the same as upstream's `nn.TransformerEncoderLayer`.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -18,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from decidealot.providers.json_files import read_json_object
 from decidealot.providers.laya import calibration as calibration_file
 from decidealot.providers.laya.worker.readout import Temperatures
 from decidealot.providers.laya.worker.render import Budget, Specials
@@ -223,7 +223,7 @@ def load_checkpoint(
     resolved one, not `auto`: `decidealot.config.PRECISION_DEVICES`). A `calibration` file
     (laya's `save_calibration` payload) replaces the checkpoint's temperatures."""
     root = Path(directory)
-    config = json.loads(_require(root / "rl_agent_config.json", "its config").read_text())
+    config = read_json_object(_require(root / "rl_agent_config.json", "its config"), ValueError)
     weights_path = _require(root / "model.safetensors", "its weights")
     encoder_dir = _require(root / "encoder", "its encoder config")
     tokenizer = FastTokenizer(

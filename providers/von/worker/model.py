@@ -20,10 +20,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from decidealot.providers.json_files import read_json_object
 from decidealot.providers.von.calibration import CalibrationError, VonCalibration, parse
 from decidealot.providers.worker import modernbert
 from decidealot.providers.worker.bf16 import Lowered, lower_guarded
-from decidealot.providers.worker.checkpoint_files import read_json_object
 from decidealot.providers.worker.int8 import (
     PROBE_LENGTH,
     PROBE_ROWS,
