@@ -102,7 +102,6 @@ def _laya_engine(key: str, path: Path, calibration: Path | None) -> LayaEngine:
 def _assert_laya_parity(engine: LayaEngine, agent: Any, key: str, seed: str) -> int:
     """Random requests answered alike; returns how many compared."""
     rng = random.Random(seed)
-    side = laya_parity.Side(engine, {key: agent}, TOLERANCE, TOLERANCE)
     compared = 0
     for _ in range(REQUESTS):
         request = laya_parity._request(rng)
@@ -110,7 +109,7 @@ def _assert_laya_parity(engine: LayaEngine, agent: Any, key: str, seed: str) -> 
             theirs = agent.system_one(request.state, laya_parity._upstream_questions(request))
         except ValueError:
             continue  # the marker overflow, compared in test_laya_parity
-        laya_parity._assert_parity(laya_parity._decide(engine, key, request), theirs, side)
+        laya_parity._assert_parity(laya_parity._decide(engine, key, request), theirs)
         compared += 1
     return compared
 

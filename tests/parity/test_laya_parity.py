@@ -210,8 +210,13 @@ def _decide(engine: LayaEngine, checkpoint: str, request: SystemOneRequest) -> D
     return run_together(engine, [engine.prepare(job)])[0]
 
 
-def _assert_parity(ours: Decision, theirs: dict[str, Any], side: Side) -> None:
-    tolerance = side.tolerance
+def _assert_parity(
+    ours: Decision,
+    theirs: dict[str, Any],
+    tolerance: float = TOLERANCE,
+    score_tolerance: float = TOLERANCE,
+) -> None:
+    """`ours` (an engine's, or a served answer's) against `system_one`'s answer `theirs`."""
     assert ours.input_tokens == theirs["usage"]["input_tokens"]
     assert set(ours.answers) == set(theirs["answers"])
     for name, answer in ours.answers.items():
@@ -233,7 +238,7 @@ def _assert_parity(ours: Decision, theirs: dict[str, Any], side: Side) -> None:
                 >= expected["probabilities"][expected["choice"]] - 2 * tolerance
             ), (name, got["choice"], expected["choice"])
         else:
-            assert got["score"] == pytest.approx(expected["score"], abs=side.score_tolerance)
+            assert got["score"] == pytest.approx(expected["score"], abs=score_tolerance)
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -251,7 +256,9 @@ def test_random_requests_match_upstream(variant: str, side: Side) -> None:
             assert caught.value.issues[0].loc[1] in request.questions
             refused += 1
             continue
-        _assert_parity(_decide(side.engine, variant, request), theirs, side)
+        _assert_parity(
+            _decide(side.engine, variant, request), theirs, side.tolerance, side.score_tolerance
+        )
         compared += 1
     assert compared >= 40 and refused >= 1  # both paths were exercised
 
@@ -274,7 +281,9 @@ def test_truncation_and_collapse_match_upstream(side: Side) -> None:
         theirs = side.agents["english"].system_one(state, questions)
         assert theirs["usage"]["truncated"]
         assert "options" in theirs["usage"]  # the capped spans collided
-        _assert_parity(_decide(side.engine, "english", request), theirs, side)
+        _assert_parity(
+            _decide(side.engine, "english", request), theirs, side.tolerance, side.score_tolerance
+        )
 
 
 def test_marker_overflow_is_a_decision_input_error(side: Side) -> None:
