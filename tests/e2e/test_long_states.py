@@ -6,7 +6,8 @@ question cut, with `read` and `total`, and `item` on a batch) says what `system_
 says; MCP results carry the same in `_meta["decidealot/truncated"]`; the counter and an info log
 line without the state's text. `refuse`: 422 at the state before any pass, over HTTP and MCP.
 `windows`: `predict_long`'s answers and `usage.input_tokens`, its rows bounded by
-`DECIDEALOT_MAX_REQUEST_TOKENS` like any others.
+`DECIDEALOT_MAX_REQUEST_TOKENS` like any others; Von, which has no windows, cuts and reports as
+under `cut`, as von-sdk does. Every server runs fp32, as parity does (`auto` may run bf16).
 """
 
 from __future__ import annotations
@@ -19,11 +20,14 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import msgspec
 import pytest
 
+from decidealot.contract import Answer
 from tests.support.checkpoints import TinyCheckpoints
 from tests.support.mcp_clients import over_http, over_stdio, tool_outcome
 from tests.support.servers import RunningServer, start_server
+from tests.support.von_answers import assert_same
 
 laya = pytest.importorskip("laya")
 
@@ -45,6 +49,12 @@ QUESTIONS: dict[str, dict[str, Any]] = {
     "review": {"type": "noul", "instructions": "Is human review needed?"},
 }
 SHORT = "The customer was charged twice."
+VON_STATE = f"{SECRET} " + "The refund for order 84213 was sent twice. " * 1200
+"""Past Von's 8192-token window: cut in the middle."""
+VON_QUESTIONS = {
+    "late": {"type": "noul", "instructions": "Was the payment sent twice?"},
+    "queue": QUESTIONS["queue"],
+}
 WINDOWS_BOUND = 1500
 """`DECIDEALOT_MAX_REQUEST_TOKENS` of the windows server: an 80-word state's windows cost more
 (the tiny tokenizer makes about 3.4 tokens of a word; one row holds at most 128)."""
@@ -104,6 +114,7 @@ def _serve(folder: Path, paths: dict[str, Path], **env: str) -> Iterator[Running
     settings = {
         "DECIDEALOT_DEVICE": "cpu",
         "DECIDEALOT_TORCH_THREADS": "1",
+        "DECIDEALOT_PRECISION": "fp32",
         "DECIDEALOT_VON_ENABLED": "false",
         "DECIDEALOT_LAYA_ENGLISH_CHECKPOINT": str(paths["english"]),
         "DECIDEALOT_LAYA_MULTILINGUAL_CHECKPOINT": str(paths["multilingual"]),
@@ -118,6 +129,24 @@ def _serve(folder: Path, paths: dict[str, Path], **env: str) -> Iterator[Running
 def von_path(tiny: TinyCheckpoints) -> Path:
     """A tiny Von whose positions reach past the 8192-token window."""
     return tiny.von(size="long", independent_options=False, digit_split=False, seed=3)
+
+
+@pytest.fixture(scope="module")
+def von_sdk(von_path: Path) -> Any:
+    """von-sdk's evaluation of `VON_STATE`, as Decidealot serves Von: chains off, the raw noul
+    decision, the checkpoint's own calibration, its default 8192-token state limit."""
+    from von.backends.option_marker_backend import OptionMarkerBackend
+
+    with pytest.MonkeyPatch.context() as env:
+        for name, value in {"VON_CHAINS_DIR": "off", "VON_NOUL_DECISION": "raw"}.items():
+            env.setenv(name, value)
+        for name in ("VON_CALIBRATION", "VON_MAX_STATE_TOKENS", "VON_ON_OVERFLOW"):
+            env.delenv(name, raising=False)
+        upstream = OptionMarkerBackend(checkpoint_dir=str(von_path), device="cpu")
+        upstream._get_model()  # reads the environment as it loads
+    theirs = upstream.evaluate(VON_STATE, VON_QUESTIONS)
+    assert theirs.truncation is not None
+    return theirs
 
 
 @pytest.fixture(scope="module")
@@ -137,6 +166,17 @@ def refuse(
     von = {"DECIDEALOT_VON_ENABLED": "true", "DECIDEALOT_VON_CHECKPOINT": str(von_path)}
     folder = tmp_path_factory.mktemp("refuse")
     yield from _serve(folder, paths, DECIDEALOT_LONG_STATES="refuse", **von)
+
+
+@pytest.fixture(scope="module")
+def von_windows(
+    tmp_path_factory: pytest.TempPathFactory, paths: dict[str, Path], von_path: Path
+) -> Iterator[RunningServer]:
+    """Laya and Von under `windows`, at the default request token bound (a Von state past its
+    window costs more than `WINDOWS_BOUND`)."""
+    von = {"DECIDEALOT_VON_ENABLED": "true", "DECIDEALOT_VON_CHECKPOINT": str(von_path)}
+    folder = tmp_path_factory.mktemp("von-windows")
+    yield from _serve(folder, paths, DECIDEALOT_LONG_STATES="windows", **von)
 
 
 @pytest.fixture(scope="module")
@@ -232,31 +272,27 @@ async def test_mcp_results_carry_the_cuts_in_meta(cut: RunningServer, agent: Any
     assert_agrees(in_batch, upstream)
 
 
-def test_von_reports_its_middle_cut_as_von_sdk_does(cut: RunningServer, von_path: Path) -> None:
-    from von.backends.option_marker_backend import OptionMarkerBackend
-
-    with pytest.MonkeyPatch.context() as env:
-        for name, value in {"VON_CHAINS_DIR": "off", "VON_NOUL_DECISION": "raw"}.items():
-            env.setenv(name, value)
-        for name in ("VON_CALIBRATION", "VON_MAX_STATE_TOKENS", "VON_ON_OVERFLOW"):
-            env.delenv(name, raising=False)
-        upstream = OptionMarkerBackend(checkpoint_dir=str(von_path), device="cpu")
-    state = f"{SECRET} " + "The refund for order 84213 was sent twice. " * 1200
-    questions = {
-        "late": {"type": "noul", "instructions": "Was the payment sent twice?"},
-        "queue": QUESTIONS["queue"],
-    }
-    theirs = upstream.evaluate(state, questions)
-    assert theirs.truncation is not None
-    response = post(cut, "/v1/systemone", {"model": "von", "state": state, "questions": questions})
+def von_cut(server: RunningServer, theirs: Any) -> httpx.Response:
+    """`server`'s answer to `VON_STATE`, checked against von-sdk's evaluation `theirs`: its
+    answers (1e-4), its tokens, and its cut in the header as von-sdk reports it."""
+    body = {"model": "von", "state": VON_STATE, "questions": VON_QUESTIONS}
+    response = post(server, "/v1/systemone", body)
     assert response.status_code == 200, response.text
-    assert response.json()["usage"]["input_tokens"] == theirs.usage.input_tokens
+    answered = response.json()
+    answers = msgspec.convert(answered["answers"], dict[str, Answer])
+    assert_same(answers, answers, theirs)
+    assert answered["usage"]["input_tokens"] == theirs.usage.input_tokens
     entries = parse_truncated(response.headers[HEADER])
-    assert [entry["question"] for entry in entries] == ["late", "queue"]
+    assert [entry["question"] for entry in entries] == list(VON_QUESTIONS)
     assert len(entries) == theirs.truncation["questions_affected"]
     worst = max(entries, key=lambda entry: entry["total"])
     assert worst["total"] == theirs.truncation["state_tokens"]
     assert worst["read"] == theirs.truncation["kept_tokens"]
+    return response
+
+
+def test_von_reports_its_middle_cut_as_von_sdk_does(cut: RunningServer, von_sdk: Any) -> None:
+    von_cut(cut, von_sdk)
     counted = cut.metric("decidealot_truncated_states_total", provider="von", checkpoint="von-1.1")
     assert counted == 1
     assert not any(SECRET in line for line in cut.log_lines())
@@ -361,3 +397,19 @@ def test_windows_count_against_the_request_token_bound(windows: RunningServer) -
     assert "DECIDEALOT_MAX_REQUEST_TOKENS" in issue["msg"]
     found = re.search(r"costs (\d+) model tokens", issue["msg"])
     assert found is not None and int(found.group(1)) > WINDOWS_BOUND
+
+
+def test_von_under_windows_keeps_its_cut(
+    von_windows: RunningServer, cut: RunningServer, von_sdk: Any
+) -> None:
+    """Von has no windows: under `windows` it answers, counts and reports exactly as under
+    `cut`, and as von-sdk cuts."""
+    windowed, cut_answer = von_cut(von_windows, von_sdk), von_cut(cut, von_sdk)
+    assert windowed.json() == cut_answer.json()  # the same probabilities, to the last bit
+    assert windowed.headers[HEADER] == cut_answer.headers[HEADER]
+    truncated = von_windows.metric(
+        "decidealot_truncated_states_total", provider="von", checkpoint="von-1.1"
+    )
+    assert truncated == 1
+    line = [json.loads(line) for line in von_windows.log_lines() if "state cut" in line][-1]
+    assert "von-1.1" in line["message"] and SECRET not in line["message"]
