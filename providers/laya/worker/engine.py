@@ -16,6 +16,7 @@ from typing import cast
 
 import torch
 
+from decidealot.config import LONG_STATES
 from decidealot.contract import Cut, Question
 from decidealot.errors import RequestInvalid, state_too_long
 from decidealot.jobs import Decision, EngineSpec, Job, PassShape
@@ -25,8 +26,6 @@ from decidealot.providers.laya.worker.render import LayaRow, fill, render_heads,
 from decidealot.providers.worker.precision import CheckpointLoad, LoadReports, engine_precision
 
 CHECKPOINT_KEYS = ("english", "multilingual", "typed-decisions")
-LONG_STATES = ("cut", "refuse", "windows")
-"""`DECIDEALOT_LONG_STATES`, handed over as `EngineSpec.options["long_states"]`."""
 PASS_TOKEN_LIMIT = 262_144
 """Padded tokens (rows x longest row) above which a turn is cut into several passes."""
 CPU_PASS_COST = 64

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from decidealot.config import LONG_STATES
 from decidealot.contract import (
     Answer,
     ChoiceQuestion,
@@ -93,8 +94,8 @@ class VonEngine:
             raise ValueError("Von engine option max_state_tokens must be a positive integer")
         self._max_state_tokens = max_state_tokens
         self._long_states = spec.options.get("long_states", "cut")
-        if self._long_states not in ("cut", "refuse", "windows"):
-            raise ValueError("Von engine option long_states must be cut, refuse or windows")
+        if self._long_states not in LONG_STATES:  # `DECIDEALOT_LONG_STATES`, handed over
+            raise ValueError(f"Von engine option long_states must be one of {LONG_STATES}")
         # Upstream Von runs fp32 on a GPU too (von.md): so does `auto` there.
         self._precision = engine_precision(spec.options, spec.device, on_cuda="fp32")
         self._models: dict[str, VonModel] = {}
