@@ -287,6 +287,13 @@ def test_unknown_or_unconfigured_checkpoint_is_refused(checkpoints: dict[str, Pa
         engine.prepare(_job("multilingual", "x", {"n": {"type": "noul"}}))
 
 
+def test_an_unknown_long_states_mode_is_refused(checkpoints: dict[str, Path]) -> None:
+    options = {"long_states": "slide"}
+    english = {"english": str(checkpoints["english"])}
+    with pytest.raises(ValueError, match=r"long_states must be one of \('cut', 'refuse'"):
+        create(EngineSpec(factory="f", checkpoints=english, options=options))
+
+
 @pytest.mark.parametrize("missing", ["encoder", "tokenizer"])
 def test_checkpoint_without_encoder_or_tokenizer_fails(
     missing: str, checkpoints: dict[str, Path], tmp_path: Path

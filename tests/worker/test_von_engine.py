@@ -85,6 +85,12 @@ def _engine(path: Path, device: str = "cpu", **options: Any) -> VonEngine:
     )
 
 
+def test_an_unknown_long_states_mode_is_refused(von_dirs: dict[str, Path]) -> None:
+    path = next(iter(von_dirs.values()))
+    with pytest.raises(ValueError, match=r"long_states must be one of \('cut', 'refuse'"):
+        _engine(path, long_states="slide")
+
+
 def _job(state: Any, questions: dict[str, Any]) -> Job:
     return Job("von-1.1", state, msgspec.convert(questions, dict[str, Question]))
 
