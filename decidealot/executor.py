@@ -134,10 +134,12 @@ class Executor:
         outcome = "cancelled"
         started = time.perf_counter()
         cuts: list[Cut] = []
+        checkpoint = ""
         try:
             if provider.local:
                 local = cast(LocalProvider, provider)
-                response, cuts = await self._run_local(local, route.selector, request, sent)
+                ran = await self._run_local(local, route.selector, request, sent)
+                response, cuts, checkpoint = ran
             else:
                 response = await cast(HostedProvider, provider).decide(route.selector, request)
         except RequestInvalid as exc:
@@ -159,7 +161,9 @@ class Executor:
             _check_response(request, response, provider.name)
             outcome = "ok"
             if cuts:
-                _record_cuts(provider.name, response.model, len(request.questions), cuts)
+                _record_cuts(
+                    provider.name, checkpoint, response.model, len(request.questions), cuts
+                )
         finally:
             tokens = response.usage.input_tokens if outcome == "ok" else 0
             _record(provider.name, request.model, outcome, started, tokens)
@@ -235,22 +239,23 @@ class Executor:
         selector: str,
         request: SystemOneRequest,
         sent: Callable[[], None] | None,
-    ) -> tuple[SystemOneResponse, list[Cut]]:
+    ) -> tuple[SystemOneResponse, list[Cut], str]:
         """Accept the request before any wait (so refusals are immediate), make its job (if
         it has calls to make) before the hold or, when it asks, inside it (on the lane), then
         run the job on the provider's runtime inside its residency slot and lane. Returns the
-        response and the questions whose state the model read only in part."""
+        response, the questions whose state the model read only in part, and the checkpoint
+        (the worker's key, as `/v1/status` and the precision metrics name it) that answered."""
         accepted = await provider.accept(selector, request)
         if isinstance(accepted, Job):
             async with self._residency.use(provider.runtime):
                 decision = await provider.runtime.submit(accepted, sent)
-            return respond(decision), decision.cuts
+            return respond(decision), decision.cuts, accepted.checkpoint
         made = None if accepted.in_lane else await accepted.make()
         async with self._residency.use(provider.runtime):
             if made is None:
                 made = await accepted.make()
             decision = await provider.runtime.submit(made.job, sent)
-        return respond(decision, made.gateway_tokens), decision.cuts
+        return respond(decision, made.gateway_tokens), decision.cuts, made.job.checkpoint
 
     def _batch_slot(self) -> contextlib.AbstractAsyncContextManager[object]:
         return self._batch_calls if self._batch_calls is not None else contextlib.nullcontext()
@@ -280,9 +285,13 @@ def _record(provider: str, model: str, outcome: str, started: float, tokens: int
         metrics.INPUT_TOKENS.inc(tokens, provider=provider)
 
 
-def _record_cuts(provider: str, model: str, questions: int, cuts: list[Cut]) -> None:
-    """Count a state cut, and say so in the log: the figures, never the state's text."""
-    metrics.TRUNCATED_STATES.inc(provider=provider, checkpoint=model)
+def _record_cuts(
+    provider: str, checkpoint: str, model: str, questions: int, cuts: list[Cut]
+) -> None:
+    """Count a state cut by the checkpoint that read it (the `checkpoint` label means what
+    it means on the precision metrics), and say so in the log under the answering model's
+    name: the figures, never the state's text."""
+    metrics.TRUNCATED_STATES.inc(provider=provider, checkpoint=checkpoint)
     figures = ", ".join(f"{cut.question!r} read {cut.read} of {cut.total}" for cut in cuts)
     log.info(
         "state cut: %s read it only in part for %d of %d questions (state tokens: %s)",

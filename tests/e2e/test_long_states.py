@@ -221,7 +221,7 @@ def test_nothing_cut_no_header(cut: RunningServer) -> None:
 def test_every_cut_is_in_the_header_as_upstream_reports_it(cut: RunningServer, agent: Any) -> None:
     state = long_state(150, "header")
     counted = cut.metric(
-        "decidealot_truncated_states_total", provider="laya", checkpoint="laya-english"
+        "decidealot_truncated_states_total", provider="laya", checkpoint="english"
     )
     response = post(cut, "/v1/systemone", request(state))
     assert response.status_code == 200, response.text
@@ -231,7 +231,7 @@ def test_every_cut_is_in_the_header_as_upstream_reports_it(cut: RunningServer, a
     assert_agrees(entries, expected_cuts(agent, state, QUESTIONS))
     assert len(entries) == len(QUESTIONS)
     after = cut.metric(
-        "decidealot_truncated_states_total", provider="laya", checkpoint="laya-english"
+        "decidealot_truncated_states_total", provider="laya", checkpoint="english"
     )
     assert after == counted + 1
     line = [json.loads(line) for line in cut.log_lines() if "state cut" in line][-1]
