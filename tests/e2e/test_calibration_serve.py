@@ -31,25 +31,13 @@ from tests.parity import test_laya_parity as laya_parity
 from tests.parity import test_von_parity as von_parity
 from tests.parity.test_laya_parity import unrounded_upstream  # noqa: F401  (autouse: laya unrounded)
 from tests.support.checkpoints import TinyCheckpoints
+from tests.support.questions import TICKET_QUESTIONS as QUESTIONS
 from tests.support.servers import RunningServer, start_server
 from tests.support.von_answers import assert_same
 
 laya = pytest.importorskip("laya")
 von_upstream_calibrate = pytest.importorskip("von.calibrate")
 
-QUESTIONS: dict[str, dict[str, Any]] = {
-    "queue": {
-        "type": "choice",
-        "instructions": "Route the ticket.",
-        "criteria": {"billing": "A payment or refund", "shipping": None, "audit": "An audit"},
-    },
-    "urgency": {
-        "type": "score",
-        "instructions": "How urgent is it?",
-        "criteria": ["routine", "important", "urgent"],
-    },
-    "review": {"type": "noul", "instructions": "Is human review needed?"},
-}
 STATE = {"ticket": "The customer was charged twice for order 84213.", "tier": "gold"}
 RANDOM_REQUESTS = 10
 VON_MAP = {"bias": 7.5, "entropy": 0.0, "log_tokens": 0.0, "n_options": 0.0, "lo": 0.5, "hi": 12.0}

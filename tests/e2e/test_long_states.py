@@ -220,9 +220,7 @@ def test_nothing_cut_no_header(cut: RunningServer) -> None:
 
 def test_every_cut_is_in_the_header_as_upstream_reports_it(cut: RunningServer, agent: Any) -> None:
     state = long_state(150, "header")
-    counted = cut.metric(
-        "decidealot_truncated_states_total", provider="laya", checkpoint="english"
-    )
+    counted = cut.metric("decidealot_truncated_states_total", provider="laya", checkpoint="english")
     response = post(cut, "/v1/systemone", request(state))
     assert response.status_code == 200, response.text
     assert set(response.json()) == {"model", "answers", "usage"}  # the body is the contract's
@@ -230,9 +228,7 @@ def test_every_cut_is_in_the_header_as_upstream_reports_it(cut: RunningServer, a
     assert all(set(entry) == {"question", "read", "total"} for entry in entries)
     assert_agrees(entries, expected_cuts(agent, state, QUESTIONS))
     assert len(entries) == len(QUESTIONS)
-    after = cut.metric(
-        "decidealot_truncated_states_total", provider="laya", checkpoint="english"
-    )
+    after = cut.metric("decidealot_truncated_states_total", provider="laya", checkpoint="english")
     assert after == counted + 1
     line = [json.loads(line) for line in cut.log_lines() if "state cut" in line][-1]
     assert line["level"] == "info" and "laya-english" in line["message"]

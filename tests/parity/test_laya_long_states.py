@@ -29,6 +29,7 @@ from decidealot.providers.laya.tiny import VARIANTS
 from decidealot.providers.laya.worker.engine import LayaEngine, create
 from decidealot.providers.worker.passes import Planner, run_together
 from tests.support.checkpoints import TinyCheckpoints
+from tests.support.questions import TICKET_QUESTIONS as QUESTIONS
 
 laya = pytest.importorskip("laya")
 
@@ -39,19 +40,6 @@ WORDS = {
     "latin": ("refund", "payment", "the", "customer", "is", "and", "account", "urgent", "42"),
     "cjk": ("订单", "还没有", "到", "退还", "重复", "付款", "注文", "주문"),
     "arabic": ("طلبي", "رقم", "لم", "يصل", "بعد", "أريد", "استرداد", "ऑर्डर"),
-}
-QUESTIONS: dict[str, dict[str, Any]] = {
-    "queue": {
-        "type": "choice",
-        "instructions": "Route the ticket.",
-        "criteria": {"billing": "A payment or refund", "shipping": None, "audit": "Audit"},
-    },
-    "urgency": {
-        "type": "score",
-        "instructions": "How urgent is it?",
-        "criteria": ["routine", "important", "urgent"],
-    },
-    "review": {"type": "noul", "instructions": "Is human review needed?"},
 }
 CROWDED = {
     "type": "choice",
