@@ -409,3 +409,13 @@ def test_von_under_windows_keeps_its_cut(
     assert truncated == 1
     line = [json.loads(line) for line in von_windows.log_lines() if "state cut" in line][-1]
     assert "von-1.1" in line["message"] and SECRET not in line["message"]
+
+
+async def test_von_under_windows_reports_its_cut_over_mcp(von_windows: RunningServer) -> None:
+    """What the header says under `windows`, an MCP tool result says in its `_meta`."""
+    body = {"model": "von", "state": VON_STATE, "questions": VON_QUESTIONS}
+    header = parse_truncated(post(von_windows, "/v1/systemone", body).headers[HEADER])
+    async with over_http(von_windows.url) as client:
+        result = await client.call_tool("system_one", body)
+    assert tool_outcome(result)[0] is False
+    assert result.meta[META] == header
