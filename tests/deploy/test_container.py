@@ -8,9 +8,11 @@ packages, and every package comes from a local index (tests/support/container.py
 Checked: the build context stays small (.dockerignore), the CPU image's size (both images'
 sizes are reported), tiny checkpoints written by the image itself, health, the key, a
 decision on Laya and on Von, a batch, unload, MCP, the non-root user, the HEALTHCHECK, and
-`docker stop` with requests in flight under Docker's default grace and under the Compose
-file's, every client answered and the process exiting 0; bind mounts the image's user may not
-write name that user and the fix; the Compose files are valid for the Compose at hand.
+`docker stop` with requests in flight under Docker's default grace, every client answered
+and the process exiting 0; the Compose file brought up by Debian's `docker-compose` (its
+secret, volume and drain) and stopped by it with requests in flight, every one answered; bind
+mounts the image's user may not write name that user and the fix; the Compose files are valid
+for each Compose at hand.
 """
 
 from __future__ import annotations
@@ -154,23 +156,28 @@ def start(images: Images, models: tuple[str, dict[str, str]]) -> Iterator[Callab
             "-v", f"{volume}:/models", *flags, *options, images.cpu,
         )  # fmt: skip
         port = run("docker", "port", name, "8080/tcp").stdout.split()[0].rsplit(":", 1)[1]
-        served = Running(name, f"http://127.0.0.1:{port}")
-        deadline = time.monotonic() + 120
-        with httpx.Client(timeout=5) as client:
-            while time.monotonic() < deadline:
-                if served.inspect("{{.State.Running}}") != "true":
-                    raise AssertionError(f"{name} exited:\n{served.logs()}")
-                try:
-                    if client.get(served.url + "/health").status_code == 200:
-                        return served
-                except httpx.TransportError:
-                    pass
-                time.sleep(0.2)
-        raise AssertionError(f"{name} never answered /health:\n{served.logs()}")
+        return _healthy(Running(name, f"http://127.0.0.1:{port}"))
 
     yield launch
     for name in names:
         subprocess.run(["docker", "rm", "-f", name], capture_output=True, check=False)
+
+
+def _healthy(served: Running) -> Running:
+    """`served` once its /health answers 200; an AssertionError with its log if it exits or
+    never answers."""
+    deadline = time.monotonic() + 120
+    with httpx.Client(timeout=5) as client:
+        while time.monotonic() < deadline:
+            if served.inspect("{{.State.Running}}") != "true":
+                raise AssertionError(f"{served.name} exited:\n{served.logs()}")
+            try:
+                if client.get(served.url + "/health").status_code == 200:
+                    return served
+            except httpx.TransportError:
+                pass
+            time.sleep(0.2)
+    raise AssertionError(f"{served.name} never answered /health:\n{served.logs()}")
 
 
 @pytest.fixture(scope="module")
@@ -275,8 +282,9 @@ class Stopped:
 def _stop_with_requests_in_flight(
     served: Running, work_seconds: float, stop: tuple[str, ...] = ()
 ) -> Stopped:
-    """Send 4 batches that together take about `work_seconds`, `docker stop` the container
-    once all 4 are being served, and collect every answer and the exit status."""
+    """Send 4 batches that together take about `work_seconds`, stop the container with
+    `stop` (default `docker stop`) once all 4 are being served, and collect every answer and
+    the exit status."""
     batch = _batch(max(1, math.ceil(_items_per_second(served.url) * work_seconds / 4)))
 
     def send() -> httpx.Response:
@@ -287,7 +295,7 @@ def _stop_with_requests_in_flight(
         sent = [pool.submit(send) for _ in range(4)]
         _wait_in_flight(served.url, 4, sent)
         started = time.monotonic()
-        run("docker", "stop", *stop, served.name, timeout=300)
+        run(*(stop or ("docker", "stop", served.name)), timeout=300)
         seconds = time.monotonic() - started
         answers = [future.result() for future in sent]  # a cut connection raises here
     return Stopped(
@@ -337,23 +345,64 @@ def test_docker_stop_under_the_default_grace_answers_every_request(
     assert "answering them 503" in stopped.log
 
 
-def test_docker_stop_under_the_compose_grace_lets_every_request_finish(
-    start: Callable[..., Running],
+def test_compose_up_serves_and_its_stop_lets_every_request_finish(
+    images: Images, tmp_path: Path
 ) -> None:
-    """The Compose file's drain and grace, as `docker compose stop` applies them: admitted
-    batches finish with their answers and the process exits 0."""
-    service = yaml.safe_load((COMPOSE / "compose.yaml").read_text())["services"]["decidealot"]
+    """deploy/compose/compose.yaml brought up by Debian's `docker-compose` as written (the key
+    as a Compose secret, the models volume, its drain), with three substitutions: the image the
+    suite built, a free loopback port, and tiny checkpoints that the service itself writes
+    into the volume first. Its key guards it, and `docker-compose stop` (which waits the
+    file's `stop_grace_period`) lets admitted batches finish with their answers; exit 0."""
+    if not shutil.which("docker-compose"):
+        pytest.skip("Debian's docker-compose is not installed")
+    folder = tmp_path / "compose"
+    shutil.copytree(COMPOSE, folder)
+    key = folder / "api-key"
+    key.write_text(KEY + "\n")
+    key.chmod(0o400)
+    shutil.chown(key, USER, USER)  # the file's own instructions: the image's user reads it
+    file = folder / "compose.yaml"
+    written = yaml.safe_load(file.read_text())
+    service = written["services"]["decidealot"]
     grace = _seconds(service["stop_grace_period"])
-    drain = float(service["environment"]["DECIDEALOT_DRAIN_SECONDS"])
-    assert grace >= drain + 10  # 5 s for what the drain cuts to answer, 5 s for the workers
-    served = start(
-        f"--stop-timeout={int(grace)}",
-        DECIDEALOT_DRAIN_SECONDS=str(drain),
-        DECIDEALOT_MAX_REQUEST_BYTES=BATCH_BYTES,
-    )
-    stopped = _stop_with_requests_in_flight(served, work_seconds=8)
-    assert stopped.exit_code == 0, (stopped.exit_code, stopped.seconds, stopped.log)
-    assert stopped.statuses == [200] * 4, stopped.statuses
+    assert grace >= float(service["environment"]["DECIDEALOT_DRAIN_SECONDS"]) + 10
+    service |= {"image": images.cpu, "ports": ["127.0.0.1::8080"]}
+    file.write_text(yaml.safe_dump(written))
+    compose = ("docker-compose", f"--file={file}", f"--project-name=dtest{uuid.uuid4().hex[:8]}")
+    try:
+        printed = run(
+            *compose,
+            "run",
+            "--rm",
+            "--no-deps",
+            "decidealot",
+            "checkpoints",
+            "tiny",
+            "/models/tiny",
+        ).stdout
+        checkpoints = dict(
+            line.removeprefix("export ").split("=", 1)
+            for line in printed.splitlines()
+            if line.startswith("export ")
+        )
+        service["environment"] |= checkpoints | {"DECIDEALOT_MAX_REQUEST_BYTES": BATCH_BYTES}
+        file.write_text(yaml.safe_dump(written))
+        run(*compose, "up", "--detach", "--no-build")
+        (name,) = run(*compose, "ps", "--quiet", "decidealot").stdout.split()
+        port = run(*compose, "port", "decidealot", "8080").stdout.strip().rsplit(":", 1)[1]
+        served = _healthy(Running(name, f"http://127.0.0.1:{port}"))
+        assert served.inspect("{{.Config.StopTimeout}}") == str(int(grace))
+        with httpx.Client(timeout=60) as client:
+            assert (
+                client.post(served.url + "/v1/systemone", json=decision("von")).status_code == 401
+            )
+            answered = client.post(served.url + "/v1/systemone", json=decision("von"), headers=AUTH)
+            assert answered.status_code == 200, answered.text
+        stopped = _stop_with_requests_in_flight(served, work_seconds=8, stop=(*compose, "stop"))
+        assert stopped.exit_code == 0, (stopped.exit_code, stopped.seconds, stopped.log)
+        assert stopped.statuses == [200] * 4, stopped.statuses
+    finally:
+        subprocess.run([*compose, "down", "--volumes"], capture_output=True, check=False)
 
 
 def _seconds(duration: str) -> float:
