@@ -11,14 +11,12 @@ plus one tensor at its peak (docs/performance.md has the peak RSS of both reader
 
 from __future__ import annotations
 
-import ctypes
-import mmap
 from pathlib import Path
 
 import torch
 from safetensors import SafetensorError, safe_open
 
-_LIBC = ctypes.CDLL(None, use_errno=True)
+from decidealot.providers.worker.memory import drop_pages
 
 
 class WeightsError(ValueError):
@@ -44,7 +42,5 @@ def _own_copy(view: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
     out = view.to(target, copy=True)
     size = view.numel() * view.element_size()
     if size:
-        first = view.data_ptr() // mmap.PAGESIZE * mmap.PAGESIZE
-        length = view.data_ptr() + size - first
-        _LIBC.madvise(ctypes.c_void_p(first), ctypes.c_size_t(length), mmap.MADV_DONTNEED)
+        drop_pages(view.data_ptr(), size)
     return out

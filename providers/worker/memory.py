@@ -2,18 +2,23 @@
 
 A freed tensor's pages stay in the process's malloc arenas (reusable by it, but counted in its
 resident memory) until glibc is asked to return them: after an engine is dropped
-(`process.release_memory`) and after int8 quantisation has dropped the fp32 weights and the
-probe's activations (`int8.quantize_guarded`). Worker-side only.
+(`process.release_memory`), after int8 quantisation has dropped the fp32 weights and the
+probe's activations (`int8.quantize_guarded`), and when passes fall idle (`trim`). A file
+mapping's pages read once are given back with `drop_pages` (`checkpoint_files`). Worker-side.
 """
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import gc
+import mmap
 import os
 import sys
 from pathlib import Path
+
+_LIBC = ctypes.CDLL(None, use_errno=True)
+_MALLOC_TRIM = getattr(_LIBC, "malloc_trim", None)
+"""glibc's; None on a libc without it (musl, macOS), where freed pages stay with the process."""
 
 
 def release_freed() -> None:
@@ -23,9 +28,8 @@ def release_freed() -> None:
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_initialized():
         torch.cuda.empty_cache()
-    if sys.platform.startswith("linux"):
-        with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL(None).malloc_trim(0)
+    if _MALLOC_TRIM is not None:
+        _MALLOC_TRIM(0)
 
 
 def trim() -> None:
@@ -35,9 +39,16 @@ def trim() -> None:
     more than an fp32 one's, so after a round of load a reduced-precision worker held as much
     as an fp32 one; trimmed, it holds its weights' saving between rounds (docs/performance.md).
     """
-    if sys.platform.startswith("linux"):
-        with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL(None).malloc_trim(0)
+    if _MALLOC_TRIM is not None:
+        _MALLOC_TRIM(0)
+
+
+def drop_pages(address: int, size: int) -> None:
+    """Give back the pages of a private file mapping that cover `size` bytes at `address`
+    (`madvise(MADV_DONTNEED)`): read again from the page cache if ever touched."""
+    first = address // mmap.PAGESIZE * mmap.PAGESIZE
+    length = address + size - first
+    _LIBC.madvise(ctypes.c_void_p(first), ctypes.c_size_t(length), mmap.MADV_DONTNEED)
 
 
 def resident_bytes() -> int:
