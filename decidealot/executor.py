@@ -138,8 +138,9 @@ class Executor:
         try:
             if provider.local:
                 local = cast(LocalProvider, provider)
-                ran = await self._run_local(local, route.selector, request, sent)
-                response, cuts, checkpoint = ran
+                response, cuts, checkpoint = await self._run_local(
+                    local, route.selector, request, sent
+                )
             else:
                 response = await cast(HostedProvider, provider).decide(route.selector, request)
         except RequestInvalid as exc:

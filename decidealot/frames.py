@@ -82,6 +82,11 @@ class Loaded(msgspec.Struct, tag="loaded", frozen=True):
     probe_fallback: bool = False
     """True where the load probe found bf16 moved the probabilities too far: fp32 runs."""
 
+    @property
+    def int8_share(self) -> float:
+        """The share (0-1) of its encoder's linear layers that run int8."""
+        return self.int8_layers / self.linear_layers if self.linear_layers else 0.0
+
 
 class Failed(msgspec.Struct, tag="failed", frozen=True):
     """The engine could not be built; `error` is the exception's type name only."""

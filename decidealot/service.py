@@ -98,6 +98,7 @@ def _provider_status(
         return ProviderStatus(name=provider.name, enabled=True, local=False, details=details)
     runtime = cast(LocalProvider, provider).runtime
     loads = runtime.checkpoints() if isinstance(runtime, ReportsCheckpoints) else []
+    calibrations = _calibrations(provider.name, settings)
     return ProviderStatus(
         name=provider.name,
         enabled=True,
@@ -105,10 +106,7 @@ def _provider_status(
         loaded=runtime.loaded,
         device=runtime.device,
         running=residency.active(runtime.name),
-        checkpoints=[
-            _checkpoint_status(load, _calibrations(provider.name, settings).get(load.checkpoint))
-            for load in loads
-        ],
+        checkpoints=[_checkpoint_status(load, calibrations.get(load.checkpoint)) for load in loads],
         details=details,
     )
 
@@ -123,7 +121,7 @@ def _checkpoint_status(load: Loaded, calibration: str | None) -> CheckpointStatu
         reason=load.reason,
         folder=load.path,
         verified=None if record is None else f"{record.repo}@{record.revision}",
-        int8_share=load.int8_layers / load.linear_layers if load.linear_layers else 0.0,
+        int8_share=load.int8_share,
         calibration=calibration,
     )
 

@@ -135,8 +135,9 @@ class JobChannel:
             requested=frame.requested,
             reason=frame.reason,
         )
-        share = frame.int8_layers / frame.linear_layers if frame.linear_layers else 0.0
-        metrics.INT8_LINEAR_SHARE.set(share, provider=self._provider, checkpoint=frame.checkpoint)
+        metrics.INT8_LINEAR_SHARE.set(
+            frame.int8_share, provider=self._provider, checkpoint=frame.checkpoint
+        )
         if frame.precision == "int8" and frame.kept_fp32:
             self._log.warning(
                 "%s checkpoint %s (%s) runs %d of its %d linear layers in int8 under "

@@ -249,7 +249,7 @@ class ModernBert(nn.Module):
             config.hidden_size, eps=config.norm_eps, bias=config.norm_bias
         )
         self.compute_dtype = torch.float32
-        """What the attention runs in: bf16 once `bf16.lower` made the linear layers bf16;
+        """What the attention runs in: bf16 once `bf16.lower_guarded` made the linear layers bf16;
         the residual stream and the norms stay fp32 either way."""
         dim = config.head_dim
         for kind, theta in config.rope_theta:
