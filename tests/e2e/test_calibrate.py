@@ -10,7 +10,7 @@ from pathlib import Path
 
 from decidealot.providers.laya import calibration as laya_file
 from decidealot.providers.von import calibration as von_file
-from tests.support.checkpoints import TinyCheckpoints
+from tests.support.checkpoints import TinyCheckpoints, laya_settings
 from tests.support.cli import run_cli
 from tests.support.labels import label_rows, write_labels
 
@@ -20,9 +20,7 @@ TIMEOUT = 600
 def _checkpoints(tiny: TinyCheckpoints) -> dict[str, str]:
     laya = tiny.laya_all()
     return {
-        "DECIDEALOT_LAYA_ENGLISH_CHECKPOINT": str(laya["english"]),
-        "DECIDEALOT_LAYA_MULTILINGUAL_CHECKPOINT": str(laya["multilingual"]),
-        "DECIDEALOT_LAYA_TYPED_DECISIONS_CHECKPOINT": str(laya["typed-decisions"]),
+        **laya_settings(laya),
         "DECIDEALOT_VON_CHECKPOINT": str(tiny.von(independent_options=True)),
         "DECIDEALOT_DEVICE": "cpu",
         "OMP_NUM_THREADS": "1",

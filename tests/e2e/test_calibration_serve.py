@@ -30,7 +30,7 @@ from tests.parity import test_calibration_parity as calibration_parity
 from tests.parity import test_laya_parity as laya_parity
 from tests.parity import test_von_parity as von_parity
 from tests.parity.test_laya_parity import unrounded_upstream  # noqa: F401  (autouse: laya unrounded)
-from tests.support.checkpoints import TinyCheckpoints
+from tests.support.checkpoints import TinyCheckpoints, laya_settings
 from tests.support.questions import TICKET_QUESTIONS as QUESTIONS
 from tests.support.servers import RunningServer, start_server
 from tests.support.von_answers import assert_same
@@ -81,10 +81,7 @@ def _serve(folder: Path, laya_paths: dict[str, Path], von_path: Path, **env: str
         "DECIDEALOT_PRECISION": "fp32",
         "DECIDEALOT_MAX_RESIDENT_PROVIDERS": "2",
         "DECIDEALOT_VON_CHECKPOINT": str(von_path),
-        **{
-            f"DECIDEALOT_LAYA_{key.upper().replace('-', '_')}_CHECKPOINT": str(path)
-            for key, path in laya_paths.items()
-        },
+        **laya_settings(laya_paths),
     }
     return start_server(folder, launcher="decidealot", args=("serve",), **(settings | env))
 

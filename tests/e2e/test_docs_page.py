@@ -23,7 +23,7 @@ import httpx
 import jsonschema
 import pytest
 
-from tests.support.checkpoints import TinyCheckpoints
+from tests.support.checkpoints import TinyCheckpoints, laya_settings
 from tests.support.fake_embeddings import FakeEmbeddings
 from tests.support.mcp_clients import MCP_HEADERS, sse_json
 from tests.support.servers import RunningServer, start_server
@@ -51,10 +51,7 @@ def served(
     every logging and device setting left to its default (tests/support/servers.py sets
     none)."""
     embeddings = FakeEmbeddings(4096).start()
-    laya = {
-        f"DECIDEALOT_LAYA_{variant.upper().replace('-', '_')}_CHECKPOINT": str(path)
-        for variant, path in tiny.laya_all().items()
-    }
+    laya = laya_settings(tiny.laya_all())
     server = start_server(
         tmp_path_factory.mktemp("docs"),
         launcher="decidealot",

@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.support.checkpoints import TinyCheckpoints
+from tests.support.checkpoints import TinyCheckpoints, laya_settings
 from tests.support.servers import RunningServer, start_server, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -35,9 +35,7 @@ def checkpoints(tiny: TinyCheckpoints) -> dict[str, str]:
     laya = tiny.laya_all()
     return {
         "DECIDEALOT_VON_CHECKPOINT": str(tiny.von(independent_options=False)),
-        "DECIDEALOT_LAYA_ENGLISH_CHECKPOINT": str(laya["english"]),
-        "DECIDEALOT_LAYA_MULTILINGUAL_CHECKPOINT": str(laya["multilingual"]),
-        "DECIDEALOT_LAYA_TYPED_DECISIONS_CHECKPOINT": str(laya["typed-decisions"]),
+        **laya_settings(laya),
     }
 
 

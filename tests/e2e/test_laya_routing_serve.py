@@ -14,7 +14,7 @@ import httpx
 import msgspec
 import pytest
 
-from tests.support.checkpoints import TinyCheckpoints
+from tests.support.checkpoints import TinyCheckpoints, laya_settings
 from tests.support.servers import RunningServer, start_server, while_health_polls
 
 upstream_router = pytest.importorskip("laya.router")
@@ -31,10 +31,7 @@ def served(
     tmp_path_factory: pytest.TempPathFactory, tiny: TinyCheckpoints
 ) -> Iterator[RunningServer]:
     folder = tmp_path_factory.mktemp("laya-routing")
-    checkpoints = {
-        f"DECIDEALOT_LAYA_{variant.upper().replace('-', '_')}_CHECKPOINT": str(path)
-        for variant, path in tiny.laya_all().items()
-    }
+    checkpoints = laya_settings(tiny.laya_all())
     server = start_server(
         folder,
         launcher="decidealot",

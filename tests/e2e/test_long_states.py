@@ -24,7 +24,7 @@ import msgspec
 import pytest
 
 from decidealot.contract import Answer
-from tests.support.checkpoints import TinyCheckpoints
+from tests.support.checkpoints import TinyCheckpoints, laya_settings
 from tests.support.mcp_clients import over_http, over_stdio, tool_outcome
 from tests.support.servers import RunningServer, start_server
 from tests.support.von_answers import assert_same
@@ -116,9 +116,7 @@ def _serve(folder: Path, paths: dict[str, Path], **env: str) -> Iterator[Running
         "DECIDEALOT_TORCH_THREADS": "1",
         "DECIDEALOT_PRECISION": "fp32",
         "DECIDEALOT_VON_ENABLED": "false",
-        "DECIDEALOT_LAYA_ENGLISH_CHECKPOINT": str(paths["english"]),
-        "DECIDEALOT_LAYA_MULTILINGUAL_CHECKPOINT": str(paths["multilingual"]),
-        "DECIDEALOT_LAYA_TYPED_DECISIONS_CHECKPOINT": str(paths["typed-decisions"]),
+        **laya_settings(paths),
     }
     server = start_server(folder, launcher="decidealot", args=("serve",), **(settings | env))
     yield server

@@ -22,7 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from decidealot import cpu
 from decidealot.providers.laya import calibration as laya_file
 from tests.support.app import in_process
-from tests.support.checkpoints import TinyCheckpoints
+from tests.support.checkpoints import TinyCheckpoints, laya_settings
 from tests.support.servers import GATEWAY, RunningServer, start_server
 
 KEY = "st4tus-Key"
@@ -51,10 +51,7 @@ def server(
         DECIDEALOT_MAX_RESIDENT_PROVIDERS="2",
         DECIDEALOT_VON_CHECKPOINT=str(tiny.von(independent_options=False)),
         DECIDEALOT_LAYA_ENGLISH_CALIBRATION=str(CALIBRATION["path"]),
-        **{
-            f"DECIDEALOT_LAYA_{key.upper().replace('-', '_')}_CHECKPOINT": str(path)
-            for key, path in laya.items()
-        },
+        **laya_settings(laya),
     )
     try:
         yield started

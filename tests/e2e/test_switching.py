@@ -26,7 +26,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.support.checkpoints import TinyCheckpoints
+from tests.support.checkpoints import TinyCheckpoints, laya_settings
 from tests.support.ops_launcher import children
 from tests.support.servers import RunningServer, start_server
 
@@ -104,9 +104,7 @@ def serve(folder: Path, tiny: TinyCheckpoints, **env: str) -> RunningServer:
         DECIDEALOT_TORCH_THREADS="1",
         DECIDEALOT_MAX_RESIDENT_PROVIDERS="1",
         DECIDEALOT_VON_CHECKPOINT=str(tiny.von(independent_options=False)),
-        DECIDEALOT_LAYA_ENGLISH_CHECKPOINT=str(laya["english"]),
-        DECIDEALOT_LAYA_MULTILINGUAL_CHECKPOINT=str(laya["multilingual"]),
-        DECIDEALOT_LAYA_TYPED_DECISIONS_CHECKPOINT=str(laya["typed-decisions"]),
+        **laya_settings(laya),
         **env,
     )
 

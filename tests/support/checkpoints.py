@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -54,3 +55,12 @@ class TinyCheckpoints:
         from decidealot.providers.clm.tiny import build_clm_head
 
         return self._once("clm", build_clm_head, "head.pt", **options)
+
+
+def laya_settings(paths: Mapping[str, Path]) -> dict[str, str]:
+    """The `DECIDEALOT_LAYA_<VARIANT>_CHECKPOINT` settings that serve each of `paths`
+    (variant -> folder, as `TinyCheckpoints.laya_all` gives them)."""
+    return {
+        f"DECIDEALOT_LAYA_{variant.upper().replace('-', '_')}_CHECKPOINT": str(path)
+        for variant, path in paths.items()
+    }

@@ -28,7 +28,7 @@ from decidealot.providers.laya.worker.engine import LayaEngine
 from decidealot.providers.von.tiny import build_von_checkpoint
 from decidealot.providers.von.worker.engine import VonEngine
 from decidealot.providers.worker.passes import run_together
-from tests.support.checkpoints import TinyCheckpoints
+from tests.support.checkpoints import TinyCheckpoints, laya_settings
 from tests.support.cli import run_cli as cli
 from tests.support.servers import RunningServer, start_server
 
@@ -223,9 +223,7 @@ def int8_and_fp32_servers(
     von = build_von_checkpoint(folder / "von", independent_options=False)
     checkpoints = {
         "DECIDEALOT_VON_CHECKPOINT": str(von),
-        "DECIDEALOT_LAYA_ENGLISH_CHECKPOINT": str(laya_checkpoints["english"]),
-        "DECIDEALOT_LAYA_MULTILINGUAL_CHECKPOINT": str(laya_checkpoints["multilingual"]),
-        "DECIDEALOT_LAYA_TYPED_DECISIONS_CHECKPOINT": str(laya_checkpoints["typed-decisions"]),
+        **laya_settings(laya_checkpoints),
     }
     servers: dict[str, RunningServer] = {}
     try:
