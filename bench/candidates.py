@@ -91,8 +91,8 @@ def von_load(folder: Path) -> Callable[[str], nn.Module]:
 
 
 def laya_passes(folder: Path, requests: int) -> tuple[nn.Module, list[Inputs]]:
+    from decidealot.providers.engine.planner import cut
     from decidealot.providers.laya.worker.engine import LayaEngine, pass_inputs
-    from decidealot.providers.worker.passes import cut
 
     engine = LayaEngine(EngineSpec(factory="", checkpoints={"english": str(folder)}))
     checkpoint = engine._checkpoint("english")
@@ -106,8 +106,8 @@ def laya_passes(folder: Path, requests: int) -> tuple[nn.Module, list[Inputs]]:
 
 
 def von_passes(folder: Path, requests: int) -> tuple[nn.Module, list[Inputs]]:
+    from decidealot.providers.engine.planner import cut
     from decidealot.providers.von.worker.engine import VonEngine
-    from decidealot.providers.worker.passes import cut
 
     engine = VonEngine(EngineSpec(factory="", checkpoints={"von-1.1": str(folder)}))
     model = engine._model("von-1.1")

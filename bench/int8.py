@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 import time
 from contextlib import ExitStack
@@ -76,14 +77,13 @@ class Side:
 
 async def _after_load(spec: EngineSpec) -> tuple[float, float]:
     from decidealot import registry
-    from decidealot.providers.gateway.process_runtime import ProcessRuntime
+    from decidealot.providers.engine.client import ProcessRuntime
 
     settings = registry.settings(device="cpu", torch_threads=1, provider_start_timeout_seconds=3600)
     runtime = ProcessRuntime("bench", spec, settings)
     await runtime.load()
     try:
-        assert runtime.pid is not None
-        return _memory(runtime.pid)
+        return worker_memory(os.getpid())
     finally:
         await runtime.unload()
 
@@ -133,7 +133,7 @@ def worker_memory(server: int) -> tuple[float, float]:
     """(VmRSS, RssAnon) in MB of the worker under server process `server`."""
     for pid in process_tree(server)[1:]:
         try:
-            if b"decidealot.providers.worker" in Path(f"/proc/{pid}/cmdline").read_bytes():
+            if b"decidealot.providers.engine" in Path(f"/proc/{pid}/cmdline").read_bytes():
                 return _memory(pid)
         except OSError:
             continue

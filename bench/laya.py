@@ -61,7 +61,7 @@ UPSTREAM = "laya-serve"
 VARIANTS = ("english", "multilingual", "typed-decisions")
 ROOT = Path(__file__).resolve().parents[1]
 PLOT = ROOT / "docs" / "laya.png"
-WORKER = {"worker": "decidealot.providers.worker"}
+WORKER = {"worker": "decidealot.providers.engine"}
 """How Decidealot's CPU is split: the worker process by its command line, the rest gateway."""
 
 
@@ -322,8 +322,8 @@ def english_engine(folder: Path, device: str, threads: int) -> Callable[[list[st
 
     from decidealot.contract import Question
     from decidealot.jobs import EngineSpec, Job
+    from decidealot.providers.engine.planner import run_together
     from decidealot.providers.laya.worker.engine import create
-    from decidealot.providers.worker.passes import run_together
 
     torch.set_num_threads(threads)
     engine = create(

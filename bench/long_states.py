@@ -30,9 +30,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from decidealot.contract import Question
 from decidealot.jobs import EngineSpec, Job
+from decidealot.providers.engine.planner import run_together
 from decidealot.providers.laya.tiny import build_laya_checkpoint
 from decidealot.providers.laya.worker.engine import create
-from decidealot.providers.worker.passes import run_together
 
 QUESTIONS = {
     "category": {

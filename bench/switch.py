@@ -345,12 +345,14 @@ import json, sys, time
 import torch
 torch.set_num_threads(1)
 from decidealot.jobs import EngineSpec
-from decidealot.providers.worker.process import build_engine
+from decidealot.providers.engine.proc import build_engine
+from decidealot.providers.engine.protocol import ignore_load
 factory, key, path = sys.argv[1:4]
 spec = EngineSpec(factory, {key: path}, [key], torch_threads=1)
-build_engine(EngineSpec(factory, {key: path}, [], torch_threads=1))  # imports, outside the clock
+# the imports, outside the clock
+build_engine(EngineSpec(factory, {key: path}, [], torch_threads=1), ignore_load)
 started = time.perf_counter()
-build_engine(spec)
+build_engine(spec, ignore_load)
 print(json.dumps({"seconds": time.perf_counter() - started,
                   "peak": peak()}))
 """
@@ -399,7 +401,7 @@ _IMPORT_SCRIPT = (
     + """
 import json, sys, time
 wall, cpu = time.perf_counter(), time.process_time()
-import decidealot.providers.worker.process
+import decidealot.providers.engine.proc
 import importlib
 importlib.import_module(sys.argv[1])
 print(json.dumps({"wall": time.perf_counter() - wall, "cpu": time.process_time() - cpu,
@@ -412,7 +414,7 @@ _SPARE_SCRIPT = (
     + """
 import json, time
 cpu = time.process_time()
-import torch, decidealot.providers.worker.process
+import torch, decidealot.providers.engine.proc
 import decidealot.providers.laya.worker.engine, decidealot.providers.von.worker.engine
 print(json.dumps({"cpu": time.process_time() - cpu, "rss": peak()}))
 """

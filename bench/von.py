@@ -240,8 +240,8 @@ def in_process(
 
     from decidealot.contract import Question
     from decidealot.jobs import EngineSpec, Job
+    from decidealot.providers.engine.planner import run_together
     from decidealot.providers.von.worker.engine import create
-    from decidealot.providers.worker.passes import run_together
 
     torch.set_num_threads(threads)
     upstream = upstream_backend(checkpoint, device)

@@ -2,8 +2,7 @@
 
 The gateway never imports torch: `resolve_device` decides `auto` from the NVIDIA driver's
 files and, only where they exist, asks a short subprocess of the worker's interpreter. The
-other functions turn settings and the device into the numbers a worker's `Start` frame
-carries.
+other functions turn settings and the device into the numbers a worker's start carries.
 """
 
 from __future__ import annotations
@@ -17,8 +16,6 @@ from pathlib import Path
 
 from decidealot import cpu
 from decidealot.config import ConfigError, Settings, precision_problem
-from decidealot.frames import Start
-from decidealot.jobs import EngineSpec
 
 log = logging.getLogger("decidealot.device")
 
@@ -50,17 +47,6 @@ def request_token_limit(settings: Settings, device: str) -> int:
     if settings.max_request_tokens is not None:
         return settings.max_request_tokens
     return CUDA_REQUEST_TOKEN_LIMIT if device == "cuda" else CPU_REQUEST_TOKEN_LIMIT
-
-
-def start_frame(spec: EngineSpec, settings: Settings) -> Start:
-    """The first frame to a worker of `spec` (its device resolved): what one pass may hold,
-    how many run at once, and the most tokens one job may cost."""
-    return Start(
-        spec,
-        token_budget(settings, spec.device),
-        concurrent_passes=concurrent_passes(settings, spec.device),
-        job_token_limit=request_token_limit(settings, spec.device),
-    )
 
 
 def concurrent_passes(settings: Settings, device: str) -> int:

@@ -2,8 +2,8 @@
 
 Admission: `DECIDEALOT_MAX_PENDING_REQUESTS` bounds the decision requests admitted to local
 providers and not yet answered (waiting for a slot, the lane or a pass, or running); one over
-it is answered at once with 503 and `Retry-After`. A batch is admitted as one request. Hosted
-Jev does not count.
+it is answered at once with 503 and `Retry-After` (`Ledger.pending_request`). A batch is
+admitted as one request. Hosted Jev does not count.
 
 A batch runs one lane per provider: a provider's items go to it in input order, each as soon as
 the one before it has been forwarded to its worker (not answered), so they can share passes;
@@ -25,7 +25,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar, cast
 
@@ -49,12 +49,7 @@ from decidealot.contract import (
     UnloadResponse,
     Usage,
 )
-from decidealot.errors import (
-    DecidealotError,
-    ProviderOverloaded,
-    ProviderUnavailable,
-    RequestInvalid,
-)
+from decidealot.errors import DecidealotError, ProviderUnavailable, RequestInvalid
 from decidealot.jobs import Decision, Job
 from decidealot.protocols import HostedProvider, LocalProvider, LocalRuntime
 from decidealot.residency import Residency
@@ -84,38 +79,16 @@ class Executor:
         residency: Residency,
         local_providers: Sequence[str],
         max_batch_concurrency: int = 0,
-        max_pending_requests: int = 0,
     ) -> None:
         self._residency = residency
         self._local_providers = tuple(local_providers)
         self._batch_calls: asyncio.Semaphore | None = (
             asyncio.Semaphore(max_batch_concurrency) if max_batch_concurrency > 0 else None
         )
-        self._max_pending = max_pending_requests
-        self._pending = 0
 
-    @property
-    def pending(self) -> int:
-        """Decisions admitted to local providers and not yet answered."""
-        return self._pending
-
-    @contextlib.contextmanager
-    def _admitted(self, local: bool) -> Iterator[None]:
-        """Count a request against `DECIDEALOT_MAX_PENDING_REQUESTS` while it runs."""
-        if not local:
-            yield
-            return
-        with tracing.span("admission", pending=self._pending):
-            if self._max_pending and self._pending >= self._max_pending:
-                metrics.ADMISSION_REJECTED.inc()
-                raise ProviderOverloaded()
-            self._pending += 1
-        metrics.PENDING_REQUESTS.set(self._pending)
-        try:
-            yield
-        finally:
-            self._pending -= 1
-            metrics.PENDING_REQUESTS.set(self._pending)
+    def _admitted(self, local: bool) -> contextlib.AbstractContextManager[None]:
+        """A local request's place under `DECIDEALOT_MAX_PENDING_REQUESTS` while it runs."""
+        return self._residency.ledger.pending_request() if local else contextlib.nullcontext()
 
     async def decide(self, routed: Routed) -> Answered[SystemOneResponse]:
         """Answer one validated request on its route, admitted on its own."""

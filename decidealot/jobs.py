@@ -1,18 +1,11 @@
-"""What a worker process hosts: one provider's model engine, behind a small protocol.
-
-The gateway sends each request to the worker as a `Job`. The engine `prepare`s a job into rows
-(tokenisation, on the worker's preparing thread); the worker's pass planner
-(`decidealot.providers.worker.passes`) packs rows of concurrent jobs of one `group` into forward
-passes within the token budget and calls `forward` once per pass; once every row of a job has
-its output the engine's `finish` reads the job's answers out of them. Rows never see each other
-(padding is masked), so a job's answers do not depend on which rows shared its passes. Engines
-import torch; nothing in the gateway imports an engine module.
+"""What the gateway's core and a worker exchange through a local runtime: the engine to build
+(`EngineSpec`), each request's `Job` and its `Decision`, and how each checkpoint loaded
+(`CheckpointLoad`). The messages that carry them, and the engine protocol a worker hosts, are
+the seam's (`decidealot.providers.engine.protocol`); these live at the bottom because the
+executor, residency and `/v1/status` read them too.
 """
 
 from __future__ import annotations
-
-from collections.abc import Hashable, Sequence
-from typing import NamedTuple, Protocol
 
 import msgspec
 
@@ -23,7 +16,7 @@ class EngineSpec(msgspec.Struct, frozen=True):
     """How to build an engine: sent to the worker in its first frame."""
 
     factory: str
-    """`module:function` returning an `Engine`, e.g.
+    """`module:function` returning an engine, e.g.
     `decidealot.providers.laya.worker.engine:create`."""
 
     checkpoints: dict[str, str]
@@ -67,46 +60,25 @@ class Decision(msgspec.Struct):
     """The questions whose state the model read only in part, in question order."""
 
 
-class Row(Protocol):
-    """One sequence of a forward pass; the planner sorts, packs and pads rows by `tokens`."""
+class CheckpointLoad(msgspec.Struct, frozen=True):
+    """A checkpoint an engine loaded (at start when preloaded, else on its first job, before that
+    job's answer): the precision it runs in, the `DECIDEALOT_PRECISION` value it came from
+    (`requested`) and why (`reason`), which linear layers of its encoder run int8 and which roles
+    the int8 probe kept fp32. `path` is its folder, for the log line and `/v1/status`; nothing of
+    its contents."""
+
+    checkpoint: str
+    path: str
+    precision: str
+    linear_layers: int
+    int8_layers: int
+    kept_fp32: list[str] = []
+    requested: str = ""
+    reason: str = ""
+    probe_fallback: bool = False
+    """bf16 was chosen, but the load probe moved probabilities too far: fp32 runs."""
 
     @property
-    def tokens(self) -> int:
-        """Its unpadded length in tokens (for CLM, its vectors)."""
-
-
-class PreparedJob(Protocol):
-    """An engine's prepared form of a job; the worker reads only these three fields."""
-
-    group: Hashable
-    """Rows of equal group may share a forward pass (e.g. the same checkpoint)."""
-
-    rows: Sequence[Row]
-    """The job's rows in the job's own order; `finish` receives one output per row."""
-
-    input_tokens: int
-    """What `usage.input_tokens` will report; `DECIDEALOT_MAX_REQUEST_TOKENS` bounds it."""
-
-
-class PassShape(NamedTuple):
-    """How an engine wants the rows of one forward pass cut (within the token budget)."""
-
-    max_tokens: int | None = None
-    """Padded tokens (rows x longest row) per pass; None: only the worker's token budget."""
-
-    max_waste: int | None = None
-    """Padding tokens a pass may carry before it is cut in two; None: no such rule."""
-
-
-class Engine(Protocol):
-    shape: PassShape
-
-    def prepare(self, job: Job) -> PreparedJob:
-        """CPU-side work for one job. Raises `RequestInvalid` (its issues located within the
-        request) for input that cannot fit."""
-
-    def forward(self, group: Hashable, rows: Sequence[Row]) -> Sequence[object]:
-        """One forward pass over rows of one group, shortest first; one output per row."""
-
-    def finish(self, prepared: PreparedJob, outputs: Sequence[object]) -> Decision:
-        """The job's decision from its rows' outputs (in `prepared.rows` order)."""
+    def int8_share(self) -> float:
+        """The share (0-1) of its encoder's linear layers that run int8."""
+        return self.int8_layers / self.linear_layers if self.linear_layers else 0.0

@@ -14,8 +14,7 @@ from collections.abc import Callable
 from typing import NamedTuple, Protocol, runtime_checkable
 
 from decidealot.contract import Json, ModelInfo, SystemOneRequest, SystemOneResponse
-from decidealot.frames import Loaded
-from decidealot.jobs import Decision, Job
+from decidealot.jobs import CheckpointLoad, Decision, Job
 
 
 @runtime_checkable
@@ -86,8 +85,8 @@ class LocalRuntime(Protocol):
 class ReportsCheckpoints(Protocol):
     """A local runtime that says how its worker loaded each checkpoint (`GET /v1/status`)."""
 
-    def checkpoints(self) -> list[Loaded]:
-        """The `Loaded` frame of each checkpoint its current worker holds, in load order."""
+    def checkpoints(self) -> list[CheckpointLoad]:
+        """How its current worker loaded each checkpoint it holds, in load order."""
 
 
 @runtime_checkable

@@ -7,6 +7,9 @@ an eviction, nothing behind it is admitted, so the runtimes holding slots drain 
 slot, Laya and Von take turns instead of one starving the other. Decisions for a resident
 runtime are otherwise admitted at once, which is what lets its worker batch them together.
 
+Which decisions wait for a slot and which hold one is the ledger's (`decidealot.ledger`): the
+eviction of an idle runtime and the refusal to unload a busy one read it there.
+
 A lane is a second, independent gate: runtimes registered on the same lane take turns holding
 it by group, any number of one group's decisions at a time, so passes of different groups
 never overlap. `decidealot.service.lane_of` says which lane and group each provider takes.
@@ -26,6 +29,7 @@ from decidealot import metrics, tracing
 from decidealot.config import Settings
 from decidealot.contract import UnloadedProvider
 from decidealot.errors import ProviderBusy, ProviderUnavailable, ShuttingDown
+from decidealot.ledger import Claim, Ledger
 from decidealot.protocols import LocalRuntime
 
 log = logging.getLogger("decidealot.residency")
@@ -36,7 +40,6 @@ class _Slot:
     runtime: LocalRuntime
     lane: str | None
     group: str
-    active: int = 0
     last_used: float = field(default_factory=time.monotonic)
     transition: asyncio.Task[None] | None = None
     """A load or unload in progress; the runtime keeps (or claims) its slot meanwhile."""
@@ -99,11 +102,12 @@ class _Lane:
 class Residency:
     """Loads, evicts and unloads the local runtimes registered with it."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, ledger: Ledger | None = None) -> None:
+        self.ledger = Ledger(settings.max_pending_requests) if ledger is None else ledger
         self._max_resident = settings.max_resident_providers
         self._idle_seconds = settings.provider_idle_unload_seconds
         self._slots: dict[str, _Slot] = {}
-        self._queue: deque[tuple[_Slot, asyncio.Future[None]]] = deque()
+        self._queue: deque[tuple[_Slot, asyncio.Future[None], Claim]] = deque()
         self._lanes: dict[str, _Lane] = {}
         self._reaper: asyncio.Task[None] | None = None
         self._closed = False
@@ -125,9 +129,6 @@ class Residency:
     def loaded(self, name: str) -> bool:
         return self._slots[name].runtime.loaded
 
-    def active(self, name: str) -> int:
-        return self._slots[name].active
-
     # -- lifecycle ---------------------------------------------------------------------------
 
     async def start(self) -> None:
@@ -143,7 +144,7 @@ class Residency:
                 await self._reaper
             self._reaper = None
         while self._queue:
-            _, future = self._queue.popleft()
+            _, future, _ = self._queue.popleft()
             if not future.done():
                 future.set_exception(ShuttingDown())
         transitions = [s.transition for s in self._slots.values() if s.transition is not None]
@@ -171,49 +172,43 @@ class Residency:
     async def use(self, runtime: LocalRuntime) -> AsyncIterator[None]:
         """Hold `runtime` loaded (and its lane) for one decision."""
         slot = self._slots[runtime.name]
-        with tracing.span("queue.slot", provider=runtime.name):
-            await self._admit(slot)
         try:
-            lane = self._lanes.get(slot.lane) if slot.lane is not None else None
-            if lane is None:
-                yield
-            else:
-                with tracing.span("queue.lane", provider=runtime.name, lane=slot.lane or ""):
-                    await lane.acquire(slot.group)
-                try:
+            with self.ledger.claim(runtime.name) as claim:
+                with tracing.span("queue.slot", provider=runtime.name):
+                    await self._admit(slot, claim)
+                lane = self._lanes.get(slot.lane) if slot.lane is not None else None
+                if lane is None:
                     yield
-                finally:
-                    lane.release()
+                else:
+                    with tracing.span("queue.lane", provider=runtime.name, lane=slot.lane or ""):
+                        await lane.acquire(slot.group)
+                    try:
+                        yield
+                    finally:
+                        lane.release()
+                slot.last_used = time.monotonic()
         finally:
-            slot.active -= 1
-            slot.last_used = time.monotonic()
             self._pump()
 
-    async def _admit(self, slot: _Slot) -> None:
+    async def _admit(self, slot: _Slot, claim: Claim) -> None:
         if self._closed:
             raise ShuttingDown()
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._queue.append((slot, future))
+        self._queue.append((slot, future, claim))
         self._pump()
-        try:
-            await future
-        except asyncio.CancelledError:
-            if future.done() and not future.cancelled() and future.exception() is None:
-                slot.active -= 1
-            self._pump()
-            raise
+        await future
 
     def _pump(self) -> None:
         """Admit, load and evict as far as the queue allows; called on every state change."""
         index = 0
         while index < len(self._queue):
-            slot, future = self._queue[index]
+            slot, future, claim = self._queue[index]
             if future.done():
                 del self._queue[index]
                 continue
             if slot.ready:
                 del self._queue[index]
-                slot.active += 1
+                claim.hold()
                 slot.last_used = time.monotonic()
                 future.set_result(None)
                 continue
@@ -233,7 +228,9 @@ class Residency:
             index += 1
 
     def _idle_victim(self) -> _Slot | None:
-        idle = [s for s in self._slots.values() if s.ready and s.active == 0]
+        idle = [
+            s for s in self._slots.values() if s.ready and not self.ledger.holding(s.runtime.name)
+        ]
         return min(idle, key=lambda s: s.last_used, default=None)
 
     async def _switch(self, victim: _Slot | None, slot: _Slot) -> None:
@@ -262,7 +259,7 @@ class Residency:
             if not isinstance(exc, ProviderUnavailable):
                 log.exception("loading %s failed", slot.runtime.name)
             slot.transition = None
-            for waiting, future in list(self._queue):
+            for waiting, future, _ in list(self._queue):
                 if waiting is slot and not future.done():
                     future.set_exception(error)
         finally:
@@ -272,11 +269,10 @@ class Residency:
     # -- unloading ---------------------------------------------------------------------------
 
     async def unload_all(self) -> list[UnloadedProvider]:
-        """Unload every runtime, or none (ProviderBusy) while any decision is active or queued."""
+        """Unload every runtime, or none (ProviderBusy) while any decision waits or runs."""
         slots = list(self._slots.values())
-        if any(s.active or s.transition is not None for s in slots) or any(
-            not f.done() for _, f in self._queue
-        ):
+        busy = self.ledger.waiting() or self.ledger.holding()
+        if busy or any(s.transition is not None for s in slots):
             raise ProviderBusy()
         report = [UnloadedProvider(s.runtime.name, s.runtime.loaded) for s in slots]
         tasks = []
@@ -300,12 +296,11 @@ class Residency:
         while True:
             await asyncio.sleep(interval)
             now = time.monotonic()
-            queued = {id(s) for s, f in self._queue if not f.done()}
             for slot in self._slots.values():
+                name = slot.runtime.name
                 if (
                     slot.ready
-                    and slot.active == 0
-                    and id(slot) not in queued
+                    and not (self.ledger.holding(name) or self.ledger.waiting(name))
                     and now - slot.last_used >= self._idle_seconds
                 ):
                     log.info(

@@ -4,7 +4,7 @@ Each local provider that takes a calibration file fits one in its upstream packa
 with its upstream's method (`ProviderDescriptor.calibrator` names that function: Laya's in
 `decidealot.providers.laya.calibrate`, Von's in `decidealot.providers.von.calibrate`). Both run
 the rows the way a worker does: the provider's own engine, its pass planner
-(`decidealot.providers.worker.passes.run_together`), in this process and without a server; the
+(`decidealot.providers.engine.planner.run_together`), in this process and without a server; the
 engine's `finish` still answers each row (the probabilities before), and the provider reads the
 logits its temperature divides from the same pass. How sure the fitted file makes the model is
 scored on held-out rows: `folds` cross-fitted folds, each fitted on the other rows, so every
@@ -25,10 +25,11 @@ from typing import Any, Generic, TypeVar
 
 from decidealot.contract import ChoiceAnswer, Labelled, NoulAnswer, ScoreAnswer
 from decidealot.errors import RequestInvalid
-from decidealot.jobs import Decision, Engine, EngineSpec, Job, PassShape, PreparedJob
+from decidealot.jobs import Decision, EngineSpec, Job
 from decidealot.providers import reliability_png
-from decidealot.providers.worker.passes import run_together
-from decidealot.providers.worker.process import build_engine
+from decidealot.providers.engine.planner import run_together
+from decidealot.providers.engine.proc import build_engine
+from decidealot.providers.engine.protocol import Engine, PassShape, PreparedJob, ignore_load
 
 CHUNK_ROWS = 64
 """Label rows run together (one planner's worth of passes), and how often progress is told."""
@@ -97,7 +98,7 @@ def build(setup: Setup, factory: str) -> Engine:
         torch_threads=setup.torch_threads,
         options={"precision": setup.precision, "calibrations": calibrations},
     )
-    return build_engine(spec)
+    return build_engine(spec, ignore_load)
 
 
 class _ReadingEngine(Generic[R]):

@@ -27,7 +27,8 @@ from decidealot import logs, metrics, tracing
 from decidealot.asgi.body import Incoming
 from decidealot.contract import ErrorBody
 from decidealot.errors import DecidealotError, ShuttingDown, Unauthorized
-from decidealot.service import CUT_SHORT, Service
+from decidealot.ledger import CUT_SHORT
+from decidealot.service import Service
 
 log = logging.getLogger("decidealot.http")
 
@@ -153,13 +154,13 @@ class AuthAdmission:
                     )
                 elif path in UNADMITTED_PATHS:
                     await self._app(scope, incoming, send_with_id)
-                elif not self._service.enter(task := asyncio.current_task()):
+                elif not self._service.ledger.enter(task := asyncio.current_task()):
                     await send_error(send_with_id, ShuttingDown(), [])
                 else:
                     try:
                         await self._app(scope, incoming, send_with_id)
                     except asyncio.CancelledError:
-                        if task is None or not self._service.was_cut(task):
+                        if task is None or not self._service.ledger.was_cut(task):
                             raise
                         task.uncancel()  # the drain ran out: answer, never cut the connection
                         if not status:
@@ -167,7 +168,7 @@ class AuthAdmission:
                         elif not answered:
                             await send_with_id({"type": "http.response.body", "body": b""})
                     finally:
-                        self._service.leave(task)
+                        self._service.ledger.leave(task)
             except Exception as exc:
                 logs.log_failure(log, exc, path)
                 if not status:

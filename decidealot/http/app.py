@@ -75,7 +75,7 @@ def create_app(service: Service) -> ASGIApp:
 
     @get("/health", sync_to_thread=False)
     def health() -> Response[bytes]:
-        if service.draining:
+        if service.ledger.draining:
             raise ShuttingDown()
         return _json(service.health())
 

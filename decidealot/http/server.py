@@ -44,7 +44,7 @@ async def serve(service: Service) -> int:
         log.info(
             "shutting down: draining in-flight requests for up to %g s", settings.drain_seconds
         )
-        await service.drain(settings.drain_seconds)
+        await service.ledger.drain(settings.drain_seconds)
         server.stop()
 
     def on_signal() -> None:

@@ -37,10 +37,11 @@ from decidealot.asgi.body import read_body
 from decidealot.asgi.middleware import send_error
 from decidealot.config import Settings
 from decidealot.errors import DecidealotError, UnsupportedMediaType
+from decidealot.ledger import ADMITTED
 from decidealot.mcp.server import ServiceBackend, build_server
 from decidealot.mcp.strict import JsonRpcRefusal, checked
 from decidealot.mcp.versions import SERVED_VERSIONS, modern_version, unsupported_version
-from decidealot.service import ADMITTED, Service
+from decidealot.service import Service
 
 MCP_PATH = "/mcp"
 

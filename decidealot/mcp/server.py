@@ -45,6 +45,7 @@ from decidealot.contract import (
     ValidationIssue,
 )
 from decidealot.errors import DecidealotError, RequestInvalid, RequestTooLarge, ShuttingDown
+from decidealot.ledger import ADMITTED, CUT_SHORT
 from decidealot.mcp.strict import rejection
 from decidealot.mcp.tools import (
     HTTP_ROUTES,
@@ -57,7 +58,7 @@ from decidealot.mcp.tools import (
     listing,
 )
 from decidealot.mcp.versions import SERVED_VERSIONS
-from decidealot.service import ADMITTED, CUT_SHORT, Service
+from decidealot.service import Service
 from decidealot.validation.requests import validate_batch, validate_request
 
 log = logging.getLogger("decidealot.mcp")
@@ -165,13 +166,13 @@ class ServiceBackend:
     @asynccontextmanager
     async def _admitted(self) -> AsyncIterator[None]:
         """Admission as for HTTP requests, unless the transport admitted the call (then a drain
-        that runs out cancels this call, not the transport's request: `Service.cut_instead`);
+        that runs out cancels this call, not the transport's request: `Ledger.cut_instead`);
         every error, a cut included, becomes the HTTP API's envelope."""
         service, task = self._service, asyncio.current_task()
         admission: AbstractContextManager[None] = nullcontext()
         if not self._admits:
-            admission = service.cut_instead(ADMITTED.get(), task)
-        elif not service.enter(task):
+            admission = service.ledger.cut_instead(ADMITTED.get(), task)
+        elif not service.ledger.enter(task):
             raise failure_of(ShuttingDown())
         try:
             with admission, self._cut_answered(task):
@@ -185,7 +186,7 @@ class ServiceBackend:
             raise failure_of(DecidealotError()) from None
         finally:
             if self._admits:
-                service.leave(task)
+                service.ledger.leave(task)
 
     @contextmanager
     def _cut_answered(self, task: asyncio.Task[Any] | None) -> Iterator[None]:
@@ -194,7 +195,7 @@ class ServiceBackend:
         try:
             yield
         except asyncio.CancelledError:
-            if task is None or not self._service.was_cut(task):
+            if task is None or not self._service.ledger.was_cut(task):
                 raise
             task.uncancel()
             raise failure_of(CUT_SHORT) from None

@@ -24,7 +24,7 @@ from decidealot.jobs import EngineSpec
 from decidealot.protocols import Provider
 from decidealot.providers.clm.gateway.encoder_client import EncoderClient
 from decidealot.providers.clm.gateway.provider import CHECKPOINT, QWEN3_8B_WIDTH, ClmProvider
-from decidealot.providers.gateway.process_runtime import ProcessRuntime
+from decidealot.providers.engine.client import ProcessRuntime
 from decidealot.registry import Bundle, ProviderDescriptor, Tiny
 
 RELEASE = "2026-09-19"  # contrastive-lm 0.1.0 dates its models so (clm.worker.engine.RELEASE)

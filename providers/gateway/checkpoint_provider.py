@@ -16,7 +16,7 @@ from decidealot.config import Settings
 from decidealot.contract import ModelInfo, SystemOneRequest
 from decidealot.jobs import EngineSpec, Job
 from decidealot.protocols import LocalRuntime
-from decidealot.providers.gateway.process_runtime import ProcessRuntime
+from decidealot.providers.engine.client import ProcessRuntime
 
 ChooseCheckpoint = Callable[[str, SystemOneRequest], Awaitable[str]]
 """(selector, request) -> the checkpoint key that answers it."""

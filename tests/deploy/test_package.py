@@ -87,7 +87,7 @@ def test_the_installed_package_alone_serves_the_registry_and_the_worker(
     assert listed.returncode == 0, listed.stderr[-3000:]
     assert listed.stdout.strip() == "laya,von,clm,jev"
     worker = subprocess.run(
-        [sys.executable, "-P", "-m", "decidealot.providers.worker"],
+        [sys.executable, "-P", "-m", "decidealot.providers.engine"],
         cwd=tmp_path,
         env={"PYTHONPATH": str(target), "PATH": "/usr/bin:/bin"},
         input=b"",

@@ -30,6 +30,7 @@ import pytest
 from decidealot.contract import Labelled, Question
 from decidealot.jobs import EngineSpec, Job
 from decidealot.providers import calibrate
+from decidealot.providers.engine.planner import run_together
 from decidealot.providers.laya import calibrate as laya_calibrate
 from decidealot.providers.laya.tiny import VARIANTS
 from decidealot.providers.laya.worker.engine import LayaEngine
@@ -37,7 +38,6 @@ from decidealot.providers.laya.worker.engine import create as create_laya
 from decidealot.providers.von import calibrate as von_calibrate
 from decidealot.providers.von.worker.engine import VonEngine
 from decidealot.providers.von.worker.engine import create as create_von
-from decidealot.providers.worker.passes import run_together
 from decidealot.providers.worker.readout import softmax
 from decidealot.validation.labels import row as label_row
 from tests.parity import test_laya_parity as laya_parity

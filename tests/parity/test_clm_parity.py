@@ -44,7 +44,7 @@ from decidealot.providers.clm.render import render_question
 from decidealot.providers.clm.tiny import build_clm_head
 from decidealot.providers.clm.worker.engine import confidence, create
 from decidealot.providers.clm.worker.head import HeadFileError
-from decidealot.providers.worker.passes import run_together
+from decidealot.providers.engine.planner import run_together
 from decidealot.providers.worker.readout import answer_from_probabilities
 from tests.support.clm_runner import clm_runtime
 from tests.support.decide import Deciding

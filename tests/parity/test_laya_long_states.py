@@ -25,9 +25,9 @@ import pytest
 from decidealot.contract import Question
 from decidealot.errors import RequestInvalid
 from decidealot.jobs import Decision, EngineSpec, Job
+from decidealot.providers.engine.planner import Planner, run_together
 from decidealot.providers.laya.tiny import VARIANTS
 from decidealot.providers.laya.worker.engine import LayaEngine, create
-from decidealot.providers.worker.passes import Planner, run_together
 from tests.support.checkpoints import TinyCheckpoints
 from tests.support.questions import TICKET_QUESTIONS as QUESTIONS
 

@@ -27,9 +27,9 @@ import pytest
 from decidealot.contract import SystemOneRequest
 from decidealot.errors import RequestInvalid
 from decidealot.jobs import Decision, EngineSpec, Job
+from decidealot.providers.engine.planner import run_together
 from decidealot.providers.laya.tiny import VARIANTS
 from decidealot.providers.laya.worker.engine import LayaEngine, create
-from decidealot.providers.worker.passes import run_together
 from tests.support.checkpoints import TinyCheckpoints
 from tests.support.devices import DEVICES, autocast_tolerance
 

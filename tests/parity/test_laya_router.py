@@ -360,7 +360,7 @@ def test_the_service_builds_a_worker_runtime_on_its_lane(tmp_path: Path) -> None
     runtime = provider.runtime
     assert lane_of("laya", runtime, settings) == ("local", "models")
     assert runtime.name == "laya" and not runtime.loaded
-    spec = runtime._spec
+    spec = runtime.spec
     assert spec.factory == "decidealot.providers.laya.worker.engine:create"
     assert spec.checkpoints == {
         "english": str(own),

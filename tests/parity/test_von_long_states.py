@@ -21,10 +21,10 @@ import pytest
 from decidealot.contract import Question
 from decidealot.errors import RequestInvalid
 from decidealot.jobs import Decision, EngineSpec, Job
+from decidealot.providers.engine.planner import run_together
 from decidealot.providers.von.tiny import build_von_checkpoint
 from decidealot.providers.von.worker.engine import VonEngine, create
 from decidealot.providers.von.worker.model import WINDOW
-from decidealot.providers.worker.passes import run_together
 from tests.support.von_answers import assert_same
 
 VARIANTS: dict[str, dict[str, Any]] = {

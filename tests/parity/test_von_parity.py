@@ -20,8 +20,8 @@ import pytest
 
 from decidealot.contract import Question
 from decidealot.jobs import EngineSpec, Job
+from decidealot.providers.engine.planner import run_together
 from decidealot.providers.von.worker.engine import VonEngine, create
-from decidealot.providers.worker.passes import run_together
 from tests.support.checkpoints import TinyCheckpoints
 from tests.support.devices import DEVICES, assert_fp32_matmul_is_ieee
 from tests.support.von_answers import assert_same

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from decidealot import registry
 from decidealot.jobs import EngineSpec
-from decidealot.providers.inprocess import InProcessRuntime
+from decidealot.providers.engine.inprocess import InProcessRuntime
 
 
 def clm_runtime(head: Path, *, width: int, device: str = "cpu") -> InProcessRuntime:

@@ -26,7 +26,7 @@ from decidealot.contract import ModelInfo, SystemOneRequest
 from decidealot.http.server import run
 from decidealot.jobs import EngineSpec, Job
 from decidealot.protocols import Provider
-from decidealot.providers.gateway.process_runtime import ProcessRuntime
+from decidealot.providers.engine.client import ProcessRuntime
 from decidealot.service import Service
 from tests.support.fakes import FakeProvider
 from tests.support.launcher import settings_from_env
@@ -108,6 +108,12 @@ def children(pid: int) -> set[int]:
         except (FileNotFoundError, ProcessLookupError):
             continue
     return {child for child in found if running(child)}
+
+
+def started_worker(before: set[int]) -> int:
+    """The one worker of this process started since its live children were `before`."""
+    (pid,) = children(os.getpid()) - before
+    return pid
 
 
 def running(pid: int) -> bool:

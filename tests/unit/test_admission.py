@@ -173,7 +173,7 @@ def test_an_mcp_decision_is_admitted_once_beside_http_ones(
         over_http = pool.submit(post, app, "/v1/systemone", request("laya", "http", held=True))
         over_mcp = pool.submit(mcp_decision, app, request("von", "mcp", held=True), 1)
         hold.wait_admitted(2)
-        assert app.service.in_flight == 2
+        assert app.service.ledger.requests == 2
         assert scraped(app)["decidealot_pending_requests"] == 2
         refused = post(app, "/v1/systemone", request("clm"))
         is_error, refused_mcp = tool_outcome(
@@ -182,14 +182,14 @@ def test_an_mcp_decision_is_admitted_once_beside_http_ones(
         assert refused.status_code == 503
         assert refused.json()["code"] == "PROVIDER_UNAVAILABLE"
         assert is_error and refused_mcp == refused.json()
-        assert app.service.in_flight == 2
+        assert app.service.ledger.requests == 2
         with caplog.at_level(logging.WARNING, logger="decidealot.service"):
-            app.client.blocking_portal.call(app.service.drain, 0.0)
+            app.client.blocking_portal.call(app.service.ledger.drain, 0.0)
         answered = over_http.result(timeout=30)
         assert answered.status_code == 503
         assert answered.json()["message"] == "the service shut down before this request finished"
         cut = over_mcp.result(timeout=30)
         assert cut.status_code == 200
         assert tool_outcome(sse_json(cut)["result"]) == (True, answered.json())
-        assert app.service.in_flight == 0
+        assert app.service.ledger.requests == 0
     assert "2 requests still running after 0 s of draining" in caplog.text

@@ -276,10 +276,10 @@ def test_the_settings_reach_the_engines(tmp_path: Path) -> None:
     for name in ("laya", "von"):
         descriptor = registry.descriptor(name)
         provider = descriptor.build(settings, descriptor.of(settings))
-        specs[name] = provider.runtime._spec  # type: ignore[attr-defined]
+        specs[name] = provider.runtime.spec  # type: ignore[attr-defined]
     assert specs["laya"].options["calibrations"] == {"multilingual": str(laya_path)}
     assert specs["von"].options["calibrations"] == {"von-1.1": str(von_path)}
     plain = registry.descriptor("von").build(
         registry.settings(), registry.settings().sections["von"]
     )
-    assert "calibrations" not in plain.runtime._spec.options  # type: ignore[attr-defined]
+    assert "calibrations" not in plain.runtime.spec.options  # type: ignore[attr-defined]

@@ -62,8 +62,8 @@ async def test_the_drain_answers_what_finishes_and_cuts_the_rest_with_a_503() ->
     BEGAN.clear()
     quick, long, streaming = (asyncio.create_task(call(gateway, s)) for s in (0.05, 10, -1))
     await until(lambda: len(BEGAN) == 3, "all three admitted")
-    draining = asyncio.create_task(service.drain(0.3))
-    await until(lambda: service.draining, "the drain began")
+    draining = asyncio.create_task(service.ledger.drain(0.3))
+    await until(lambda: service.ledger.draining, "the drain began")
     refused = await call(gateway, 0)
     await asyncio.wait_for(draining, 5)
 

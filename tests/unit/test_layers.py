@@ -39,7 +39,6 @@ LAYERS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
             "decidealot.cpu",
             "decidealot.device",
             "decidealot.errors",
-            "decidealot.frames",
             "decidealot.jobs",
             "decidealot.logs",
             "decidealot.metrics",
@@ -55,6 +54,10 @@ LAYERS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     ),
     "worker": (
         (
+            "decidealot.providers.engine.core",
+            "decidealot.providers.engine.planner",
+            "decidealot.providers.engine.proc",
+            "decidealot.providers.engine.__main__",
             "decidealot.providers.worker",
             "decidealot.providers.worker.*",
             "decidealot.providers.*.worker",
@@ -64,6 +67,7 @@ LAYERS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     ),
     "provider gateway": (
         (
+            "decidealot.providers.engine.client",
             "decidealot.providers.gateway*",
             "decidealot.providers.*.gateway*",
             "decidealot.providers.*.descriptor",
@@ -75,7 +79,7 @@ LAYERS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
             "decidealot.providers.tiny",
             "decidealot.providers.*.tiny",
             "decidealot.providers.clm.encoder_server",
-            "decidealot.providers.inprocess",
+            "decidealot.providers.engine.inprocess",
             "decidealot.providers.calibrate",
             "decidealot.providers.reliability_png",
             "decidealot.providers.*.calibrate",
@@ -87,6 +91,7 @@ LAYERS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
             "decidealot.catalog",
             "decidealot.residency",
             "decidealot.executor",
+            "decidealot.ledger",
             "decidealot.checkpoints*",
             "decidealot.preflight",
         ),

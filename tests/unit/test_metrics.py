@@ -19,7 +19,7 @@ from decidealot.errors import ProviderUnavailable
 from decidealot.jobs import EngineSpec, Job
 from decidealot.metrics import Registry, ServiceCollector
 from decidealot.providers.clm.gateway.encoder_client import EncoderClient
-from decidealot.providers.gateway.process_runtime import ProcessRuntime
+from decidealot.providers.engine.client import ProcessRuntime
 from decidealot.providers.jev.gateway.client import TypeSafeClient
 from decidealot.residency import Residency
 from tests.support.app import GATEWAY, in_process

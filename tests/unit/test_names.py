@@ -46,7 +46,7 @@ SAME_ROLE_FUNCTIONS: dict[str, tuple[frozenset[str], str]] = {
                 "decidealot.mcp",
                 "decidealot.mcp.stdio",
                 "decidealot.providers.clm.encoder_server",
-                "decidealot.providers.worker.process",
+                "decidealot.providers.engine.proc",
             }
         ),
         "each program's entry point (decidealot.mcp's only defers the stdio import)",

@@ -183,7 +183,7 @@ async def test_cancelled_waiter_does_not_leak_a_slot():
         await waiter
     gate.set()
     await holder
-    assert residency.active("laya") == 0 and residency.active("von") == 0
+    assert residency.ledger.holding() == 0
     await asyncio.wait_for(decide(residency, rt["von"], []), 1)
 
 

@@ -18,11 +18,11 @@ import torch
 from decidealot import cpu, registry
 from decidealot.config import ConfigError, precision_problem
 from decidealot.device import check_precision
-from decidealot.jobs import EngineSpec
+from decidealot.jobs import CheckpointLoad, EngineSpec
+from decidealot.providers.engine.planner import run_together
 from decidealot.providers.laya.worker.engine import LayaEngine
 from decidealot.providers.von.worker.engine import VonEngine
 from decidealot.providers.worker import bf16
-from decidealot.providers.worker.passes import run_together
 from tests.support.checkpoints import TinyCheckpoints
 from tests.support.cli import run_cli as cli
 from tests.worker.test_precision import QUESTIONS, _differences, _jobs
@@ -167,9 +167,14 @@ def _decisions(engine: LayaEngine | VonEngine, key: str) -> list:  # type: ignor
     return run_together(engine, [engine.prepare(job) for job in _jobs(key)])  # type: ignore[arg-type]
 
 
-def _loaded(engine: LayaEngine | VonEngine) -> tuple[str, str, str]:
-    (frame,) = engine.take_loaded()
-    return frame.requested, frame.precision, frame.reason
+def _built(
+    engine_type: type[LayaEngine] | type[VonEngine], spec: EngineSpec
+) -> tuple[LayaEngine | VonEngine, tuple[str, str, str]]:
+    """The engine, and what it reported of the one checkpoint it preloads."""
+    loads: list[CheckpointLoad] = []
+    engine = engine_type(spec, loads.append)
+    (load,) = loads
+    return engine, (load.requested, load.precision, load.reason)
 
 
 @pytest.fixture(scope="module")
@@ -186,15 +191,11 @@ def test_auto_on_a_cpu_without_bf16_units_answers_exactly_as_fp32(
         (LAYA, LayaEngine, "english", narrow_laya),
         (VON, VonEngine, "von-1.1", tiny.von(independent_options=True)),
     ):
-        auto = engine_type(_spec(factory, key, path, None))
-        fp32 = engine_type(_spec(factory, key, path, "fp32"))
+        auto, auto_load = _built(engine_type, _spec(factory, key, path, None))
+        fp32, fp32_load = _built(engine_type, _spec(factory, key, path, "fp32"))
         assert _decisions(auto, key) == _decisions(fp32, key)
-        assert _loaded(auto) == (
-            "auto",
-            "fp32",
-            "auto on a CPU with none of amx_bf16, avx512_bf16",
-        )
-        assert _loaded(fp32) == ("fp32", "fp32", "requested")
+        assert auto_load == ("auto", "fp32", "auto on a CPU with none of amx_bf16, avx512_bf16")
+        assert fp32_load == ("fp32", "fp32", "requested")
 
 
 @pytest.mark.parametrize("flags", [AMX, ZEN4], ids=["amx", "zen4"])
@@ -209,12 +210,12 @@ def test_auto_runs_bf16_within_tolerance_of_fp32_on_a_cpu_with_bf16_units(
         (VON, VonEngine, "von-1.1", tiny.von(independent_options=mode)) for mode in (False, True)
     ]
     for factory, engine_type, key, path in cases:
-        auto = engine_type(_spec(factory, key, path, "auto"))
+        auto, auto_load = _built(engine_type, _spec(factory, key, path, "auto"))
         fp32 = engine_type(_spec(factory, key, path, "fp32"))
         worst = _differences(_decisions(fp32, key), _decisions(auto, key))
         assert set(worst) == set(QUESTIONS)
         assert 1e-6 < max(worst.values()) <= SERVED_BF16_TOLERANCE, (key, worst)
-        assert _loaded(auto) == ("auto", "bf16", f"auto on a CPU with {units}")
+        assert auto_load == ("auto", "bf16", f"auto on a CPU with {units}")
 
 
 def test_the_probe_falls_back_to_fp32_where_bf16_moves_a_checkpoint_too_far(
@@ -224,10 +225,9 @@ def test_the_probe_falls_back_to_fp32_where_bf16_moves_a_checkpoint_too_far(
     it runs fp32, answering exactly as fp32 does, and the report says why."""
     on_cpu(ZEN4)
     path = tiny.laya("english")
-    auto = LayaEngine(_spec(LAYA, "english", path, "auto"))
+    auto, (requested, precision, reason) = _built(LayaEngine, _spec(LAYA, "english", path, "auto"))
     fp32 = LayaEngine(_spec(LAYA, "english", path, "fp32"))
     assert _decisions(auto, "english") == _decisions(fp32, "english")
-    requested, precision, reason = _loaded(auto)
     assert (requested, precision) == ("auto", "fp32")
     assert reason.startswith("auto on a CPU with avx512_bf16; the load probe moved")
     assert f"more than {bf16.PROBE_TOLERANCE} under bf16" in reason

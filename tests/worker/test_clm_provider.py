@@ -317,11 +317,11 @@ async def test_the_executor_runs_the_encoder_calls_inside_the_hold_unless_parall
     accept, embed = provider.accept, provider._encoder.embed
 
     async def watched_accept(selector: str, request: SystemOneRequest) -> object:
-        holding["prepare"] = residency.active("clm")  # decisions inside the hold now
+        holding["prepare"] = residency.ledger.holding("clm")  # decisions inside the hold now
         return await accept(selector, request)
 
     async def watched_embed(*args: object, **options: object) -> object:
-        holding["encoder"] = residency.active("clm")
+        holding["encoder"] = residency.ledger.holding("clm")
         return await embed(*args, **options)  # type: ignore[arg-type]
 
     provider.accept = watched_accept  # type: ignore[method-assign]
@@ -369,7 +369,7 @@ async def test_the_service_builds_the_worker_spec_and_lane(
     assert provider.in_lane is not parallel
     runtime = provider.runtime
     assert lane_of("clm", runtime, settings) == lane
-    spec = runtime._spec  # type: ignore[attr-defined]
+    spec = runtime.spec  # type: ignore[attr-defined]
     assert spec.factory == "decidealot.providers.clm.worker.engine:create"
     head = tmp_path / "clm-0.1-8b" / "CLM_v0.1-8B.pt"
     assert spec.checkpoints == {"clm-0.1-8b": str(head)}

@@ -17,10 +17,10 @@ import torch
 from decidealot import registry
 from decidealot.contract import ChoiceAnswer, NoulAnswer, ScoreAnswer, SystemOneRequest
 from decidealot.jobs import EngineSpec, Job
+from decidealot.providers.engine.planner import run_together
 from decidealot.providers.laya.tiny import VARIANTS
 from decidealot.providers.laya.worker import engine as engine_module
 from decidealot.providers.laya.worker.engine import LayaEngine, create
-from decidealot.providers.worker.passes import run_together
 from tests.support.checkpoints import TinyCheckpoints
 from tests.support.decide import through_service
 from tests.support.devices import DEVICES, autocast_tolerance

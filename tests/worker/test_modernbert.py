@@ -271,11 +271,12 @@ def test_a_worker_running_laya_and_von_imports_no_transformers(tiny: TinyCheckpo
     script = (
         "import sys\n"
         "from decidealot.jobs import EngineSpec\n"
-        "from decidealot.providers.worker.process import build_engine\n"
+        "from decidealot.providers.engine.proc import build_engine\n"
+        "from decidealot.providers.engine.protocol import ignore_load\n"
         f"build_engine(EngineSpec('decidealot.providers.laya.worker.engine:create', "
-        f"{{'english': {str(laya)!r}}}, ['english']))\n"
+        f"{{'english': {str(laya)!r}}}, ['english']), ignore_load)\n"
         f"build_engine(EngineSpec('decidealot.providers.von.worker.engine:create', "
-        f"{{'von-1.1': {str(von)!r}}}, ['von-1.1']))\n"
+        f"{{'von-1.1': {str(von)!r}}}, ['von-1.1']), ignore_load)\n"
         "print(sorted(m for m in ('transformers', 'safetensors.torch', 'torch._dynamo', "
         "'huggingface_hub') if m in sys.modules))\n"
     )

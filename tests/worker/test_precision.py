@@ -9,6 +9,7 @@ depend on what it is batched with; and `decidealot serve` must run it end to end
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,14 +23,15 @@ from decidealot import metrics, registry
 from decidealot.config import ConfigError
 from decidealot.contract import Answer, ChoiceAnswer, NoulAnswer, Question, ScoreAnswer
 from decidealot.jobs import EngineSpec, Job
-from decidealot.providers.gateway.process_runtime import ProcessRuntime
+from decidealot.providers.engine.client import ProcessRuntime
+from decidealot.providers.engine.planner import run_together
 from decidealot.providers.laya.tiny import VARIANTS
 from decidealot.providers.laya.worker.engine import LayaEngine
 from decidealot.providers.von.tiny import build_von_checkpoint
 from decidealot.providers.von.worker.engine import VonEngine
-from decidealot.providers.worker.passes import run_together
 from tests.support.checkpoints import TinyCheckpoints, laya_settings
 from tests.support.cli import run_cli as cli
+from tests.support.ops_launcher import children, started_worker
 from tests.support.servers import RunningServer, start_server
 
 INT8_TOLERANCE = 0.05
@@ -370,10 +372,10 @@ async def test_an_int8_worker_holds_less_memory_than_an_fp32_one(tiny: TinyCheck
             options={"precision": precision},
         )
         runtime = ProcessRuntime("laya", spec, registry.settings(device="cpu", torch_threads=1))
+        before = children(os.getpid())
         await runtime.load()
         try:
-            assert runtime.pid is not None
-            held[precision] = _anonymous_bytes(runtime.pid)
+            held[precision] = _anonymous_bytes(started_worker(before))
             share = await _reported_share({"provider": "laya", "checkpoint": "english"}, precision)
             assert share == (1.0 if precision == "int8" else 0.0)  # every layer quantised
         finally:
@@ -419,13 +421,13 @@ async def test_reduced_precision_workers_keep_their_saving_after_a_round_of_deci
         )
         settings = registry.settings(device="cpu", torch_threads=1, worker_passes=2)
         runtime = ProcessRuntime("laya", spec, settings)
+        before = children(os.getpid())
         await runtime.load()
         try:
             await asyncio.gather(*(runtime.submit(job) for job in jobs))
             (load,) = runtime.checkpoints()
             assert load.precision == precision  # bf16 passed the probe, int8 kept every layer
-            assert runtime.pid is not None
-            held[precision] = await _settled_anonymous_bytes(runtime.pid)
+            held[precision] = await _settled_anonymous_bytes(started_worker(before))
         finally:
             await runtime.unload()
     linear = _encoder_linear_bytes(NARROW)

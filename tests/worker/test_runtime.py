@@ -22,8 +22,8 @@ from decidealot.contract import NoulQuestion
 from decidealot.device import check_cuda, resolve_device
 from decidealot.errors import ProviderBusy, ProviderUnavailable, RequestInvalid
 from decidealot.jobs import EngineSpec, Job
-from decidealot.providers.gateway import process_runtime as local
-from decidealot.providers.gateway.process_runtime import ProcessRuntime
+from decidealot.providers.engine import client as local
+from decidealot.providers.engine.client import ProcessRuntime
 from decidealot.residency import Residency
 from tests.support.engines.arith import answer, resident_bytes
 from tests.support.ops_launcher import running
@@ -52,11 +52,16 @@ def spec(log: Path | None = None, **options: object) -> EngineSpec:
 
 def settings(**values: object) -> Settings:
     values.setdefault("max_request_tokens", 0)  # the arith engine counts state characters
-    return registry.settings(device="cpu", **values)  # type: ignore[arg-type]
+    return registry.settings(device="cpu", **values)
 
 
 def job(state: str, checkpoint: str = "ckpt", **config: object) -> Job:
     return Job(checkpoint, state, {"q": NoulQuestion()}, config=dict(config))
+
+
+def pid_in(log: Path) -> int:
+    """The process id of the worker that last started an engine logging to `log`."""
+    return int(engine_starts(log)[-1]["start"])  # type: ignore[call-overload]
 
 
 def passes(log: Path) -> list[dict[str, object]]:
@@ -107,12 +112,12 @@ async def test_answers_equal_the_engine_and_unload_ends_the_process(runtime, tmp
     worker = runtime()
     assert not worker.loaded
     await worker.load()
-    pid = worker.pid
-    assert worker.loaded and pid is not None and running(pid)
+    pid = pid_in(tmp_path / "log")
+    assert worker.loaded and running(pid)
     each = job({"ticket": [1, 2.5, "x"]})
     assert await worker.submit(each) == answer(each)
     await worker.unload()
-    assert not worker.loaded and worker.pid is None
+    assert not worker.loaded
     assert await wait_gone(pid, 1)
     await worker.unload()  # idempotent
     with pytest.raises(ProviderUnavailable):
@@ -172,8 +177,7 @@ async def test_jobs_of_other_checkpoints_run_in_their_own_passes(runtime, tmp_pa
 async def test_killed_worker_fails_in_flight_jobs_then_restarts(runtime, tmp_path) -> None:
     worker = runtime()
     await worker.load()
-    pid = worker.pid
-    assert pid is not None
+    pid = pid_in(tmp_path / "log")
     in_flight = [asyncio.create_task(worker.submit(job(f"s{i}", sleep=5))) for i in range(3)]
     await started_pass(tmp_path / "log")  # the worker holds them: a pass of theirs runs
     os.kill(pid, signal.SIGKILL)
@@ -184,19 +188,21 @@ async def test_killed_worker_fails_in_flight_jobs_then_restarts(runtime, tmp_pat
     assert not worker.loaded
     assert await wait_gone(pid, 1)
     await worker.load()
-    assert worker.pid != pid
+    assert pid_in(tmp_path / "log") != pid
     each = job("after the crash")
     assert await worker.submit(each) == answer(each)
 
 
-async def test_a_crash_during_a_pass_fails_the_batch_not_the_next_request(runtime) -> None:
+async def test_a_crash_during_a_pass_fails_the_batch_not_the_next_request(
+    runtime, tmp_path
+) -> None:
     worker = runtime()
     await worker.load()
-    pid = worker.pid
+    pid = pid_in(tmp_path / "log")
     with pytest.raises(ProviderUnavailable):
         await worker.submit(job("boom", crash="run"))
     assert not worker.loaded
-    assert await wait_gone(pid, 1)  # type: ignore[arg-type]
+    assert await wait_gone(pid, 1)
     await worker.load()
     assert await worker.submit(job("ok")) == answer(job("ok"))
 
@@ -204,7 +210,7 @@ async def test_a_crash_during_a_pass_fails_the_batch_not_the_next_request(runtim
 async def test_a_hung_pass_times_out_and_the_worker_is_killed(runtime, tmp_path) -> None:
     worker = runtime(provider_timeout_seconds=0.5)
     await worker.load()
-    pid = worker.pid
+    pid = pid_in(tmp_path / "log")
     stuck = asyncio.create_task(worker.submit(job("stuck", hang=True)))  # an hour's pass
     await started_pass(tmp_path / "log")
     queued = asyncio.create_task(worker.submit(job("queued behind it")))
@@ -212,7 +218,7 @@ async def test_a_hung_pass_times_out_and_the_worker_is_killed(runtime, tmp_path)
         with pytest.raises(ProviderUnavailable, match="timed out"):
             await within(task, "the watchdog's 0.5 s timeout")
     assert not worker.loaded
-    assert await wait_gone(pid, 1)  # type: ignore[arg-type]
+    assert await wait_gone(pid, 1)
     await worker.load()
     assert await worker.submit(job("ok")) == answer(job("ok"))
 
@@ -226,38 +232,42 @@ async def test_a_long_queue_that_keeps_answering_does_not_time_out(runtime) -> N
     ]
 
 
-async def test_input_errors_come_back_as_decision_input_errors(runtime) -> None:
+async def test_input_errors_come_back_as_decision_input_errors(runtime, tmp_path) -> None:
     worker = runtime()
     await worker.load()
-    pid = worker.pid
+    pid = pid_in(tmp_path / "log")
     for stage in ("prepare", "run"):
         with pytest.raises(RequestInvalid) as failure:
             await worker.submit(job("x", input_error=stage))
         (issue,) = failure.value.issues
         assert issue.loc == ["questions", "q", "criteria"]
         assert issue.msg == f"cannot take this at {stage}"
-    assert worker.pid == pid
+    assert pid_in(tmp_path / "log") == pid
 
 
-async def test_a_job_msgpack_cannot_carry_is_refused_without_touching_the_worker(runtime) -> None:
+async def test_a_job_msgpack_cannot_carry_is_refused_without_touching_the_worker(
+    runtime, tmp_path
+) -> None:
     worker = runtime()
     await worker.load()
-    pid = worker.pid
+    pid = pid_in(tmp_path / "log")
     with pytest.raises(ProviderUnavailable):
-        await worker.submit(job({"n": 2**70}))  # type: ignore[arg-type]
-    assert worker.pid == pid
+        await worker.submit(job({"n": 2**70}))
+    assert pid_in(tmp_path / "log") == pid
     assert await worker.submit(job("ok")) == answer(job("ok"))
 
 
-async def test_an_engine_bug_fails_only_that_job_without_leaking_it(runtime, caplog) -> None:
+async def test_an_engine_bug_fails_only_that_job_without_leaking_it(
+    runtime, tmp_path, caplog
+) -> None:
     caplog.set_level(logging.INFO)
     worker = runtime()
     await worker.load()
-    pid = worker.pid
+    pid = pid_in(tmp_path / "log")
     with pytest.raises(ProviderUnavailable) as failure:
         await worker.submit(job("private", fail="run"))
     assert "private" not in str(failure.value) and "secret" not in str(failure.value)
-    assert worker.pid == pid
+    assert pid_in(tmp_path / "log") == pid
     assert await worker.submit(job("next")) == answer(job("next"))
     await worker.unload()
     assert "RuntimeError" in caplog.text
@@ -358,15 +368,14 @@ def test_auto_asks_the_worker_interpreter_when_a_driver_is_present(
 # -- residency -------------------------------------------------------------------------------
 
 
-async def test_idle_unload_ends_the_worker(runtime) -> None:
+async def test_idle_unload_ends_the_worker(runtime, tmp_path) -> None:
     residency = Residency(settings(provider_idle_unload_seconds=0.3))
     worker = runtime()
     residency.register(worker, lane=None)
     await residency.start()
     try:
         assert await ResidentRunner(worker, residency).run(job("x")) == answer(job("x"))
-        pid = worker.pid
-        assert pid is not None
+        pid = pid_in(tmp_path / "log")
         assert await wait_gone(pid, 3)
         assert not worker.loaded
     finally:
@@ -381,12 +390,12 @@ async def test_after_a_crash_the_next_decision_starts_a_new_worker(runtime, tmp_
     try:
         in_flight = asyncio.create_task(runner.run(job("slow", sleep=5)))
         await started_pass(tmp_path / "log")
-        pid = worker.pid
-        os.kill(pid, signal.SIGKILL)  # type: ignore[arg-type]
+        pid = pid_in(tmp_path / "log")
+        os.kill(pid, signal.SIGKILL)
         with pytest.raises(ProviderUnavailable):
             await in_flight
         assert await runner.run(job("next")) == answer(job("next"))
-        assert worker.pid not in (None, pid)
+        assert pid_in(tmp_path / "log") != pid
     finally:
         await residency.close()
 
@@ -399,18 +408,20 @@ async def test_one_slot_switches_between_runtimes_lru(runtime, tmp_path) -> None
     runners = {each: ResidentRunner(each, residency) for each in (first, second)}
     try:
         assert await runners[first].run(job("1")) == answer(job("1"))
-        first_pid = first.pid
+        first_pid = pid_in(tmp_path / "first")
         jobs = [(second, job("2", sleep=0.2)), (first, job("3")), (second, job("4"))]
         results = await asyncio.gather(*(runners[each].run(j) for each, j in jobs))
         assert results == [answer(j) for _, j in jobs]
         assert not (first.loaded and second.loaded)
-        assert second.loaded and second.pid == first_pid  # every switch reused the one process
+        assert (
+            second.loaded and pid_in(tmp_path / "second") == first_pid
+        )  # every switch reused the one process
         starts = [json.loads(line) for line in (tmp_path / "first").read_text().splitlines()]
         assert [r["start"] for r in starts if "start" in r] == [first_pid] * 2  # out, then back
     finally:
         await residency.close()
     assert not first.loaded and not second.loaded
-    assert await wait_gone(first_pid, 5)  # type: ignore[arg-type]
+    assert await wait_gone(first_pid, 5)
 
 
 def engine_starts(log: Path) -> list[dict[str, object]]:
@@ -435,12 +446,13 @@ async def test_a_switch_swaps_the_engine_in_place_and_returns_the_old_ones_memor
         residency.register(each, lane=None)
     try:
         await switch(residency, first, job("1"))
-        pid = first.pid
-        assert pid is not None
+        pid = pid_in(logs["first"])
         loaded = resident_bytes(pid)
         for target in (second, first, second):
             assert await switch(residency, target, job("x")) == answer(job("x"))
-            assert target.pid == pid and not (first.loaded and second.loaded)
+            assert pid_in(logs["first" if target is first else "second"]) == pid and not (
+                first.loaded and second.loaded
+            )
             assert resident_bytes(pid) < loaded + 100e6  # not two engines' worth (+300 MB)
         bare = engine_starts(logs["first"])[0]["rss"]
         for start in engine_starts(logs["first"])[1:] + engine_starts(logs["second"]):
@@ -460,14 +472,14 @@ async def test_a_crash_after_a_swap_is_a_503_and_the_next_decision_recovers(
         residency.register(each, lane=None)
     try:
         await switch(residency, first, job("1"))
-        pid = first.pid
+        pid = pid_in(tmp_path / "first")
         with pytest.raises(ProviderUnavailable) as failure:
             await switch(residency, second, job("boom", crash="run"))  # in the swapped worker
         assert failure.value.status == 503
         assert not second.loaded and not first.loaded
-        assert await wait_gone(pid, 5)  # type: ignore[arg-type]
+        assert await wait_gone(pid, 5)
         assert await switch(residency, second, job("2")) == answer(job("2"))
-        assert second.pid not in (None, pid)
+        assert pid_in(tmp_path / "second") != pid
         assert await switch(residency, first, job("3")) == answer(job("3"))
     finally:
         await residency.close()
@@ -481,13 +493,13 @@ async def test_a_failed_engine_start_after_a_swap_ends_the_worker(runtime, tmp_p
         residency.register(each, lane=None)
     try:
         await switch(residency, first, job("1"))
-        pid = first.pid
+        pid = pid_in(tmp_path / "first")
         with pytest.raises(ProviderUnavailable):
             await switch(residency, broken, job("2"))
         assert not first.loaded and not broken.loaded
-        assert await wait_gone(pid, 5)  # type: ignore[arg-type]
+        assert await wait_gone(pid, 5)
         assert await switch(residency, first, job("3")) == answer(job("3"))
-        assert first.pid not in (None, pid)
+        assert pid_in(tmp_path / "first") != pid
     finally:
         await residency.close()
 
@@ -504,13 +516,13 @@ async def test_a_worker_that_cannot_release_in_time_is_killed_and_replaced(
     try:
         hung = asyncio.create_task(switch(residency, first, job("hang", hang=True)))
         await started_pass(tmp_path / "first")
-        pid = first.pid
+        pid = pid_in(tmp_path / "first")
         hung.cancel()
         with pytest.raises(asyncio.CancelledError):
             await hung
         assert await switch(residency, second, job("2")) == answer(job("2"))
-        assert second.pid not in (None, pid)
-        assert await wait_gone(pid, 5)  # type: ignore[arg-type]
+        assert await wait_gone(pid, 5)
+        assert pid_in(tmp_path / "second") != pid
     finally:
         await residency.close()
 
@@ -523,14 +535,14 @@ async def test_unload_while_busy_is_refused_then_ends_the_worker(runtime, tmp_pa
     try:
         busy = asyncio.create_task(runner.run(job("slow", sleep=0.5)))
         await started_pass(tmp_path / "log")
-        pid = worker.pid
+        pid = pid_in(tmp_path / "log")
         with pytest.raises(ProviderBusy):
             await residency.unload_all()
-        assert worker.pid == pid
+        assert pid_in(tmp_path / "log") == pid
         assert await busy == answer(job("slow", sleep=0.5))
         report = await residency.unload_all()
         assert [(each.name, each.was_loaded) for each in report] == [(worker.name, True)]
-        assert await wait_gone(pid, 1)  # type: ignore[arg-type]
+        assert await wait_gone(pid, 1)
     finally:
         await residency.close()
 
@@ -553,12 +565,12 @@ async def test_decisions_through_residency_still_share_passes(runtime, tmp_path)
 # -- the gateway process ---------------------------------------------------------------------
 
 PARENT = """
-import asyncio, sys
+import asyncio, json, sys
 from pathlib import Path
 from decidealot import registry
 from decidealot.contract import NoulQuestion
 from decidealot.jobs import EngineSpec, Job
-from decidealot.providers.gateway.process_runtime import ProcessRuntime
+from decidealot.providers.engine.client import ProcessRuntime
 
 async def main():
     log = Path(sys.argv[2])
@@ -567,11 +579,12 @@ async def main():
     )
     worker = ProcessRuntime("arith", spec, registry.settings(device="cpu"))
     await worker.load()
+    pid = json.loads(log.read_text().splitlines()[0])["start"]
     if sys.argv[1] == "busy":
         asyncio.create_task(worker.submit(Job("c", "s", {"q": NoulQuestion()}, {"hang": True})))
         while '"size"' not in log.read_text():  # until its pass has begun
             await asyncio.sleep(0.02)
-    print(worker.pid, flush=True)
+    print(pid, flush=True)
     await asyncio.sleep(60)  # alive until the test kills it
 
 asyncio.run(main())
@@ -610,8 +623,8 @@ GATEWAY_MODULES = [
     "decidealot.http",
     "decidealot.mcp",
     "decidealot.cli",
-    "decidealot.providers.gateway.process_runtime",
-    "decidealot.frames",
+    "decidealot.providers.engine.client",
+    "decidealot.providers.engine.protocol",
     "decidealot.providers.laya.gateway.provider",
     "decidealot.providers.von.gateway.provider",
     "decidealot.providers.clm.gateway.provider",

@@ -32,6 +32,7 @@ from decidealot.contract import (
 )
 from decidealot.errors import RequestInvalid
 from decidealot.jobs import Decision, EngineSpec, Job
+from decidealot.providers.engine.planner import run_together
 from decidealot.providers.gateway.checkpoint_provider import CheckpointProvider, only
 from decidealot.providers.von.descriptor import SELECTORS
 from decidealot.providers.von.worker.engine import VonEngine, create
@@ -43,7 +44,6 @@ from decidealot.providers.von.worker.render import (
     pack,
     score_level_text,
 )
-from decidealot.providers.worker.passes import run_together
 from decidealot.service import Service, build_providers, lane_of
 from tests.support.checkpoints import TinyCheckpoints
 from tests.support.decide import Deciding, through_service
@@ -431,7 +431,7 @@ def test_the_service_builds_a_worker_runtime_on_its_lane(tmp_path: Path, device:
     (provider,) = build_providers(settings)
     assert isinstance(provider, CheckpointProvider)
     runtime = provider.runtime
-    spec = runtime._spec
+    spec = runtime.spec
     assert runtime.name == "von" and runtime.device == device
     assert spec.factory == "decidealot.providers.von.worker.engine:create"
     assert spec.checkpoints == {"von-1.1": str(tmp_path)}
@@ -441,7 +441,7 @@ def test_the_service_builds_a_worker_runtime_on_its_lane(tmp_path: Path, device:
 
     default = registry.settings(model_dir=tmp_path / "models", laya_enabled=False, device="cpu")
     (provider,) = build_providers(default)
-    assert provider.runtime._spec.checkpoints == {  # type: ignore[attr-defined]
+    assert provider.runtime.spec.checkpoints == {  # type: ignore[attr-defined]
         "von-1.1": str(tmp_path / "models" / "von-1.1")
     }
 

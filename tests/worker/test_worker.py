@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -13,24 +12,26 @@ from typing import BinaryIO
 import pytest
 
 from decidealot.contract import NoulQuestion, ValidationIssue
-from decidealot.frames import (
+from decidealot.jobs import EngineSpec, Job
+from decidealot.providers.engine.planner import STARVE_TURNS, Planner
+from decidealot.providers.engine.protocol import (
     Cancel,
     Failed,
     FromWorker,
+    Heartbeat,
     JobFailed,
-    PassBegun,
     PassDone,
+    PassShape,
     Ready,
     Rejected,
+    Release,
     Result,
     Start,
     Submit,
     decode_from_worker,
+    encode,
     read_payload,
-    write_frame,
 )
-from decidealot.jobs import EngineSpec, Job, PassShape
-from decidealot.providers.worker.passes import STARVE_TURNS, Planner
 from tests.support.engines.arith import answer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -62,9 +63,9 @@ def turn(plan: Planner) -> list[list[tuple[int, int]]]:
     """The next turn as (job id, row tokens) per pass; its rows count as computed."""
     passes = plan.take()
     for each in passes:
-        for task, _ in each.rows:
-            task.running -= 1
-    return [[(t.id, t.prepared.rows[i].tokens) for t, i in each.rows] for each in passes]
+        for job, _ in each.rows:
+            job.running -= 1
+    return [[(j.id, j.prepared.rows[i].tokens) for j, i in each.rows] for each in passes]
 
 
 def test_a_turn_takes_the_job_of_fewest_turns_first_within_the_budget() -> None:
@@ -156,6 +157,9 @@ def test_a_withdrawn_job_leaves_the_planner() -> None:
     assert turn(plan) == [] and len(plan) == 1  # job 1 is complete, for its caller to remove
 
 
+HEARTBEAT = 0.02
+
+
 class WorkerProcess:
     """A worker subprocess driven with the blocking frame helpers."""
 
@@ -165,55 +169,65 @@ class WorkerProcess:
         budget: int = 10_000,
         passes: int = 1,
         job_token_limit: int = 0,
+        preload: tuple[str, ...] = (),
     ) -> None:
-        env = dict(os.environ)
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "decidealot.providers.worker"],
+            [sys.executable, "-m", "decidealot.providers.engine"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
-            env=env,
         )
-        spec = EngineSpec(
-            factory="tests.support.engines.arith:create", checkpoints={}, options=options
+        self.spec = EngineSpec(
+            "tests.support.engines.arith:create", {}, list(preload), options=options
         )
-        self.send(Start(spec, budget, concurrent_passes=passes, job_token_limit=job_token_limit))
-        self.progress: list[PassBegun | PassDone] = []
-        """The `PassBegun` and `PassDone` frames `receive` skipped, in order."""
+        self.start = Start(self.spec, budget, passes, job_token_limit, HEARTBEAT)
+        self.send(self.start)
+        self.progress: list[PassDone] = []
+        """The `PassDone` frames `receive` skipped, in order."""
+        self.beats: list[Heartbeat] = []
+        """The `Heartbeat` frames `receive` skipped, in order."""
         self._held: list[FromWorker | None] = []
         """Frames read while waiting for passes to begin, for `receive`."""
+        self._running = 0
 
     @property
     def stdin(self) -> BinaryIO:
         assert self.process.stdin is not None
         return self.process.stdin
 
-    def send(self, frame: Start | Submit | Cancel) -> None:
-        write_frame(self.stdin, frame)
+    def send(self, frame: Start | Submit | Cancel | Release) -> None:
+        self.stdin.write(encode(frame))
+        self.stdin.flush()
 
     def _read(self) -> FromWorker | None:
         assert self.process.stdout is not None
         payload = read_payload(self.process.stdout)
         return None if payload is None else decode_from_worker(payload)
 
+    def _keep(self, frame: FromWorker | None) -> bool:
+        """Whether `frame` is a pass report or heartbeat, now in `progress` or `beats`."""
+        if isinstance(frame, PassDone):
+            self.progress.append(frame)
+            self._running = 0  # until a heartbeat says what runs now
+        elif isinstance(frame, Heartbeat):
+            self.beats.append(frame)
+            self._running = len(frame.passes)
+        return isinstance(frame, PassDone | Heartbeat)
+
     def receive(self) -> FromWorker | None:
-        """The next frame that is not a pass's `PassBegun` or `PassDone` (those: `progress`)."""
+        """The next frame that is not a `PassDone` or `Heartbeat` (those: `progress`, `beats`)."""
         if self._held:
             return self._held.pop(0)
-        while True:
-            frame = self._read()
-            if not isinstance(frame, PassBegun | PassDone):
-                return frame
-            self.progress.append(frame)
+        while self._keep(frame := self._read()):
+            pass
+        return frame
 
     def wait_begun(self, count: int = 1) -> None:
-        """Until `count` passes have begun (their `PassBegun` frames), keeping the other frames
-        read meanwhile for `receive`."""
-        while sum(isinstance(frame, PassBegun) for frame in self.progress) < count:
+        """Until `count` passes have begun (reported done, or running by a heartbeat), keeping
+        the other frames read meanwhile for `receive`."""
+        while len(self.progress) + self._running < count:
             frame = self._read()
-            if isinstance(frame, PassBegun | PassDone):
-                self.progress.append(frame)
-            else:
+            if not self._keep(frame):
                 assert frame is not None, "the worker ended before the pass began"
                 self._held.append(frame)
 
@@ -272,12 +286,10 @@ def test_failures_reach_only_their_own_job_in_a_shared_pass(tmp_path: Path) -> N
     assert '"size": 5' in passes[2]  # all but the one that failed to prepare, in one pass
 
 
-def run_slow_pair_then_many(
-    passes: int,
-) -> tuple[list[PassBegun | PassDone], dict[int, FromWorker | None]]:
+def run_slow_pair_then_many(passes: int) -> tuple[int, dict[int, FromWorker | None]]:
     """Two one-second jobs, the second sent once the first one's pass is under way, then
-    twenty quick ones: the worker's `PassBegun` and `PassDone` frames in order, and the
-    answers by id."""
+    twenty quick ones: the most passes a heartbeat saw running at once, and the answers by
+    id."""
     worker = WorkerProcess({}, passes=passes)
     assert isinstance(worker.receive(), Ready)
     worker.send(Submit(1, job("slow one", sleep=1.0)))
@@ -287,27 +299,16 @@ def run_slow_pair_then_many(
         worker.send(Submit(job_id, job({"quick": job_id}, sleep=0.01)))
     frames = [worker.receive() for _ in range(22)]  # a job's `PassDone` comes before its answer
     assert worker.finish()[0] == 0
-    return worker.progress, {frame.id: frame for frame in frames if isinstance(frame, Result)}
-
-
-def pass_span(progress: list[PassBegun | PassDone], job_id: int) -> tuple[int, int]:
-    """Where the one pass holding `job_id` begins and ends in `progress`: the index of its
-    compute thread's `PassBegun` and of its `PassDone`."""
-    end = next(i for i, f in enumerate(progress) if isinstance(f, PassDone) and job_id in f.jobs)
-    thread = progress[end].thread
-    begins = [
-        i for i, f in enumerate(progress[:end]) if isinstance(f, PassBegun) and f.thread == thread
-    ]
-    return begins[-1], end
+    most = max(len(beat.passes) for beat in worker.beats)
+    return most, {frame.id: frame for frame in frames if isinstance(frame, Result)}
 
 
 def test_compute_threads_run_passes_at_once_with_the_same_answers() -> None:
-    one_progress, one = run_slow_pair_then_many(passes=1)
-    two_progress, two = run_slow_pair_then_many(passes=2)
-    # one pass at a time: the second slow job's pass begins after the first one's ended
-    assert pass_span(one_progress, 2)[0] > pass_span(one_progress, 1)[1]
-    # two: it begins on the other compute thread while the first one's pass runs
-    assert pass_span(two_progress, 2)[0] < pass_span(two_progress, 1)[1]
+    one_at_once, one = run_slow_pair_then_many(passes=1)
+    two_at_once, two = run_slow_pair_then_many(passes=2)
+    # one pass at a time; with two compute threads the second slow job's pass runs on the
+    # other one while the first one's runs (for about a second: many heartbeats see both)
+    assert (one_at_once, two_at_once) == (1, 2)
     assert len(one) == 22
     assert two == one
 
@@ -343,7 +344,7 @@ def test_a_torch_free_engines_worker_never_imports_torch() -> None:
     """The worker's own modules leave torch to the engines that use it: a torch-free engine's
     worker (every arith worker of the suite) starts in a fraction of a second, not after
     torch's import of seconds."""
-    code = "import sys, decidealot.providers.worker.process; print('torch' in sys.modules)"
+    code = "import sys, decidealot.providers.engine.proc; print('torch' in sys.modules)"
     result = subprocess.run(
         [sys.executable, "-P", "-c", code], capture_output=True, text=True, timeout=60, check=True
     )
@@ -359,7 +360,7 @@ def test_a_malformed_frame_ends_the_worker() -> None:
 
 
 def passes_of(worker: WorkerProcess, job_id: int) -> list[PassDone]:
-    return [f for f in worker.progress if isinstance(f, PassDone) and job_id in f.jobs]
+    return [f for f in worker.progress if job_id in f.jobs]
 
 
 def test_a_job_of_many_rows_reports_every_pass_within_the_budget() -> None:
@@ -367,8 +368,7 @@ def test_a_job_of_many_rows_reports_every_pass_within_the_budget() -> None:
     assert isinstance(worker.receive(), Ready)
     worker.send(Submit(1, job("many rows", rows=5, cost=40)))
     assert worker.receive() == Result(1, answer(job("many rows", rows=5, cost=40)))
-    kinds = [type(f).__name__ for f in worker.progress]
-    assert kinds == ["PassBegun", "PassDone"] * 3  # announced and reported, pass by pass
+    assert len(worker.progress) == 3  # reported pass by pass
     assert [(p.rows, p.tokens) for p in passes_of(worker, 1)] == [(2, 80), (2, 80), (1, 40)]
     assert worker.finish()[0] == 0
 
@@ -408,7 +408,7 @@ def test_a_cancelled_job_is_withdrawn_and_never_answered(tmp_path: Path) -> None
     assert worker.receive() == Result(3, answer(job("after")))
     code, _ = worker.finish()
     assert code == 0
-    assert [p.jobs for p in worker.progress if isinstance(p, PassDone) and 3 in p.jobs] == [[3]]
+    assert [p.jobs for p in worker.progress if 3 in p.jobs] == [[3]]
     ran = [json.loads(line) for line in log.read_text().splitlines() if '"rows"' in line]
     abandoned = sum(record["states"].count("abandoned") for record in ran)
     assert abandoned <= 6  # the running pass finished; none of the remaining rows ran

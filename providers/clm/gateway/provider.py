@@ -24,11 +24,11 @@ from dataclasses import dataclass
 
 from decidealot.contract import Json, ModelInfo, SystemOneRequest
 from decidealot.errors import RequestInvalid, over_token_limit
-from decidealot.frames import MAX_FRAME_BYTES
 from decidealot.jobs import Job
 from decidealot.protocols import LocalRuntime, MadeJob
 from decidealot.providers.clm.gateway.encoder_client import EncoderClient
 from decidealot.providers.clm.render import RenderedQuestion, render_questions
+from decidealot.providers.engine.protocol import MAX_FRAME_BYTES
 
 CHECKPOINT = "clm-0.1-8b"
 QWEN3_8B_WIDTH = 4096

@@ -23,9 +23,10 @@ import numpy as np
 import torch
 
 from decidealot.contract import Answer, Question, ScoreQuestion
-from decidealot.jobs import Decision, EngineSpec, Job, PassShape
+from decidealot.jobs import Decision, EngineSpec, Job
 from decidealot.providers.clm.render import option_keys, score_legend
 from decidealot.providers.clm.worker.head import HeadFileError, HeadPair, load_heads
+from decidealot.providers.engine.protocol import PassShape, ReportLoad, ignore_load
 from decidealot.providers.worker.readout import answer_from_probabilities, first_max, softmax
 
 FLOAT32_BYTES = 4
@@ -149,12 +150,13 @@ class ClmEngine:
         return Decision(model=prepared.group, answers=answers, input_tokens=0)
 
 
-def create(spec: EngineSpec) -> ClmEngine:
+def create(spec: EngineSpec, report: ReportLoad = ignore_load) -> ClmEngine:
     """Load every head weights-only; a head whose input width is not the encoder's fails here.
 
     `options["width"]` is the encoder width the gateway enforces (4096 for Qwen3-8B). The
     engine reports `input_tokens=0`: the head reads vectors, and the gateway adds the
-    encoder's prompt tokens itself.
+    encoder's prompt tokens itself. A head is not a checkpoint with a precision: nothing is
+    reported to `report`.
     """
     width = int(spec.options["width"])
     heads: dict[str, HeadPair] = {}

@@ -19,11 +19,12 @@ import torch
 from decidealot.config import LONG_STATES
 from decidealot.contract import Cut, Question
 from decidealot.errors import RequestInvalid, state_too_long
-from decidealot.jobs import Decision, EngineSpec, Job, PassShape
+from decidealot.jobs import Decision, EngineSpec, Job
+from decidealot.providers.engine.protocol import PassShape, ReportLoad, ignore_load
 from decidealot.providers.laya.worker import readout
 from decidealot.providers.laya.worker.model import PASS_INPUTS, Checkpoint, load_checkpoint
 from decidealot.providers.laya.worker.render import LayaRow, fill, render_heads, state_ids, windows
-from decidealot.providers.worker.precision import CheckpointLoad, LoadReports, engine_precision
+from decidealot.providers.worker.precision import checkpoint_load, engine_precision
 
 CHECKPOINT_KEYS = ("english", "multilingual", "typed-decisions")
 PASS_TOKEN_LIMIT = 262_144
@@ -55,7 +56,7 @@ class LayaEngine:
     """Serves the three Laya checkpoints; each loads once, at create or on its first job.
     `prepare` and `forward` may be called from several threads at once."""
 
-    def __init__(self, spec: EngineSpec):
+    def __init__(self, spec: EngineSpec, report: ReportLoad = ignore_load):
         unknown = set(spec.checkpoints) - set(CHECKPOINT_KEYS)
         if unknown:
             raise ValueError(f"unknown Laya checkpoint keys: {sorted(unknown)}")
@@ -72,7 +73,7 @@ class LayaEngine:
         self.shape = PassShape(PASS_TOKEN_LIMIT, CPU_PASS_COST if cpu else None)
         self._loaded: dict[str, Checkpoint] = {}
         self._load_lock = threading.Lock()
-        self._reports = LoadReports()
+        self._report = report
         for key in spec.preload:
             self._checkpoint(key)
 
@@ -93,13 +94,11 @@ class LayaEngine:
                 loaded = load_checkpoint(
                     path, self._device, self._precision.precision, self._calibrations.get(key)
                 )
-                self._reports.add(key, path, self._precision, loaded.linears, loaded.lowered)
+                self._report(
+                    checkpoint_load(key, path, self._precision, loaded.linears, loaded.lowered)
+                )
                 self._loaded[key] = loaded
             return self._loaded[key]
-
-    def take_loaded(self) -> list[CheckpointLoad]:
-        """The checkpoints loaded since the last call (`scheduler.ReportsLoads`)."""
-        return self._reports.take()
 
     def prepare(self, job: Job) -> LayaPreparedJob:
         """One row per question, or under `windows` one per question per window of a state
@@ -207,7 +206,7 @@ def calibrations(spec: EngineSpec, keys: Sequence[str]) -> dict[str, str]:
     return dict(given)
 
 
-def create(spec: EngineSpec) -> LayaEngine:
-    """The engine factory `EngineSpec.factory` names (`process.build_engine` has applied the
-    torch threads)."""
-    return LayaEngine(spec)
+def create(spec: EngineSpec, report: ReportLoad = ignore_load) -> LayaEngine:
+    """The engine factory `EngineSpec.factory` names (`proc.build_engine` has applied the torch
+    threads)."""
+    return LayaEngine(spec, report)

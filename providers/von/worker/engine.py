@@ -24,7 +24,8 @@ from decidealot.contract import (
     Question,
 )
 from decidealot.errors import RequestInvalid, state_too_long
-from decidealot.jobs import Decision, EngineSpec, Job, PassShape
+from decidealot.jobs import Decision, EngineSpec, Job
+from decidealot.providers.engine.protocol import PassShape, ReportLoad, ignore_load
 from decidealot.providers.von.worker import readout
 from decidealot.providers.von.worker.model import CPU_PASS_TOKENS, WINDOW, VonModel, VonRow
 from decidealot.providers.von.worker.render import (
@@ -38,7 +39,7 @@ from decidealot.providers.von.worker.render import (
     state_limit,
     state_token_ids,
 )
-from decidealot.providers.worker.precision import CheckpointLoad, LoadReports, engine_precision
+from decidealot.providers.worker.precision import checkpoint_load, engine_precision
 
 DEFAULT_MAX_STATE_TOKENS = WINDOW
 """Upstream's `VON_MAX_STATE_TOKENS` default; `EngineSpec.options["max_state_tokens"]` lowers it."""
@@ -78,7 +79,7 @@ class VonEngine:
     """Serves the checkpoints of one `EngineSpec`; a checkpoint loads once, on first use.
     `prepare` and `forward` may be called from several threads at once."""
 
-    def __init__(self, spec: EngineSpec):
+    def __init__(self, spec: EngineSpec, report: ReportLoad = ignore_load):
         self._checkpoints = {key: Path(path) for key, path in spec.checkpoints.items()}
         calibrations = spec.options.get("calibrations", {})
         if not isinstance(calibrations, dict) or not all(
@@ -100,7 +101,7 @@ class VonEngine:
         self._precision = engine_precision(spec.options, spec.device, on_cuda="fp32")
         self._models: dict[str, VonModel] = {}
         self._load_lock = threading.Lock()
-        self._reports = LoadReports()
+        self._report = report
         for key in spec.preload:
             self._model(key)
 
@@ -115,15 +116,13 @@ class VonEngine:
                 path = self._checkpoints[checkpoint]
                 calibration = self._calibrations.get(checkpoint)
                 model = VonModel(path, self._device, self._precision.precision, calibration)
-                self._reports.add(
-                    checkpoint, str(path), self._precision, model.linears, model.lowered
+                self._report(
+                    checkpoint_load(
+                        checkpoint, str(path), self._precision, model.linears, model.lowered
+                    )
                 )
                 self._models[checkpoint] = model
             return self._models[checkpoint]
-
-    def take_loaded(self) -> list[CheckpointLoad]:
-        """The checkpoints loaded since the last call (`scheduler.ReportsLoads`)."""
-        return self._reports.take()
 
     def prepare(self, job: Job) -> VonPreparedJob:
         model = self._model(job.checkpoint)
@@ -243,6 +242,6 @@ class VonEngine:
         return readout.answer(question, row_logits, probs)
 
 
-def create(spec: EngineSpec) -> VonEngine:
+def create(spec: EngineSpec, report: ReportLoad = ignore_load) -> VonEngine:
     """The worker's entry point (`decidealot.providers.von.worker.engine:create`)."""
-    return VonEngine(spec)
+    return VonEngine(spec, report)

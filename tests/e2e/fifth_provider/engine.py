@@ -11,7 +11,8 @@ from pathlib import Path
 
 from decidealot.contract import ChoiceQuestion, NoulQuestion
 from decidealot.errors import RequestInvalid
-from decidealot.jobs import Decision, EngineSpec, Job, PassShape
+from decidealot.jobs import Decision, EngineSpec, Job
+from decidealot.providers.engine.protocol import PassShape, ReportLoad
 from decidealot.providers.worker.readout import answer_from_probabilities
 
 
@@ -58,6 +59,6 @@ class FifthEngine:
         return Decision("fifth-1", answers, prepared.input_tokens)
 
 
-def create(spec: EngineSpec) -> FifthEngine:
+def create(spec: EngineSpec, report: ReportLoad) -> FifthEngine:
     weights = json.loads((Path(spec.checkpoints["fifth-1"]) / "weights.json").read_text())
     return FifthEngine(float(weights["weight"]))

@@ -1,1 +1,1 @@
-"""Torch-free engines that worker tests load through `decidealot.providers.worker`."""
+"""Torch-free engines that worker tests load through `decidealot.providers.engine`."""

@@ -12,7 +12,8 @@ integer msgpack cannot carry.
 memory then) and per pass (its jobs' count, rows and states, a state once per row),
 `{"fail_start": true}`, `{"start_delay": s}`, `{"print": true}` prints to stdout,
 `{"hold_mb": n}` holds n MB in 64 KB heap blocks for the engine's life, as a model's tensors
-would.
+would; `{"loads": true}` has each checkpoint (a job's `checkpoint`) load on its first use, or
+at start for `spec.preload`, reported as a real engine's load, taking `{"load_delay": s}`.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ from dataclasses import dataclass, field
 
 from decidealot.contract import NoulAnswer
 from decidealot.errors import RequestInvalid
-from decidealot.jobs import Decision, EngineSpec, Job, PassShape
+from decidealot.jobs import CheckpointLoad, Decision, EngineSpec, Job
+from decidealot.providers.engine.protocol import PassShape, ReportLoad
 
 GATE_SECONDS = 60.0
 """The longest a pass waits for its `until` file: a test that never opens its gate sees the
@@ -85,7 +87,11 @@ def _misbehave(job: Job, stage: str) -> None:
 class ArithEngine:
     shape = PassShape()
 
-    def __init__(self, spec: EngineSpec) -> None:
+    def __init__(self, spec: EngineSpec, report: ReportLoad) -> None:
+        self._report = report
+        self._loads = bool(spec.options.get("loads"))
+        self._load_delay = spec.options.get("load_delay", 0)
+        self._loaded: set[str] = set()
         self._log_path = spec.options.get("log")
         rss = resident_bytes()
         block = 64 * 1024
@@ -99,6 +105,14 @@ class ArithEngine:
                 "inherited_keys": sorted(k for k in os.environ if k.startswith("DECIDEALOT_")),
             }
         )
+        for key in spec.preload:
+            self._load(key)
+
+    def _load(self, key: str) -> None:
+        if self._loads and key not in self._loaded:
+            time.sleep(self._load_delay)
+            self._loaded.add(key)
+            self._report(CheckpointLoad(key, f"/arith/{key}", "fp32", 0, 0, [], "auto", "arith"))
 
     def _log(self, record: dict[str, object]) -> None:
         if self._log_path:
@@ -106,6 +120,7 @@ class ArithEngine:
                 log.write(json.dumps(record) + "\n")
 
     def prepare(self, job: Job) -> ArithPrepared:
+        self._load(job.checkpoint)
         _misbehave(job, "prepare")
         cost = job.config.get("cost", len(state_text(job)))
         count = job.config.get("rows", 1)
@@ -137,10 +152,10 @@ def _wait_for_file(path: str) -> None:
         time.sleep(0.01)
 
 
-def create(spec: EngineSpec) -> ArithEngine:
+def create(spec: EngineSpec, report: ReportLoad) -> ArithEngine:
     if spec.options.get("print"):
         print("stray output from an engine")
     time.sleep(spec.options.get("start_delay", 0))
     if spec.options.get("fail_start"):
         raise FileNotFoundError("secret checkpoint path /nowhere")
-    return ArithEngine(spec)
+    return ArithEngine(spec, report)

@@ -1,4 +1,5 @@
-"""The worker's pass planner: which rows of which jobs the next forward passes hold.
+"""The worker's pass planner: which rows of which jobs the next forward passes hold, and the
+worker's one record of its jobs (received, and not yet answered or withdrawn).
 
 Every job is cut into rows (`Engine.prepare`); the planner hands out *turns*: rows of one group
 whose summed tokens fit the token budget (a turn always holds at least one row), cut into
@@ -19,7 +20,7 @@ older ones is not starved, and had it counted, every newcomer behind a queue of 
 have jumped ahead of the job whose rows the budget had just cut (its count back at 0), which
 then waited for all of them.
 
-Not thread-safe: the worker calls it under its own lock.
+Not thread-safe: the core calls it under its own lock.
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ from collections.abc import Hashable, Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import count
 
-from decidealot.jobs import Decision, Engine, PassShape, PreparedJob
+from decidealot.jobs import Decision
+from decidealot.providers.engine.protocol import Engine, PassShape, PreparedJob
 
 STARVE_TURNS = 8
 """Turns a job with rows left may be overtaken, since its rows last ran, before it goes
@@ -69,44 +71,49 @@ class PlannedJob:
 
 @dataclass(frozen=True)
 class PlannedPass:
-    """One forward pass: rows of one group, shortest first, with the task each belongs to."""
+    """One forward pass: rows of one group, shortest first, with the job each belongs to."""
 
     group: Hashable
     rows: list[tuple[PlannedJob, int]]
 
     @property
-    def tasks(self) -> list[PlannedJob]:
-        """The tasks with rows in this pass, each once, in order of first row."""
-        return list({id(task): task for task, _ in self.rows}.values())
+    def jobs(self) -> list[PlannedJob]:
+        """The jobs with rows in this pass, each once, in order of first row."""
+        return list({id(job): job for job, _ in self.rows}.values())
 
     @property
     def padded_tokens(self) -> int:
-        return len(self.rows) * max(task.prepared.rows[i].tokens for task, i in self.rows)
+        return len(self.rows) * max(job.prepared.rows[i].tokens for job, i in self.rows)
 
 
 class Planner:
-    """Jobs whose rows wait for or are in forward passes."""
+    """Every job the worker holds: received (None until prepared), then planned while its rows
+    wait for or are in forward passes. A job leaves once answered or withdrawn."""
 
     def __init__(self, token_budget: int, shape: PassShape) -> None:
         self._budget = token_budget
         self._shape = shape
-        self._tasks: dict[int, PlannedJob] = {}
+        self._jobs: dict[int, PlannedJob | None] = {}
         self._seq = count()
 
     def __len__(self) -> int:
-        return len(self._tasks)
+        return len(self._jobs)
 
     def __contains__(self, job_id: int) -> bool:
-        return job_id in self._tasks
+        return job_id in self._jobs
 
     @property
     def has_rows(self) -> bool:
-        return any(task.waiting for task in self._tasks.values())
+        return any(job is not None and job.waiting for job in self._jobs.values())
+
+    def receive(self, job_id: int) -> None:
+        """A job is on its way through `prepare`."""
+        self._jobs[job_id] = None
 
     def add(self, job_id: int, prepared: PreparedJob) -> PlannedJob:
         rows = prepared.rows
         order = sorted(range(len(rows)), key=lambda i: rows[i].tokens)
-        task = PlannedJob(
+        job = PlannedJob(
             job_id,
             prepared,
             next(self._seq),
@@ -114,55 +121,58 @@ class Planner:
             turns=-(-sum(row.tokens for row in rows) // self._budget),
             outputs=[None] * len(rows),
         )
-        self._tasks[job_id] = task
-        return task
+        self._jobs[job_id] = job
+        return job
 
-    def remove(self, job_id: int) -> PlannedJob | None:
-        """Withdraw a job (cancelled, failed or finished); rows of it already in a turn run on,
-        and their outputs are dropped."""
-        return self._tasks.pop(job_id, None)
+    def remove(self, job_id: int) -> bool:
+        """Withdraw a job (cancelled, failed or finished); whether it was still held. Rows of it
+        already in a turn run on, and their outputs are dropped."""
+        return self._jobs.pop(job_id, False) is not False
 
-    def live(self, task: PlannedJob) -> bool:
-        return self._tasks.get(task.id) is task
+    def clear(self) -> None:
+        self._jobs.clear()
+
+    def live(self, job: PlannedJob) -> bool:
+        return self._jobs.get(job.id) is job
 
     def take(self) -> list[PlannedPass]:
         """The next turn, cut into passes; empty when no row waits."""
-        waiting = [task for task in self._tasks.values() if task.waiting]
+        waiting = [job for job in self._jobs.values() if job is not None and job.waiting]
         if not waiting:
             return []
-        waiting.sort(key=lambda t: (t.overtaken < STARVE_TURNS, t.turns, t.seq))
+        waiting.sort(key=lambda j: (j.overtaken < STARVE_TURNS, j.turns, j.seq))
         group = waiting[0].group
         picked: list[tuple[PlannedJob, int]] = []
         tokens = 0
         full = False
         skipped: list[PlannedJob] = []
         newest = -1
-        for task in waiting:
-            if full or task.group != group:
-                skipped.append(task)
+        for job in waiting:
+            if full or job.group != group:
+                skipped.append(job)
                 continue
             took = 0
-            while task.waiting:
-                index = task.order[task.taken]
-                cost = task.prepared.rows[index].tokens
+            while job.waiting:
+                index = job.order[job.taken]
+                cost = job.prepared.rows[index].tokens
                 if picked and tokens + cost > self._budget:
                     full = True
                     break
-                picked.append((task, index))
+                picked.append((job, index))
                 tokens += cost
-                task.taken += 1
+                job.taken += 1
                 took += 1
-            task.running += took
+            job.running += took
             if took:
-                task.overtaken = 0
-                newest = max(newest, task.seq)
+                job.overtaken = 0
+                newest = max(newest, job.seq)
             else:
-                skipped.append(task)
-        for task in skipped:
-            if task.seq < newest:
-                task.overtaken += 1
+                skipped.append(job)
+        for job in skipped:
+            if job.seq < newest:
+                job.overtaken += 1
         picked.sort(key=lambda item: item[0].prepared.rows[item[1]].tokens)
-        lengths = [task.prepared.rows[i].tokens for task, i in picked]
+        lengths = [job.prepared.rows[i].tokens for job, i in picked]
         return [PlannedPass(group, picked[start:stop]) for start, stop in cut(lengths, self._shape)]
 
 
@@ -188,11 +198,11 @@ def run_together(
     """Run prepared jobs in this process through the same planning as a worker (turns within
     `token_budget`, default unbounded, cut by the engine's shape): for tests and benches."""
     planner = Planner(token_budget or sys.maxsize, engine.shape)
-    tasks = [planner.add(i, prepared) for i, prepared in enumerate(batch)]
+    jobs = [planner.add(i, prepared) for i, prepared in enumerate(batch)]
     while turn := planner.take():
         for each in turn:
-            outputs = engine.forward(each.group, [t.prepared.rows[i] for t, i in each.rows])
-            for (task, index), output in zip(each.rows, outputs, strict=True):
-                task.outputs[index] = output
-                task.running -= 1
-    return [engine.finish(task.prepared, task.outputs) for task in tasks]
+            outputs = engine.forward(each.group, [j.prepared.rows[i] for j, i in each.rows])
+            for (job, index), output in zip(each.rows, outputs, strict=True):
+                job.outputs[index] = output
+                job.running -= 1
+    return [engine.finish(job.prepared, job.outputs) for job in jobs]

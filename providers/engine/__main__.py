@@ -1,7 +1,6 @@
-"""`python -m decidealot.providers.worker`: the process a local provider's engine runs in."""
+"""`python -m decidealot.providers.engine`: the process a local provider's engine runs in."""
 
 import os
-import sys
 
 # oneDNN (bf16 and int8 matrix products on CPU) keeps every primitive it built, and ideep its
 # parameters, per input shape: up to 1024 each, a few MB apiece, so a bf16 worker serving
@@ -11,6 +10,6 @@ import sys
 os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "16")
 os.environ.setdefault("LRU_CACHE_CAPACITY", "16")
 
-from decidealot.providers.worker.process import main
+from decidealot.providers.engine.proc import main
 
-sys.exit(main())
+main()
