@@ -1,10 +1,8 @@
-"""Small random checkpoints of every local model, in the upstream on-disk formats.
+"""Small random checkpoints of every local model, in the upstream on-disk formats: what the
+providers' `tiny` modules share, and the writer of them all.
 
-One code path for the test suite, the benchmarks and `decidealot checkpoints tiny DIR`: each
-provider's `tiny` module writes exactly the files the upstream package and our engine load, with
-random weights, so the answers they give carry no meaning. They are for smoke tests, client CI
-and trying the API offline; torch is imported there, so only the CLI, tests and benches do.
-This module holds what they share, and writes them all.
+One code path for the test suite, the benchmarks and `decidealot checkpoints tiny DIR`; the
+answers carry no meaning. torch is imported here, so only the CLI, tests and benches do.
 """
 
 from __future__ import annotations

@@ -30,19 +30,14 @@ from decidealot.registry import Bundle, ProviderDescriptor, Tiny
 RELEASE = "2026-09-19"  # contrastive-lm 0.1.0 dates its models so (clm.worker.engine.RELEASE)
 HEAD_FILE = "CLM_v0.1-8B.pt"
 
-SELECTORS = (
-    ModelInfo(
-        "clm",
-        "CLM System One decisions from the local Contrastive-LM/CLM-v0.1-8B head.",
-        RELEASE,
-    ),
-    ModelInfo("clm-latest", "Alias for the current CLM release.", RELEASE),
-    ModelInfo("clm-0.1", "Alias for the CLM v0.1 release.", RELEASE),
-    ModelInfo(
-        "clm-0.1-8b",
-        "Contrastive-LM/CLM-v0.1-8B projection head over Qwen3-8B vectors.",
-        RELEASE,
-    ),
+SELECTORS = tuple(
+    ModelInfo(name, description, RELEASE)
+    for name, description in (
+        ("clm", "CLM System One decisions from the local Contrastive-LM/CLM-v0.1-8B head."),
+        ("clm-latest", "Alias for the current CLM release."),
+        ("clm-0.1", "Alias for the CLM v0.1 release."),
+        ("clm-0.1-8b", "Contrastive-LM/CLM-v0.1-8B projection head over Qwen3-8B vectors."),
+    )
 )
 
 

@@ -22,7 +22,7 @@ import base64
 import os
 import sys
 from functools import partial
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 import msgspec
 from litestar import Litestar, Request, get, post
@@ -37,13 +37,14 @@ if TYPE_CHECKING:
 
 DEFAULT_MODEL = "Qwen/Qwen3-8B"
 DEFAULT_SERVED_NAME = "qwen3-8b"
+Dtype = Literal["auto", "float32", "bfloat16", "float16"]
 
 
 class EncoderOptions(msgspec.Struct, frozen=True):
     model: str = DEFAULT_MODEL
     served_name: str = DEFAULT_SERVED_NAME
     device: str = "auto"
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    dtype: Dtype = "auto"
     """`auto`: bfloat16 on CUDA (as the reference encoder runs), float32 on CPU."""
     max_tokens: int = 2048
     batch_size: int = 32
@@ -83,14 +84,12 @@ class LastTokenEncoder:
 
     def encode(self, texts: list[str]) -> tuple[np.ndarray, list[int]]:
         """-> ([n, width] float32 unit vectors, tokens used per text)."""
-        import numpy as np
-
         features = self._model.preprocess(texts)
         tokens = [int(n) for n in features["attention_mask"].sum(dim=1).tolist()]
         vectors = self._model.encode(
             texts, batch_size=self._batch_size, convert_to_numpy=True, show_progress_bar=False
         )
-        return np.asarray(vectors, dtype=np.float32), tokens
+        return vectors.astype("float32", copy=False), tokens
 
 
 class EmbeddingsRequest(msgspec.Struct):
@@ -138,22 +137,13 @@ async def _embeddings(data: EmbeddingsRequest, state: State) -> Response[dict[st
         with tracing.span("encode", texts=len(texts)) as span:
             vectors, tokens = await asyncio.to_thread(encoder.encode, texts)
             span.set(tokens=sum(tokens))
-    items = []
-    for index, vector in enumerate(vectors):
-        if data.encoding_format == "base64":
-            embedding: Any = base64.b64encode(vector.astype("<f4").tobytes()).decode()
-        else:
-            embedding = vector.tolist()
-        items.append({"object": "embedding", "index": index, "embedding": embedding})
-    used = sum(tokens)
-    return Response(
-        {
-            "object": "list",
-            "data": items,
-            "model": served,
-            "usage": {"prompt_tokens": used, "total_tokens": used},
-        }
-    )
+    if data.encoding_format == "base64":
+        embeddings = [base64.b64encode(v.astype("<f4").tobytes()).decode() for v in vectors]
+    else:
+        embeddings = vectors.tolist()
+    items = [{"object": "embedding", "index": i, "embedding": e} for i, e in enumerate(embeddings)]
+    usage = {"prompt_tokens": sum(tokens), "total_tokens": sum(tokens)}
+    return Response({"object": "list", "data": items, "model": served, "usage": usage})
 
 
 @get("/v1/models")
@@ -176,43 +166,33 @@ def create_encoder_app(options: EncoderOptions) -> Litestar:
     return Litestar([embeddings, models, health], state=state, on_shutdown=[tracing.shutdown])
 
 
-def _parser() -> argparse.ArgumentParser:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="decidealot encoder",
         description="Serve an OpenAI-compatible /v1/embeddings endpoint for CLM.",
     )
     parser.add_argument("--model", default=DEFAULT_MODEL, help="local path or hub id")
     parser.add_argument(
-        "--served-model-name", default=DEFAULT_SERVED_NAME, help="the model name requests must use"
+        "--served-model-name",
+        dest="served_name",
+        default=DEFAULT_SERVED_NAME,
+        help="the model name requests must use",
     )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8090)
     parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
-    parser.add_argument(
-        "--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16")
-    )
+    parser.add_argument("--dtype", default="auto", choices=get_args(Dtype))
     parser.add_argument(
         "--max-tokens", type=int, default=2048, help="longer inputs keep their last tokens"
     )
     parser.add_argument("--batch-size", type=int, default=32)
-    return parser
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    args = parser.parse_args(argv)
     try:  # checked here, before the worker starts, so a bad value is one line
         config.trace_exporters(os.environ)
     except config.ConfigError as exc:
         print(f"decidealot encoder: {exc}", file=sys.stderr)
         return 2
-    options = EncoderOptions(
-        model=args.model,
-        served_name=args.served_model_name,
-        device=args.device,
-        dtype=args.dtype,
-        max_tokens=args.max_tokens,
-        batch_size=args.batch_size,
-    )
+    options = msgspec.convert(vars(args), EncoderOptions)  # host and port are the server's
     from granian.constants import Interfaces
     from granian.server import Server
 

@@ -11,9 +11,10 @@ from collections.abc import Iterator
 
 import msgspec
 
-from decidealot.contract import ChoiceQuestion, Json, Loc, NoulQuestion, Question, ScoreQuestion
+from decidealot.contract import ChoiceQuestion, Json, Loc, Question, ScoreQuestion
 
 NOUL_KEYS = ("false", "true")
+_NOUL_DEFAULTS = {"false": "No. This is false: ", "true": "Yes. This is true: "}
 
 
 def to_text(value: Json, indent: int = 0) -> str:
@@ -47,13 +48,6 @@ def to_text(value: Json, indent: int = 0) -> str:
     return "\n".join(parts)
 
 
-def compose_state(context: str, instructions: Json) -> str:
-    """Context (the state's stripped text) first, question last: the layout the state head was
-    trained on."""
-    question = to_text(instructions).strip()
-    return f"{context}\n\n{question}" if context and question else (context or question)
-
-
 def _absent(value: Json) -> bool:
     return value is None or value == ""
 
@@ -66,9 +60,8 @@ class Candidate(msgspec.Struct, frozen=True):
 
 class RenderedQuestion(msgspec.Struct, frozen=True):
     state_text: str
-    keys: list[str]
-    """Option keys in answer order; one candidate per key."""
     candidates: list[Candidate]
+    """One per option, in the order of `option_keys`."""
 
 
 def option_keys(question: Question) -> list[str]:
@@ -92,44 +85,30 @@ def _candidates(question: Question) -> list[Candidate]:
             Candidate(to_text(level), ["criteria", position])
             for position, level in enumerate(question.criteria)
         ]
-    return _noul_candidates(question)
-
-
-def _noul_candidates(question: NoulQuestion) -> list[Candidate]:
-    """`false: …`/`true: …`; a missing side defaults to a yes/no restatement of the question."""
+    # `false: …`/`true: …`; a missing side defaults to a yes/no restatement of the question.
     statement = to_text(question.instructions).strip()
     criteria = question.criteria or {}
-    defaults = {"false": "No. This is false: ", "true": "Yes. This is true: "}
     rendered: list[Candidate] = []
     for key in NOUL_KEYS:
         desc = criteria.get(key)
         loc: Loc = ["criteria", key]
         if _absent(desc):
-            desc = defaults[key] + statement if statement else key
+            desc = _NOUL_DEFAULTS[key] + statement if statement else key
             loc = ["instructions"] if statement else loc
         rendered.append(Candidate(f"{key}: {to_text(desc)}", loc))
     return rendered
 
 
-def render_question(state: Json, question: Question) -> RenderedQuestion:
-    return _render(to_text(state).strip(), question)
-
-
 def render_questions(
     state: Json, questions: dict[str, Question]
 ) -> Iterator[tuple[str, RenderedQuestion]]:
-    """Each question rendered, the state's text rendered once for all of them."""
+    """Each question rendered, the state's text rendered once for all of them: context (the
+    state's stripped text) first, question last, the layout the state head was trained on."""
     context = to_text(state).strip()
     for name, question in questions.items():
-        yield name, _render(context, question)
-
-
-def _render(context: str, question: Question) -> RenderedQuestion:
-    return RenderedQuestion(
-        state_text=compose_state(context, question.instructions),
-        keys=option_keys(question),
-        candidates=_candidates(question),
-    )
+        asked = to_text(question.instructions).strip()
+        state_text = f"{context}\n\n{asked}" if context and asked else (context or asked)
+        yield name, RenderedQuestion(state_text, _candidates(question))
 
 
 def score_legend(question: ScoreQuestion) -> dict[str, Json]:

@@ -7,6 +7,9 @@ from pathlib import Path
 
 import torch
 
+from decidealot.providers.clm.descriptor import HEAD_FILE
+from decidealot.providers.clm.gateway.provider import CHECKPOINT, QWEN3_8B_WIDTH
+
 DEFAULT_LOGIT_SCALE = math.log(1 / 0.07)
 """scale ≈ 14.3: readable probabilities. Pass > ln 100 to exercise upstream's clamp."""
 
@@ -69,12 +72,7 @@ def build_clm_head(
     return path
 
 
-QWEN3_8B_WIDTH = 4096
-"""The head reads Qwen3-8B vectors, so its input width is the real one; the towers stay tiny."""
-
-
 def write_bundles(root: Path) -> dict[str, Path]:
-    """The `clm-0.1-8b` bundle's head file at random."""
-    return {
-        "clm-0.1-8b": build_clm_head(root / "clm-0.1-8b" / "CLM_v0.1-8B.pt", hidden=QWEN3_8B_WIDTH)
-    }
+    """The bundle's head file at random: it reads Qwen3-8B's real width, its towers stay tiny."""
+    path = root / CHECKPOINT / HEAD_FILE
+    return {CHECKPOINT: build_clm_head(path, hidden=QWEN3_8B_WIDTH)}

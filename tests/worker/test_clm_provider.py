@@ -27,7 +27,7 @@ from decidealot.executor import Executor
 from decidealot.providers.clm.descriptor import SELECTORS
 from decidealot.providers.clm.gateway.encoder_client import EncoderClient, embeddings_endpoint
 from decidealot.providers.clm.gateway.provider import ClmProvider
-from decidealot.providers.clm.render import render_question
+from decidealot.providers.clm.render import render_questions
 from decidealot.providers.clm.tiny import build_clm_head
 from decidealot.residency import Residency
 from decidealot.service import Service, build_providers, lane_of
@@ -102,7 +102,7 @@ def _request(
 
 
 def _texts(request: SystemOneRequest) -> tuple[list[str], list[str]]:
-    rendered = [render_question(request.state, q) for q in request.questions.values()]
+    rendered = [r for _, r in render_questions(request.state, request.questions)]
     states = list(dict.fromkeys(r.state_text for r in rendered))
     options = list(dict.fromkeys(c.text for r in rendered for c in r.candidates))
     return states, options

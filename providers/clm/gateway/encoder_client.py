@@ -5,7 +5,8 @@ chunks of `MAX_INPUTS_PER_CALL`, one call at a time, asking for base64 float32 (
 are accepted too). Every vector must have exactly `width` finite values. Timeouts, refused
 connections and 5xx/429 answers are retried with backoff for up to `retry_seconds`; anything
 else fails at once. Every failure surfaces as `ProviderUnavailable` with a fixed message.
-Candidate vectors may be cached (TTL + LRU, keyed by model and text); state vectors never are.
+Candidate vectors may be cached (TTL + LRU, one cache per client, so per model); state vectors
+never are.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import math
 import sys
 import time
 from array import array
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from typing import Annotated
 
 import cachetools
@@ -63,15 +64,11 @@ class _EncoderFailure(Exception):
     """Why one call failed, in words safe to log; `transient` failures are retried. `kind` is
     the metric reason: timeout, connection, status or invalid_reply."""
 
-    def __init__(self, reason: str, *, transient: bool, kind: str = "invalid_reply"):
+    def __init__(self, reason: str, kind: str = "invalid_reply", *, transient: bool = False):
         super().__init__(reason)
         self.reason = reason
-        self.transient = transient
         self.kind = kind
-
-
-def _is_transient(exc: BaseException) -> bool:
-    return isinstance(exc, _EncoderFailure) and exc.transient
+        self.transient = transient
 
 
 class Embedded(msgspec.Struct, frozen=True):
@@ -102,12 +99,12 @@ class EncoderClient:
         moves the clock past the TTL, and records the backoffs, instead of waiting."""
         self._endpoint = embeddings_endpoint(url)
         self._model = model
-        self._width = width
+        self.width = width
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._timeout = httpx.Timeout(timeout_seconds)
         self._retry_seconds = retry_seconds
         self._sleep = sleep
-        self._cache: cachetools.TTLCache[tuple[str, str], bytes] | None = (
+        self._cache: cachetools.TTLCache[str, bytes] | None = (
             cachetools.TTLCache(maxsize=cache_size, ttl=cache_ttl_seconds, timer=clock)
             if cache_size
             else None
@@ -117,11 +114,7 @@ class EncoderClient:
         """Whether the encoder's last call (retries included) answered; None before any."""
 
     def __repr__(self) -> str:  # never shows the key
-        return f"EncoderClient(model={self._model!r}, width={self._width})"
-
-    @property
-    def width(self) -> int:
-        return self._width
+        return f"EncoderClient(model={self._model!r}, width={self.width})"
 
     async def start(self) -> None:
         if self._client is None:
@@ -134,24 +127,19 @@ class EncoderClient:
 
     async def embed(self, texts: Sequence[str], *, cache: bool) -> Embedded:
         """Vectors for `texts`; with `cache`, cached rows are reused and misses stored."""
-        store = self._cache if cache else None
-        found: dict[str, bytes] = {}
-        missing: list[str] = []
-        for text in dict.fromkeys(texts):
-            row = store.get((self._model, text)) if store is not None else None
-            if row is None:
-                missing.append(text)
-            else:
-                found[text] = row
+        store: MutableMapping[str, bytes] = {}  # without the cache: forgotten on return
+        if cache and self._cache is not None:
+            store = self._cache
+        unique = dict.fromkeys(texts)
+        found = {text: row for text in unique if (row := store.get(text)) is not None}
+        missing = [text for text in unique if text not in found]
         tokens = 0
         for start in range(0, len(missing), MAX_INPUTS_PER_CALL):
             chunk = missing[start : start + MAX_INPUTS_PER_CALL]
             rows, spent = await self._fetch(chunk)
             tokens += spent
-            for text, row in zip(chunk, rows, strict=True):
-                found[text] = row
-                if store is not None:
-                    store[(self._model, text)] = row
+            found.update(zip(chunk, rows, strict=True))
+            store.update(zip(chunk, rows, strict=True))
         return Embedded(rows=[found[text] for text in texts], prompt_tokens=tokens)
 
     @tracing.traced("encoder", kind="client")
@@ -161,7 +149,7 @@ class EncoderClient:
             sleep=self._sleep,
             stop=stop_before_delay(self._retry_seconds),
             wait=wait_exponential(multiplier=0.1, max=2.0),
-            retry=retry_if_exception(_is_transient),
+            retry=retry_if_exception(lambda exc: getattr(exc, "transient", False)),
             reraise=True,
         )
         try:
@@ -184,26 +172,26 @@ class EncoderClient:
         try:
             response = await self._client.post(self._endpoint, json=body, headers=headers)
         except httpx.TimeoutException:
-            raise _EncoderFailure("timed out", transient=True, kind="timeout") from None
+            raise _EncoderFailure("timed out", "timeout", transient=True) from None
         except httpx.TransportError as exc:  # refused, reset, protocol errors
             reason = f"transport error ({type(exc).__name__})"
-            raise _EncoderFailure(reason, transient=True, kind="connection") from None
+            raise _EncoderFailure(reason, "connection", transient=True) from None
         except httpx.RequestError as exc:  # e.g. an undecodable body: retrying will not help
             reason = f"request error ({type(exc).__name__})"
-            raise _EncoderFailure(reason, transient=False, kind="connection") from None
+            raise _EncoderFailure(reason, "connection") from None
         status = response.status_code
         if status != 200:
             transient = status >= 500 or status == 429
-            raise _EncoderFailure(f"answered status {status}", transient=transient, kind="status")
+            raise _EncoderFailure(f"answered status {status}", "status", transient=transient)
         return self._decode(response.content, len(texts))
 
     def _decode(self, content: bytes, count: int) -> tuple[list[bytes], int]:
         try:
             parsed = msgspec.json.decode(content, type=_EmbeddingsResponse)
         except msgspec.DecodeError:
-            raise _EncoderFailure("malformed response body", transient=False) from None
+            raise _EncoderFailure("malformed response body") from None
         if sorted(item.index for item in parsed.data) != list(range(count)):
-            raise _EncoderFailure("response does not index every input once", transient=False)
+            raise _EncoderFailure("response does not index every input once")
         rows: list[bytes] = [b""] * count
         for item in parsed.data:
             rows[item.index] = self._row(item.embedding)
@@ -215,17 +203,17 @@ class EncoderClient:
             try:
                 raw = base64.b64decode(embedding, validate=True)
             except binascii.Error:
-                raise _EncoderFailure("malformed base64 embedding", transient=False) from None
-            if len(raw) != self._width * 4:
-                raise _EncoderFailure(f"embedding is not {self._width} float32", transient=False)
+                raise _EncoderFailure("malformed base64 embedding") from None
+            if len(raw) != self.width * 4:
+                raise _EncoderFailure(f"embedding is not {self.width} float32")
             row = array("f")
             row.frombytes(raw)
             if sys.byteorder == "big":  # the wire is little-endian
                 row.byteswap()
         else:
-            if len(embedding) != self._width:
-                raise _EncoderFailure(f"embedding is not {self._width} floats", transient=False)
+            if len(embedding) != self.width:
+                raise _EncoderFailure(f"embedding is not {self.width} floats")
             row = array("f", embedding)
         if not all(map(math.isfinite, row)):  # float32 overflow shows up here as inf
-            raise _EncoderFailure("embedding has non-finite values", transient=False)
+            raise _EncoderFailure("embedding has non-finite values")
         return row.tobytes()

@@ -1,20 +1,16 @@
 """The CLM provider (gateway side; never imports torch, even indirectly).
 
-A decision renders every question's state text and option texts (off the event loop), bounds
-each by `clm_max_text_bytes` UTF-8 bytes (422, never truncated), bounds the request's estimated
+`accept` renders every question's texts (off the event loop), bounds each by
+`clm_max_text_bytes` UTF-8 bytes (422, never truncated), and bounds the request's estimated
 cost by `DECIDEALOT_MAX_REQUEST_TOKENS` and its distinct vectors by `MAX_VECTORS` (422 before
-any encoder call), embeds each distinct state text (always fresh) and option text (cached) once
-at the configured endpoint, and sends each distinct vector once to the head in its worker, with
-an index saying which rows each question uses (layout documented in
-`decidealot.providers.clm.worker.engine`). `usage.input_tokens` is the encoder's `prompt_tokens`
-for the calls actually made.
+any encoder call). `make` embeds each distinct state text (always fresh) and option text
+(cached) once, and the job carries each distinct vector once, with an index saying which rows
+each question uses (layout in `decidealot.providers.clm.worker.engine`).
 
-Serial lane: by default the whole decision (the encoder calls in `ClmJobToMake.make`, and the
-head pass) runs inside one residency hold of the CLM runtime (`in_lane`), on the lane the service
-gives it, which it shares with Laya and Von, so the encoder (which may share the GPU or the
-cores) and the head never overlap another local model's forward pass. With
-`clm_parallel_with_local_models` the runtime takes no lane, the encoder calls run before the
-residency hold, and only the head pass holds a slot.
+By default the encoder calls run inside the residency hold, on the lane CLM shares with Laya
+and Von (`in_lane`), so the encoder (which may share the GPU or the cores) and the head never
+overlap another local model's forward pass. With `clm_parallel_with_local_models` the runtime
+takes no lane, the encoder calls run before the hold, and only the head pass holds a slot.
 """
 
 from __future__ import annotations
@@ -52,17 +48,11 @@ def estimated_tokens(text: str) -> int:
 
 @dataclass(frozen=True)
 class EncoderTexts:
-    """What one request sends its encoder, each distinct text once, and which of them each
-    question's rows are (the layout of `Job.vector_index`: state texts' rows first, then
-    option texts' rows)."""
+    """What one request sends its encoder, each distinct text once, and `Job.vector_index`."""
 
     states: list[str]
     options: list[str]
     index: list[int]
-
-    @property
-    def vectors(self) -> int:
-        return len(self.states) + len(self.options)
 
     @property
     def cost(self) -> int:
@@ -73,48 +63,38 @@ class EncoderTexts:
 
 
 def encoder_texts(request: SystemOneRequest, max_text_bytes: int) -> EncoderTexts:
-    """Render, bound and de-duplicate a request's texts; CPU work, so callers run it off the
-    event loop. Raises RequestInvalid for a text over `max_text_bytes`."""
+    """Render, bound (`RequestInvalid`) and de-duplicate a request's texts; CPU work, so
+    callers run it off the event loop."""
     states: dict[str, int] = {}
     options: dict[str, int] = {}
-    rows: list[tuple[int, list[int]]] = []
+    texts: list[list[int]] = []  # per question: its state text, then its option texts
     for name, question in render_questions(request.state, request.questions):
         _bounded(name, question, max_text_bytes)
-        state = states.setdefault(question.state_text, len(states))
-        rows.append(
-            (state, [options.setdefault(c.text, len(options)) for c in question.candidates])
-        )
+        texts.append([states.setdefault(question.state_text, len(states))])
+        texts[-1] += [options.setdefault(c.text, len(options)) for c in question.candidates]
     index: list[int] = []
-    for state, option_rows in rows:
-        index.append(state)
-        index += [len(states) + row for row in option_rows]
+    for state, *option_texts in texts:  # option texts' rows follow all state texts' rows
+        index += [state, *(len(states) + option for option in option_texts)]
     return EncoderTexts(list(states), list(options), index)
 
 
 def _bounded(name: str, question: RenderedQuestion, limit: int) -> None:
     """Reject, never truncate: the encoder only ever sees whole texts."""
-    size = len(question.state_text.encode())
-    if size > limit:
-        raise RequestInvalid.question(
-            name,
-            f"state plus instructions render to {size} UTF-8 bytes; CLM accepts at most "
-            f"{limit} (DECIDEALOT_CLM_MAX_TEXT_BYTES)",
-        )
-    for candidate in question.candidates:
-        size = len(candidate.text.encode())
-        if size > limit:
+    texts = [(question.state_text, "state plus instructions render", None)]
+    texts += [(c.text, "option text renders", c.loc) for c in question.candidates]
+    for text, what, loc in texts:
+        if (size := len(text.encode())) > limit:
             raise RequestInvalid.question(
                 name,
-                f"option text renders to {size} UTF-8 bytes; CLM accepts at most {limit} "
+                f"{what} to {size} UTF-8 bytes; CLM accepts at most {limit} "
                 "(DECIDEALOT_CLM_MAX_TEXT_BYTES)",
-                loc=candidate.loc,
+                loc=loc,
             )
 
 
 @dataclass(frozen=True)
 class ClmJobToMake:
-    """An accepted request, its texts rendered, bounded and de-duplicated
-    (`decidealot.protocols.JobToMake`): `make` calls the encoder and builds the job."""
+    """An accepted request (`decidealot.protocols.JobToMake`): `make` calls the encoder."""
 
     request: SystemOneRequest
     texts: EncoderTexts
@@ -122,9 +102,8 @@ class ClmJobToMake:
     in_lane: bool
 
     async def make(self) -> MadeJob:
-        """The encoder calls and the job they feed: each distinct vector once, in the order
-        `texts.index` counts them; the encoder's prompt tokens are the gateway's share of
-        `usage.input_tokens`."""
+        """The job, each distinct vector once; the encoder's prompt tokens are the gateway's
+        share of `usage.input_tokens`."""
         request, texts = self.request, self.texts
         states = await self.encoder.embed(texts.states, cache=False)
         options = await self.encoder.embed(texts.options, cache=True)
@@ -180,13 +159,11 @@ class ClmProvider:
         return list(self._selectors)
 
     async def accept(self, selector: str, request: SystemOneRequest) -> ClmJobToMake:
-        """Render, bound and de-duplicate every text (off the loop) and check the request's
-        cost, before any wait."""
         texts = await asyncio.to_thread(encoder_texts, request, self._max_text_bytes)
-        if texts.vectors > MAX_VECTORS:
+        if (vectors := len(texts.states) + len(texts.options)) > MAX_VECTORS:
             raise RequestInvalid.question(
                 None,
-                f"this request needs {texts.vectors} distinct encoder vectors; CLM carries at "
+                f"this request needs {vectors} distinct encoder vectors; CLM carries at "
                 f"most {MAX_VECTORS} per request: split its questions over several requests",
             )
         limit = self._max_request_tokens

@@ -1,16 +1,14 @@
 """CLM's worker engine: projection heads over the vectors the gateway sends, and the readout.
 
-The gateway embeds texts (the encoder is a separate HTTP service) and sends each job's raw
-vectors in `Job.vectors`: float32 in the host's byte order (gateway and worker share a host),
-row-major [rows, width], each distinct text's vector once. `Job.vector_index` says, for each
+`Job.vectors` holds each distinct text's vector once: float32 in the host's byte order
+(gateway and worker share a host), row-major [rows, width]. `Job.vector_index` says, for each
 question in order, which row is its state, then which row is each option in answer order
 (`render.option_keys`): 400 questions over the same 255 labels carry 255 option rows, not
-102,000, so a job's memory here and in its frame is bounded by its distinct texts. The engine
-L2-normalises every row (in numpy, with upstream's exact float32 operations: at scale 100 and
-low temperatures a last-bit difference in the norm shows in the probabilities), projects each
-distinct state row once with the state head and each distinct option row once with the action
-head (as upstream projects each distinct text once), and reads out
-`softmax(scale * cos / temperature)` exactly as upstream `contrastive-lm` 0.1.0 does.
+102,000, so a job's memory here and in its frame is bounded by its distinct texts. Every row
+is L2-normalised in numpy with upstream's exact float32 operations (at scale 100 and low
+temperatures a last-bit difference in the norm shows in the probabilities), each distinct row
+goes through its tower once (as upstream projects each distinct text once), and the readout is
+`softmax(scale * cos / temperature)` exactly as upstream `contrastive-lm` 0.1.0 has it.
 """
 
 from __future__ import annotations
@@ -35,7 +33,8 @@ _NORM_EPS = 1e-12  # upstream's l2: v / (|v| + 1e-12)
 @dataclass(frozen=True)
 class ClmPreparedJob:
     """One job's vectors, checked against its questions, waiting for a pass. The job is one
-    row of a pass: the heads are tiny, and answering it whole matches upstream to the bit."""
+    row of a pass: the heads are tiny, and a job's answers then match upstream's, and its own
+    answers alone, to the bit."""
 
     tokens: int
     """Distinct vectors this job adds to a pass."""
@@ -49,8 +48,7 @@ class ClmPreparedJob:
     option_rows: torch.Tensor
     """Every question's option rows in `vectors`, question after question."""
     option_counts: list[int]
-    input_tokens = 0
-    """The head reads vectors; the gateway adds the encoder's prompt tokens itself."""
+    input_tokens = 0  # the head reads vectors; the gateway adds the encoder's prompt tokens
 
     @property
     def rows(self) -> list[ClmPreparedJob]:
@@ -117,8 +115,6 @@ class ClmEngine:
 
     @torch.inference_mode()
     def forward(self, group: Hashable, rows: Sequence[ClmPreparedJob]) -> list[Decision]:
-        """Each job's vectors go through the towers on their own: the heads are tiny, and a
-        job's answers then match upstream's, and its own answers alone, to the bit."""
         heads = self._heads[str(group)]
         return [self._decide(heads, prepared) for prepared in rows]
 
@@ -150,12 +146,8 @@ class ClmEngine:
 
 
 def create(spec: EngineSpec) -> ClmEngine:
-    """Load every head weights-only; a head whose input width is not the encoder's fails here.
-
-    `options["width"]` is the encoder width the gateway enforces (4096 for Qwen3-8B). The
-    engine reports `input_tokens=0`: the head reads vectors, and the gateway adds the
-    encoder's prompt tokens itself.
-    """
+    """Load every head weights-only; a head whose input width is not the encoder's (the
+    gateway's `options["width"]`, 4096 for Qwen3-8B) fails here."""
     width = int(spec.options["width"])
     heads: dict[str, HeadPair] = {}
     for key, path in spec.checkpoints.items():

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pickle
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import msgspec
 import torch
@@ -30,7 +30,7 @@ class HeadConfig(msgspec.Struct, frozen=True):
     """The `cfg` keys the architecture needs; training's extra keys are ignored."""
 
     width: int
-    depth: int
+    depth: Annotated[int, msgspec.Meta(ge=2)]
     projection_dim: int = 512
     activation: Literal["gelu", "relu", "silu"] = "gelu"
     layernorm: bool = False
@@ -72,7 +72,8 @@ class HeadPair:
     cfg: HeadConfig
 
 
-def _read(path: Path) -> dict[str, object]:
+def load_heads(path: Path, device: str) -> HeadPair:
+    """Load a head file weights-only; raise HeadFileError for anything unusable."""
     try:
         data = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
@@ -84,7 +85,16 @@ def _read(path: Path) -> dict[str, object]:
         raise HeadFileError(f"CLM head {path.name} cannot be read: {exc}") from exc
     if not isinstance(data, dict):
         raise HeadFileError(f"CLM head {path.name} is not a checkpoint dict")
-    return data
+    cfg = _config(data, path.name)
+    if "logit_scale" not in data:
+        raise HeadFileError(f"CLM head {path.name} has no logit_scale")
+    logit_scale = torch.as_tensor(data["logit_scale"]).float()
+    return HeadPair(
+        state=_tower(data, "state_head", cfg, path.name, device),
+        action=_tower(data, "action_head", cfg, path.name, device),
+        scale=float(logit_scale.exp().clamp(max=MAX_SCALE)),
+        cfg=cfg,
+    )
 
 
 def _config(data: dict[str, object], name: str) -> HeadConfig:
@@ -98,8 +108,6 @@ def _config(data: dict[str, object], name: str) -> HeadConfig:
         cfg = msgspec.convert(fields, HeadConfig)
     except msgspec.ValidationError as exc:
         raise HeadFileError(f"CLM head {name} has an unusable cfg: {exc}") from exc
-    if cfg.depth < 2:
-        raise HeadFileError(f"CLM head {name}: cfg.depth must be at least 2, got {cfg.depth}")
     return cfg
 
 
@@ -113,19 +121,3 @@ def _tower(data: dict[str, object], key: str, cfg: HeadConfig, name: str, device
     except RuntimeError as exc:
         raise HeadFileError(f"CLM head {name}: {key} does not match its cfg: {exc}") from exc
     return tower.eval().to(device)
-
-
-def load_heads(path: Path, device: str) -> HeadPair:
-    """Load a head file weights-only; raise HeadFileError for anything unusable."""
-    data = _read(path)
-    cfg = _config(data, path.name)
-    if "logit_scale" not in data:
-        raise HeadFileError(f"CLM head {path.name} has no logit_scale")
-    logit_scale = torch.as_tensor(data["logit_scale"]).float()
-    scale = float(logit_scale.exp().clamp(max=MAX_SCALE))
-    return HeadPair(
-        state=_tower(data, "state_head", cfg, path.name, device),
-        action=_tower(data, "action_head", cfg, path.name, device),
-        scale=scale,
-        cfg=cfg,
-    )
