@@ -1,17 +1,9 @@
 """`decidealot encoder`: a local OpenAI-compatible `/v1/embeddings` server for CLM.
 
-It serves a sentence-transformers encoder with last-token pooling, the vectors the CLM head
-was trained on (Qwen/Qwen3-8B by default; any local path or hub id with `--model`), unit
-normalised like vLLM's pooler. `encoding_format` may be `float` or `base64` (little-endian
-float32); `usage.prompt_tokens` counts the tokens each input actually used. Inputs longer than
-`--max-tokens` lose their head, keeping the tail (CLM puts the question last); the gateway
-bounds texts in bytes before it ever calls. Requests naming another model get 404.
-
-Importing this module is cheap and torch-free: the model loads inside the server's worker.
-With tracing configured by the standard OTEL_* variables (as for `decidealot serve`), each
-embeddings request is a server span continuing the caller's `traceparent` (the CLM gateway
-sends one), so the encoder's time shows inside the decision's trace; spans carry counts, never
-the texts.
+A sentence-transformers encoder with last-token pooling and unit norm (as vLLM's pooler): the
+vectors the CLM head was trained on. Over-long inputs keep their tail (CLM puts the question
+last). Importing this module is torch-free: the model loads in the server's worker, where each
+request is a server span continuing the caller's `traceparent` (counts, never texts).
 """
 
 from __future__ import annotations

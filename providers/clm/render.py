@@ -1,9 +1,6 @@
 """CLM's encoder inputs, rendered exactly as upstream `contrastive-lm` 0.1.0 renders them.
-
-Pure Python and gateway-safe: the provider renders and bounds every text before the encoder
-is called, and the engine reads option keys and legends from the same functions, so the two
-sides cannot disagree on a question's layout.
-"""
+Pure Python: the gateway renders and bounds texts, the engine reads option keys and legends
+from the same functions, so the two sides cannot disagree on a question's layout."""
 
 from __future__ import annotations
 

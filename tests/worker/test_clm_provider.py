@@ -186,7 +186,9 @@ async def test_float_list_and_base64_answers_agree(make_provider, fake: FakeEmbe
     assert msgspec.to_builtins(float_answer) == msgspec.to_builtins(base64_answer)
 
 
-@pytest.mark.parametrize("failure", ["down", "slow", "wrong_width", "nan", "error500"])
+@pytest.mark.parametrize(
+    "failure", ["down", "slow", "wrong_width", "nan", "bad_base64", "error500"]
+)
 async def test_encoder_failures_are_unavailable_then_recover(
     failure: str, make_provider, fake: FakeEmbeddings, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -224,9 +226,12 @@ async def test_transient_errors_are_retried_within_the_budget(
     assert make_provider.backoff == [0.1, 0.2]  # exponential, recorded instead of slept
 
 
-async def test_invalid_vectors_are_not_retried(make_provider, fake: FakeEmbeddings) -> None:
+@pytest.mark.parametrize("mode", ["nan", "bad_base64"])
+async def test_invalid_vectors_are_not_retried(
+    make_provider, fake: FakeEmbeddings, mode: str
+) -> None:
     provider = make_provider(retry_seconds=5.0)
-    fake.mode = "nan"
+    fake.mode = mode  # type: ignore[assignment]
     with pytest.raises(ProviderUnavailable):
         await provider.decide("clm", _request())
     assert len(fake.calls) == 1 and make_provider.backoff == []

@@ -1,19 +1,15 @@
 """The client for CLM's OpenAI-compatible embeddings endpoint (gateway side, no torch).
 
-Only the operator's configured URL is ever contacted. Inputs are de-duplicated and sent in
-chunks of `MAX_INPUTS_PER_CALL`, one call at a time, asking for base64 float32 (float lists
-are accepted too). Every vector must have exactly `width` finite values. Timeouts, refused
-connections and 5xx/429 answers are retried with backoff for up to `retry_seconds`; anything
-else fails at once. Every failure surfaces as `ProviderUnavailable` with a fixed message.
-Candidate vectors may be cached (TTL + LRU, one cache per client, so per model); state vectors
-never are.
+Only the operator's URL is contacted. Distinct inputs go in chunks of `MAX_INPUTS_PER_CALL`,
+one call at a time, as base64 float32 (float lists are accepted too); every vector must have
+exactly `width` finite values. Timeouts, transport errors, 429 and 5xx are retried for up to
+`retry_seconds`, anything else fails at once; every failure is `ProviderUnavailable` with its
+fixed message. Candidate vectors may be cached (TTL + LRU); state vectors never are.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import logging
 import math
 import sys
@@ -48,7 +44,7 @@ def embeddings_endpoint(url: str) -> str:
 
 class _Embedding(msgspec.Struct):
     index: int
-    embedding: str | list[float]
+    embedding: bytes | list[float]  # base64 in JSON: msgspec decodes it, strictly
 
 
 class _Usage(msgspec.Struct):
@@ -188,8 +184,8 @@ class EncoderClient:
     def _decode(self, content: bytes, count: int) -> tuple[list[bytes], int]:
         try:
             parsed = msgspec.json.decode(content, type=_EmbeddingsResponse)
-        except msgspec.DecodeError:
-            raise _EncoderFailure("malformed response body") from None
+        except msgspec.DecodeError as exc:  # its message names a path and a type, no content
+            raise _EncoderFailure(f"malformed response body ({exc})") from None
         if sorted(item.index for item in parsed.data) != list(range(count)):
             raise _EncoderFailure("response does not index every input once")
         rows: list[bytes] = [b""] * count
@@ -198,16 +194,12 @@ class EncoderClient:
         tokens = parsed.usage.prompt_tokens if parsed.usage else None
         return rows, tokens or 0
 
-    def _row(self, embedding: str | list[float]) -> bytes:
-        if isinstance(embedding, str):
-            try:
-                raw = base64.b64decode(embedding, validate=True)
-            except binascii.Error:
-                raise _EncoderFailure("malformed base64 embedding") from None
-            if len(raw) != self.width * 4:
+    def _row(self, embedding: bytes | list[float]) -> bytes:
+        if isinstance(embedding, bytes):
+            if len(embedding) != self.width * 4:
                 raise _EncoderFailure(f"embedding is not {self.width} float32")
             row = array("f")
-            row.frombytes(raw)
+            row.frombytes(embedding)
             if sys.byteorder == "big":  # the wire is little-endian
                 row.byteswap()
         else:

@@ -1,16 +1,11 @@
 """The CLM provider (gateway side; never imports torch, even indirectly).
 
-`accept` renders every question's texts (off the event loop), bounds each by
-`clm_max_text_bytes` UTF-8 bytes (422, never truncated), and bounds the request's estimated
-cost by `DECIDEALOT_MAX_REQUEST_TOKENS` and its distinct vectors by `MAX_VECTORS` (422 before
-any encoder call). `make` embeds each distinct state text (always fresh) and option text
-(cached) once, and the job carries each distinct vector once, with an index saying which rows
-each question uses (layout in `decidealot.providers.clm.worker.engine`).
-
-By default the encoder calls run inside the residency hold, on the lane CLM shares with Laya
-and Von (`in_lane`), so the encoder (which may share the GPU or the cores) and the head never
-overlap another local model's forward pass. With `clm_parallel_with_local_models` the runtime
-takes no lane, the encoder calls run before the hold, and only the head pass holds a slot.
+`accept` renders, bounds and de-duplicates a request's texts before any wait (422s, never
+truncation); `make` embeds each distinct text once (option texts through the cache), and the
+job carries each distinct vector once (layout in `decidealot.providers.clm.worker.engine`).
+By default `make` runs inside the residency hold, on the lane CLM shares with Laya and Von
+(`in_lane`), so the encoder, which may share the GPU or the cores, never overlaps another
+local model's pass; `clm_parallel_with_local_models` runs it before the hold, off the lane.
 """
 
 from __future__ import annotations

@@ -1,14 +1,11 @@
 """CLM's worker engine: projection heads over the vectors the gateway sends, and the readout.
 
-`Job.vectors` holds each distinct text's vector once: float32 in the host's byte order
-(gateway and worker share a host), row-major [rows, width]. `Job.vector_index` says, for each
-question in order, which row is its state, then which row is each option in answer order
-(`render.option_keys`): 400 questions over the same 255 labels carry 255 option rows, not
-102,000, so a job's memory here and in its frame is bounded by its distinct texts. Every row
-is L2-normalised in numpy with upstream's exact float32 operations (at scale 100 and low
-temperatures a last-bit difference in the norm shows in the probabilities), each distinct row
-goes through its tower once (as upstream projects each distinct text once), and the readout is
-`softmax(scale * cos / temperature)` exactly as upstream `contrastive-lm` 0.1.0 has it.
+`Job.vectors` holds each distinct text's vector once (float32 in host byte order: gateway and
+worker share a host) and `Job.vector_index` which rows each question uses, so 400 questions
+over the same 255 labels carry 255 option rows, not 102,000. Rows are L2-normalised in numpy
+with upstream's exact float32 operations (at scale 100 a last-bit difference in the norm shows
+in the probabilities), and the readout is `softmax(scale * cos / temperature)` as in upstream
+`contrastive-lm` 0.1.0.
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
 """The CLM projection heads and their checkpoint file (worker side; imports torch).
 
-`CLM_v0.1-8B.pt` is a `torch.save` dict: `state_head` and `action_head` state dicts of two
-same-shaped MLPs, `logit_scale` (log of the inverse temperature) and `cfg`. Parameter names
-(`inp`, `hidden.{i}`, `norms.{i}`, `out`) match upstream so its files load strictly.
+`CLM_v0.1-8B.pt` is a `torch.save` dict of `state_head` and `action_head` (two same-shaped
+MLPs, parameter names as upstream's so its files load strictly), `logit_scale` and `cfg`.
 """
 
 from __future__ import annotations

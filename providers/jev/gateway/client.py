@@ -1,12 +1,10 @@
 """The one HTTP client to TypeSafe: the operator's fixed URL and key, timeouts, bounded retries.
 
-Nothing in a request can reach this module's URL or key. Transient failures (connection errors,
-timeouts, 408, 429, 5xx) are retried with exponential backoff, or after TypeSafe's
-`retry-after-ms` / `Retry-After`, while the retry budget allows: no delay starts that would end
-past it, so one call lasts at most the budget plus one attempt's timeout. Every failure leaves
-as `ProviderUnavailable` with the fixed safe message. Its log line names the route, the status
-or error class and TypeSafe's request id: never the key, and never a body, because upstream
-bodies can echo the caller's state.
+Nothing in a request can reach this module's URL or key. Transient failures are retried, after
+TypeSafe's `retry-after-ms` / `Retry-After` or with backoff, while the retry budget allows: no
+delay starts that would end past it. Every failure is `ProviderUnavailable` with the fixed safe
+message; its log line names the route, the status or error class and TypeSafe's request id,
+never the key or a body (upstream bodies can echo the caller's state).
 """
 
 from __future__ import annotations
@@ -26,7 +24,6 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception
 
 from decidealot import __version__, metrics, tracing
 from decidealot.errors import ProviderUnavailable
-from decidealot.providers.jev.gateway.wire import InvalidReply
 
 T = TypeVar("T")
 
@@ -39,6 +36,11 @@ _BACKOFF_JITTER = 0.25
 _MIN_COMPRESSED_BYTES = 1024
 _LIMITS = httpx.Limits(max_connections=100, max_keepalive_connections=100, keepalive_expiry=30.0)
 _REQUEST_ID_HEADER = "x-typesafe-request-id"
+
+
+class InvalidReply(Exception):
+    """TypeSafe answered 2xx with a body the contract forbids (raised by the caller's `decode`);
+    the reason quotes no content."""
 
 
 class _Status(Exception):
