@@ -54,12 +54,6 @@ class ClmSettings(Section, frozen=True, kw_only=True):
     clm_encoder_retry_seconds: Annotated[float, setting(seconds(allow_zero=True))] = 10.0
 
 
-def _free_of_lane(section: ClmSettings) -> bool:
-    """`DECIDEALOT_CLM_PARALLEL_WITH_LOCAL_MODELS`: the encoder and the head overlap the other
-    local models instead of taking turns with them on the lane."""
-    return section.clm_parallel_with_local_models
-
-
 def _build(settings: Settings, section: ClmSettings) -> Provider:
     """The head's worker runtime and the encoder client for the configured URL."""
     if section.clm_embeddings_url is None:
@@ -88,7 +82,7 @@ def _build(settings: Settings, section: ClmSettings) -> Provider:
         selectors=SELECTORS,
         max_text_bytes=section.clm_max_text_bytes,
         max_request_tokens=request_token_limit(settings, runtime.device),
-        in_lane=not _free_of_lane(section),
+        in_lane=not section.clm_parallel_with_local_models,
     )
 
 
@@ -104,7 +98,7 @@ DESCRIPTOR = ProviderDescriptor(
     selectors=SELECTORS,
     bundles=(Bundle(CHECKPOINT, "clm_head", entry=HEAD_FILE, entry_is="head file"),),
     lane_group="clm",
-    free_of_lane=_free_of_lane,
+    free_of_lane=lambda section: section.clm_parallel_with_local_models,
     tiny=Tiny(
         "decidealot.providers.clm.tiny:write_bundles",
         needs="CLM's head, for use with DECIDEALOT_CLM_EMBEDDINGS_URL (4096-float vectors)",

@@ -179,16 +179,13 @@ class EncoderClient:
         if status != 200:
             transient = status >= 500 or status == 429
             raise _EncoderFailure(f"answered status {status}", "status", transient=transient)
-        return self._decode(response.content, len(texts))
-
-    def _decode(self, content: bytes, count: int) -> tuple[list[bytes], int]:
         try:
-            parsed = msgspec.json.decode(content, type=_EmbeddingsResponse)
+            parsed = msgspec.json.decode(response.content, type=_EmbeddingsResponse)
         except msgspec.DecodeError as exc:  # its message names a path and a type, no content
             raise _EncoderFailure(f"malformed response body ({exc})") from None
-        if sorted(item.index for item in parsed.data) != list(range(count)):
+        if sorted(item.index for item in parsed.data) != list(range(len(texts))):
             raise _EncoderFailure("response does not index every input once")
-        rows: list[bytes] = [b""] * count
+        rows: list[bytes] = [b""] * len(texts)
         for item in parsed.data:
             rows[item.index] = self._row(item.embedding)
         tokens = parsed.usage.prompt_tokens if parsed.usage else None

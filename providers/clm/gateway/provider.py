@@ -19,7 +19,7 @@ from decidealot.frames import MAX_FRAME_BYTES
 from decidealot.jobs import Job
 from decidealot.protocols import LocalRuntime, MadeJob
 from decidealot.providers.clm.gateway.encoder_client import EncoderClient
-from decidealot.providers.clm.render import RenderedQuestion, render_questions
+from decidealot.providers.clm.render import render_questions
 
 CHECKPOINT = "clm-0.1-8b"
 QWEN3_8B_WIDTH = 4096
@@ -41,13 +41,46 @@ def estimated_tokens(text: str) -> int:
     return 1 + (len(raw) - rest) + -(-rest // 2)
 
 
-@dataclass(frozen=True)
-class EncoderTexts:
-    """What one request sends its encoder, each distinct text once, and `Job.vector_index`."""
+def encoder_texts(
+    request: SystemOneRequest, max_text_bytes: int
+) -> tuple[list[str], list[str], list[int]]:
+    """A request's state and option texts, each distinct text once, and `Job.vector_index`;
+    raises `RequestInvalid` for a text over `max_text_bytes` (never truncated: the encoder
+    only ever sees whole texts). CPU work, so callers run it off the event loop."""
+    states: dict[str, int] = {}
+    options: dict[str, int] = {}
+    texts: list[list[int]] = []  # per question: its state text, then its option texts
+    for name, question in render_questions(request.state, request.questions):
+        bounded = [(question.state_text, "state plus instructions render", None)]
+        bounded += [(c.text, "option text renders", c.loc) for c in question.candidates]
+        for text, what, loc in bounded:
+            if (size := len(text.encode())) > max_text_bytes:
+                raise RequestInvalid.question(
+                    name,
+                    f"{what} to {size} UTF-8 bytes; CLM accepts at most {max_text_bytes} "
+                    "(DECIDEALOT_CLM_MAX_TEXT_BYTES)",
+                    loc=loc,
+                )
+        texts.append([states.setdefault(question.state_text, len(states))])
+        texts[-1] += [options.setdefault(c.text, len(options)) for c in question.candidates]
+    index: list[int] = []
+    for state, *option_texts in texts:  # option texts' rows follow all state texts' rows
+        index += [state, *(len(states) + option for option in option_texts)]
+    return list(states), list(options), index
 
+
+@dataclass(frozen=True)
+class ClmJobToMake:
+    """An accepted request (`decidealot.protocols.JobToMake`), each distinct text once:
+    `make` calls the encoder."""
+
+    request: SystemOneRequest
+    encoder: EncoderClient
+    in_lane: bool
     states: list[str]
     options: list[str]
     index: list[int]
+    """`Job.vector_index`: the state texts' rows first, then the option texts'."""
 
     @property
     def cost(self) -> int:
@@ -56,59 +89,18 @@ class EncoderTexts:
         texts = (*self.states, *self.options)
         return sum(map(estimated_tokens, texts)) + len(texts)
 
-
-def encoder_texts(request: SystemOneRequest, max_text_bytes: int) -> EncoderTexts:
-    """Render, bound (`RequestInvalid`) and de-duplicate a request's texts; CPU work, so
-    callers run it off the event loop."""
-    states: dict[str, int] = {}
-    options: dict[str, int] = {}
-    texts: list[list[int]] = []  # per question: its state text, then its option texts
-    for name, question in render_questions(request.state, request.questions):
-        _bounded(name, question, max_text_bytes)
-        texts.append([states.setdefault(question.state_text, len(states))])
-        texts[-1] += [options.setdefault(c.text, len(options)) for c in question.candidates]
-    index: list[int] = []
-    for state, *option_texts in texts:  # option texts' rows follow all state texts' rows
-        index += [state, *(len(states) + option for option in option_texts)]
-    return EncoderTexts(list(states), list(options), index)
-
-
-def _bounded(name: str, question: RenderedQuestion, limit: int) -> None:
-    """Reject, never truncate: the encoder only ever sees whole texts."""
-    texts = [(question.state_text, "state plus instructions render", None)]
-    texts += [(c.text, "option text renders", c.loc) for c in question.candidates]
-    for text, what, loc in texts:
-        if (size := len(text.encode())) > limit:
-            raise RequestInvalid.question(
-                name,
-                f"{what} to {size} UTF-8 bytes; CLM accepts at most {limit} "
-                "(DECIDEALOT_CLM_MAX_TEXT_BYTES)",
-                loc=loc,
-            )
-
-
-@dataclass(frozen=True)
-class ClmJobToMake:
-    """An accepted request (`decidealot.protocols.JobToMake`): `make` calls the encoder."""
-
-    request: SystemOneRequest
-    texts: EncoderTexts
-    encoder: EncoderClient
-    in_lane: bool
-
     async def make(self) -> MadeJob:
         """The job, each distinct vector once; the encoder's prompt tokens are the gateway's
         share of `usage.input_tokens`."""
-        request, texts = self.request, self.texts
-        states = await self.encoder.embed(texts.states, cache=False)
-        options = await self.encoder.embed(texts.options, cache=True)
+        states = await self.encoder.embed(self.states, cache=False)
+        options = await self.encoder.embed(self.options, cache=True)
         job = Job(
             checkpoint=CHECKPOINT,
-            state=request.state,
-            questions=request.questions,
-            config=request.config,
+            state=self.request.state,
+            questions=self.request.questions,
+            config=self.request.config,
             vectors=b"".join((*states.rows, *options.rows)),
-            vector_index=texts.index,
+            vector_index=self.index,
         )
         return MadeJob(job, states.prompt_tokens + options.prompt_tokens)
 
@@ -131,7 +123,7 @@ class ClmProvider:
         in_lane: bool = True,
     ):
         """`in_lane`: the encoder calls run inside the residency hold, on the lane.
-        `max_request_tokens` bounds a request's `EncoderTexts.cost` (0: no bound)."""
+        `max_request_tokens` bounds a request's `ClmJobToMake.cost` (0: no bound)."""
         self._encoder = encoder
         self.runtime = runtime
         self._selectors = selectors
@@ -155,13 +147,14 @@ class ClmProvider:
 
     async def accept(self, selector: str, request: SystemOneRequest) -> ClmJobToMake:
         texts = await asyncio.to_thread(encoder_texts, request, self._max_text_bytes)
-        if (vectors := len(texts.states) + len(texts.options)) > MAX_VECTORS:
+        made = ClmJobToMake(request, self._encoder, self.in_lane, *texts)
+        if (vectors := len(made.states) + len(made.options)) > MAX_VECTORS:
             raise RequestInvalid.question(
                 None,
                 f"this request needs {vectors} distinct encoder vectors; CLM carries at "
                 f"most {MAX_VECTORS} per request: split its questions over several requests",
             )
         limit = self._max_request_tokens
-        if limit and (cost := texts.cost) > limit:
+        if limit and (cost := made.cost) > limit:
             raise over_token_limit(cost, limit)
-        return ClmJobToMake(request, texts, self._encoder, self.in_lane)
+        return made

@@ -166,23 +166,17 @@ class TypeSafeClient:
 def retry_after_seconds(headers: httpx.Headers) -> float | None:
     """TypeSafe's requested wait: `retry-after-ms` first, then `Retry-After` (seconds or date)."""
     for name, per_second in (("retry-after-ms", 1000), ("retry-after", 1)):
-        raw = headers.get(name)
-        value = None if raw is None else _number(raw)
-        if value is not None:
+        try:
+            value = float(headers.get(name, "").strip())
+        except ValueError:
+            continue
+        if math.isfinite(value) and value >= 0:
             return value / per_second
     try:
         date = parsedate_to_datetime(headers.get("retry-after", ""))
         return max(0.0, date.timestamp() - time.time())
     except (TypeError, ValueError, OverflowError):
         return None
-
-
-def _number(raw: str) -> float | None:
-    try:
-        value = float(raw.strip())
-    except ValueError:
-        return None
-    return value if math.isfinite(value) and value >= 0 else None
 
 
 def _transient(error: BaseException) -> bool:
