@@ -29,20 +29,15 @@ def to_text(value: Json, indent: int = 0) -> str:
     if isinstance(value, int | float):
         return str(value)
     pad = " " * indent
-    parts: list[str] = []
-    if isinstance(value, dict):
-        for key, item in value.items():
-            if isinstance(item, dict | list) and item:
-                parts.append(f"{pad}{key}:\n{to_text(item, indent + 2)}")
-            else:
-                parts.append(f"{pad}{key}: {to_text(item)}")
-        return ("\n\n" if indent == 0 else "\n").join(parts)
-    for item in value:
-        if isinstance(item, dict | list) and item:
-            parts.append(f"{pad}-\n{to_text(item, indent + 2)}")
+    is_dict = isinstance(value, dict)
+    labelled = [(f"{k}:", v) for k, v in value.items()] if is_dict else [("-", v) for v in value]
+    lines = []
+    for label, item in labelled:
+        if isinstance(item, dict | list) and item:  # below its label, indented
+            lines.append(f"{pad}{label}\n{to_text(item, indent + 2)}")
         else:
-            parts.append(f"{pad}- {to_text(item)}")
-    return "\n".join(parts)
+            lines.append(f"{pad}{label} {to_text(item)}")
+    return ("\n\n" if is_dict and indent == 0 else "\n").join(lines)
 
 
 def _absent(value: Json) -> bool:
