@@ -7,7 +7,7 @@ answers carry no meaning. torch is imported here, so only the CLI, tests and ben
 
 from __future__ import annotations
 
-import importlib
+import pkgutil
 from pathlib import Path
 from typing import Any
 
@@ -54,10 +54,8 @@ def write_checkpoints(directory: Path) -> list[tuple[Descriptor, dict[str, Path]
     """Write one random checkpoint per bundle of every registered provider under `directory`:
     each provider with its bundle name -> path."""
     transformers_logging.disable_progress_bar()  # stderr stays for errors
-    written = []
-    for descriptor in registry.registered():
-        if descriptor.tiny is not None:
-            module, _, function = descriptor.tiny.writer.partition(":")
-            write = getattr(importlib.import_module(module), function)
-            written.append((descriptor, write(directory)))
-    return written
+    return [
+        (descriptor, pkgutil.resolve_name(descriptor.tiny.writer)(directory))
+        for descriptor in registry.registered()
+        if descriptor.tiny is not None
+    ]

@@ -48,11 +48,7 @@ class LastTokenEncoder:
     def __init__(self, options: EncoderOptions):
         import torch
         from sentence_transformers import SentenceTransformer
-        from sentence_transformers.sentence_transformer.modules import (
-            Normalize,
-            Pooling,
-            Transformer,
-        )
+        from sentence_transformers.sentence_transformer import modules
 
         device = options.device
         if device == "auto":
@@ -60,17 +56,16 @@ class LastTokenEncoder:
         dtype = options.dtype
         if dtype == "auto":
             dtype = "bfloat16" if device == "cuda" else "float32"
-        transformer = Transformer(
+        transformer = modules.Transformer(
             options.model,
             max_seq_length=options.max_tokens,
             model_kwargs={"dtype": getattr(torch, dtype)},
         )
         transformer.tokenizer.truncation_side = "left"
         width = transformer.get_embedding_dimension()
-        self._model = SentenceTransformer(
-            modules=[transformer, Pooling(width, pooling_mode="lasttoken"), Normalize()],
-            device=device,
-        )
+        pooling = modules.Pooling(width, pooling_mode="lasttoken")
+        stack = [transformer, pooling, modules.Normalize()]
+        self._model = SentenceTransformer(modules=stack, device=device)
         self._batch_size = options.batch_size
         self.width = width
 
