@@ -55,7 +55,6 @@ class ClmSettings(Section, frozen=True, kw_only=True):
 
 
 def _build(settings: Settings, section: ClmSettings) -> Provider:
-    """The head's worker runtime and the encoder client for the configured URL."""
     if section.clm_embeddings_url is None:
         raise ConfigError("CLM needs DECIDEALOT_CLM_EMBEDDINGS_URL")
     head = section.clm_head

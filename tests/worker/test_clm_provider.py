@@ -242,7 +242,7 @@ async def test_api_key_is_sent_but_never_shown(make_provider, fake: FakeEmbeddin
     await provider.decide("clm", _request())
     assert fake.auth_headers == [f"Bearer {SECRET}"] * 2
     assert fake.paths == ["/v1/embeddings"] * 2
-    assert SECRET not in repr(provider._encoder) and SECRET not in repr(provider)
+    assert SECRET not in repr(provider.encoder) and SECRET not in repr(provider)
 
 
 def test_endpoint_url_rules() -> None:
@@ -319,7 +319,7 @@ async def test_the_executor_runs_the_encoder_calls_inside_the_hold_unless_parall
     residency = Residency(registry.settings(provider_idle_unload_seconds=0))
     residency.register(provider.runtime, "local", "clm")
     holding: dict[str, int] = {}
-    accept, embed = provider.accept, provider._encoder.embed
+    accept, embed = provider.accept, provider.encoder.embed
 
     async def watched_accept(selector: str, request: SystemOneRequest) -> object:
         holding["prepare"] = residency.active("clm")  # decisions inside the hold now
@@ -330,7 +330,7 @@ async def test_the_executor_runs_the_encoder_calls_inside_the_hold_unless_parall
         return await embed(*args, **options)  # type: ignore[arg-type]
 
     provider.accept = watched_accept  # type: ignore[method-assign]
-    provider._encoder.embed = watched_embed  # type: ignore[method-assign]
+    provider.encoder.embed = watched_embed  # type: ignore[method-assign]
     routed = Routed(_request(), Route(provider, "clm"))
     response = (await Executor(residency, ["clm"]).decide(routed)).body
     assert set(response.answers) == {"queue", "urgent"} and len(fake.calls) == 2
@@ -379,7 +379,7 @@ async def test_the_service_builds_the_worker_spec_and_lane(
     head = tmp_path / "clm-0.1-8b" / "CLM_v0.1-8B.pt"
     assert spec.checkpoints == {"clm-0.1-8b": str(head)}
     assert spec.options == {"width": 4096} and spec.preload == ["clm-0.1-8b"]
-    assert provider._encoder.width == 4096
+    assert provider.encoder.width == 4096
     await provider.close()
 
 

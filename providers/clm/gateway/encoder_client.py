@@ -62,7 +62,6 @@ class _EncoderFailure(Exception):
 
     def __init__(self, reason: str, kind: str = "invalid_reply", *, transient: bool = False):
         super().__init__(reason)
-        self.reason = reason
         self.kind = kind
         self.transient = transient
 
@@ -152,7 +151,7 @@ class EncoderClient:
             answer = await retrying(self._call, texts)
         except _EncoderFailure as failure:
             self.answered_last_call = False
-            logger.warning("CLM encoder call failed: %s", failure.reason)
+            logger.warning("CLM encoder call failed: %s", failure)
             metrics.ENCODER_FAILURES.inc(reason=failure.kind)
             tracing.annotate(failure=failure.kind)
             raise ProviderUnavailable() from None

@@ -11,7 +11,7 @@ local model's pass; `clm_parallel_with_local_models` runs it before the hold, of
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 
 from decidealot.contract import Json, ModelInfo, SystemOneRequest
 from decidealot.errors import RequestInvalid, over_token_limit
@@ -105,56 +105,48 @@ class ClmJobToMake:
         return MadeJob(job, states.prompt_tokens + options.prompt_tokens)
 
 
+@dataclass(eq=False)
 class ClmProvider:
-    """Local CLM: the encoder calls in the gateway, the head in the worker."""
+    """Local CLM: the encoder calls in the gateway, the head in the worker. `in_lane`: the
+    encoder calls run inside the residency hold, on the lane; `max_request_tokens` bounds a
+    request's `ClmJobToMake.cost` (0: no bound)."""
 
     name = "clm"
     local = True
     accepts_temperature = True
 
-    def __init__(
-        self,
-        encoder: EncoderClient,
-        runtime: LocalRuntime,
-        *,
-        selectors: tuple[ModelInfo, ...],
-        max_text_bytes: int,
-        max_request_tokens: int = 0,
-        in_lane: bool = True,
-    ):
-        """`in_lane`: the encoder calls run inside the residency hold, on the lane.
-        `max_request_tokens` bounds a request's `ClmJobToMake.cost` (0: no bound)."""
-        self._encoder = encoder
-        self.runtime = runtime
-        self._selectors = selectors
-        self._max_text_bytes = max_text_bytes
-        self._max_request_tokens = max_request_tokens
-        self.in_lane = in_lane
+    encoder: EncoderClient
+    runtime: LocalRuntime
+    _: KW_ONLY
+    selectors: tuple[ModelInfo, ...]
+    max_text_bytes: int
+    max_request_tokens: int = 0
+    in_lane: bool = True
 
     async def start(self) -> None:
-        await self._encoder.start()
+        await self.encoder.start()
 
     async def close(self) -> None:
-        await self._encoder.close()
+        await self.encoder.close()
         await self.runtime.unload()
 
     def status_details(self) -> dict[str, Json]:
         """Whether the encoder answered its last call (`GET /v1/status`)."""
-        return {"encoder_answered_last_call": self._encoder.answered_last_call}
+        return {"encoder_answered_last_call": self.encoder.answered_last_call}
 
     async def models(self) -> list[ModelInfo]:
-        return list(self._selectors)
+        return list(self.selectors)
 
     async def accept(self, selector: str, request: SystemOneRequest) -> ClmJobToMake:
-        texts = await asyncio.to_thread(encoder_texts, request, self._max_text_bytes)
-        made = ClmJobToMake(request, self._encoder, self.in_lane, *texts)
+        texts = await asyncio.to_thread(encoder_texts, request, self.max_text_bytes)
+        made = ClmJobToMake(request, self.encoder, self.in_lane, *texts)
         if (vectors := len(made.states) + len(made.options)) > MAX_VECTORS:
             raise RequestInvalid.question(
                 None,
                 f"this request needs {vectors} distinct encoder vectors; CLM carries at "
                 f"most {MAX_VECTORS} per request: split its questions over several requests",
             )
-        limit = self._max_request_tokens
+        limit = self.max_request_tokens
         if limit and (cost := made.cost) > limit:
             raise over_token_limit(cost, limit)
         return made

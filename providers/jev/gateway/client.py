@@ -70,9 +70,8 @@ class TypeSafeClient:
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        """`sleep` waits out each backoff and `clock` measures the retry budget: a test passes a
-        sleep that records each delay and a clock that counts it, so retries are checked by
-        their delays instead of by waiting them out."""
+        """`sleep` waits out each backoff and `clock` measures the retry budget: a test records
+        the delays and counts them on its clock instead of waiting them out."""
         self._base_url = base_url.rstrip("/")
         # httpx.Headers hides `authorization` in its repr, so the key never prints from here.
         self._headers = httpx.Headers(
@@ -130,9 +129,7 @@ class TypeSafeClient:
         tracing.inject(headers)
         started = self._clock()
 
-        def out_of_budget(state: RetryCallState) -> bool:
-            """No delay starts that would end past the budget (tenacity's `stop_before_delay`,
-            which reads `time.monotonic` itself, on `clock`)."""
+        def out_of_budget(state: RetryCallState) -> bool:  # stop_before_delay, on `clock`
             return self._clock() - started + state.upcoming_sleep >= self._retry_seconds
 
         retrying = AsyncRetrying(
