@@ -105,15 +105,9 @@ class TypeSafeClient:
         if http is not None:
             await http.aclose()
 
-    async def get(self, path: str, decode: Callable[[bytes], T]) -> T:
-        return await self._call("GET", path, None, decode)
-
-    async def post(self, path: str, body: bytes, decode: Callable[[bytes], T]) -> T:
-        return await self._call("POST", path, body, decode)
-
     @tracing.traced("typesafe", kind="client")
-    async def _call(
-        self, method: str, path: str, body: bytes | None, decode: Callable[[bytes], T]
+    async def call(
+        self, method: str, path: str, decode: Callable[[bytes], T], body: bytes | None = None
     ) -> T:
         """One logical call: retried while transient, then decoded once (a bad 2xx is final)."""
         tracing.annotate({"http.request.method": method, "url.path": path})

@@ -16,6 +16,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
+from functools import partial
 
 import msgspec
 
@@ -90,7 +91,7 @@ class JevProvider:
 
     async def _load(self) -> list[ModelInfo]:
         try:
-            models = await self._client.get(MODELS_PATH, decode_models)
+            models = await self._client.call("GET", MODELS_PATH, decode_models)
         finally:
             if self._refresh is asyncio.current_task():  # close() may have let go of it
                 self._refresh = None
@@ -109,9 +110,8 @@ class JevProvider:
             log.warning("TypeSafe no longer lists the hosted model %r", selector)
             raise ProviderUnavailable()
         body = encode_request(selector, request)
-        return await self._client.post(
-            SYSTEM_ONE_PATH, body, lambda content: decode_answer(content, request.questions)
-        )
+        decode = partial(decode_answer, questions=request.questions)
+        return await self._client.call("POST", SYSTEM_ONE_PATH, decode, body)
 
 
 def encode_request(model: str, request: SystemOneRequest) -> bytes:
