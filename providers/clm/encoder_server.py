@@ -27,14 +27,12 @@ from decidealot import config, tracing
 if TYPE_CHECKING:
     import numpy as np
 
-DEFAULT_MODEL = "Qwen/Qwen3-8B"
-DEFAULT_SERVED_NAME = "qwen3-8b"
 Dtype = Literal["auto", "float32", "bfloat16", "float16"]
 
 
 class EncoderOptions(msgspec.Struct, frozen=True):
-    model: str = DEFAULT_MODEL
-    served_name: str = DEFAULT_SERVED_NAME
+    model: str = "Qwen/Qwen3-8B"
+    served_name: str = "qwen3-8b"
     device: str = "auto"
     dtype: Dtype = "auto"
     """`auto`: bfloat16 on CUDA (as the reference encoder runs), float32 on CPU."""
@@ -157,22 +155,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="decidealot encoder",
         description="Serve an OpenAI-compatible /v1/embeddings endpoint for CLM.",
+        argument_default=argparse.SUPPRESS,  # an option not given keeps EncoderOptions' default
     )
-    parser.add_argument("--model", default=DEFAULT_MODEL, help="local path or hub id")
+    parser.add_argument("--model", help="local path or hub id")
     parser.add_argument(
-        "--served-model-name",
-        dest="served_name",
-        default=DEFAULT_SERVED_NAME,
-        help="the model name requests must use",
+        "--served-model-name", dest="served_name", help="the model name requests must use"
     )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8090)
-    parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
-    parser.add_argument("--dtype", default="auto", choices=get_args(Dtype))
-    parser.add_argument(
-        "--max-tokens", type=int, default=2048, help="longer inputs keep their last tokens"
-    )
-    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"))
+    parser.add_argument("--dtype", choices=get_args(Dtype))
+    parser.add_argument("--max-tokens", type=int, help="longer inputs keep their last tokens")
+    parser.add_argument("--batch-size", type=int)
     args = parser.parse_args(argv)
     try:  # checked here, before the worker starts, so a bad value is one line
         config.trace_exporters(os.environ)

@@ -84,7 +84,16 @@ def load_heads(path: Path, device: str) -> HeadPair:
         raise HeadFileError(f"CLM head {path.name} cannot be read: {exc}") from exc
     if not isinstance(data, dict):
         raise HeadFileError(f"CLM head {path.name} is not a checkpoint dict")
-    cfg = _config(data, path.name)
+    raw = data.get("cfg")
+    if not isinstance(raw, dict):
+        raise HeadFileError(f"CLM head {path.name} has no cfg dict")
+    fields = dict(raw)
+    if "projection_dim" in data:  # upstream: a top-level projection_dim wins over cfg's
+        fields["projection_dim"] = data["projection_dim"]
+    try:
+        cfg = msgspec.convert(fields, HeadConfig)
+    except msgspec.ValidationError as exc:
+        raise HeadFileError(f"CLM head {path.name} has an unusable cfg: {exc}") from exc
     if "logit_scale" not in data:
         raise HeadFileError(f"CLM head {path.name} has no logit_scale")
     logit_scale = torch.as_tensor(data["logit_scale"]).float()
@@ -94,20 +103,6 @@ def load_heads(path: Path, device: str) -> HeadPair:
         scale=float(logit_scale.exp().clamp(max=MAX_SCALE)),
         cfg=cfg,
     )
-
-
-def _config(data: dict[str, object], name: str) -> HeadConfig:
-    raw = data.get("cfg")
-    if not isinstance(raw, dict):
-        raise HeadFileError(f"CLM head {name} has no cfg dict")
-    fields = dict(raw)
-    if "projection_dim" in data:  # upstream: a top-level projection_dim wins over cfg's
-        fields["projection_dim"] = data["projection_dim"]
-    try:
-        cfg = msgspec.convert(fields, HeadConfig)
-    except msgspec.ValidationError as exc:
-        raise HeadFileError(f"CLM head {name} has an unusable cfg: {exc}") from exc
-    return cfg
 
 
 def _tower(data: dict[str, object], key: str, cfg: HeadConfig, name: str, device: str) -> Head:
