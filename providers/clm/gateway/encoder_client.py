@@ -121,10 +121,9 @@ class EncoderClient:
             await client.aclose()
 
     async def embed(self, texts: Sequence[str], *, cache: bool) -> Embedded:
-        """Vectors for `texts`; with `cache`, cached rows are reused and misses stored."""
-        store: MutableMapping[str, bytes] = {}  # without the cache: forgotten on return
-        if cache and self._cache is not None:
-            store = self._cache
+        """Vectors for `texts`; with `cache`, cached rows are reused and misses stored (without
+        it, in a dict forgotten on return)."""
+        store: MutableMapping[str, bytes] = self._cache if cache and self._cache is not None else {}
         unique = dict.fromkeys(texts)
         found = {text: row for text in unique if (row := store.get(text)) is not None}
         missing = [text for text in unique if text not in found]
@@ -184,9 +183,7 @@ class EncoderClient:
             raise _EncoderFailure(f"malformed response body ({exc})") from None
         if sorted(item.index for item in parsed.data) != list(range(len(texts))):
             raise _EncoderFailure("response does not index every input once")
-        rows: list[bytes] = [b""] * len(texts)
-        for item in parsed.data:
-            rows[item.index] = self._row(item.embedding)
+        rows = [self._row(item.embedding) for item in sorted(parsed.data, key=lambda i: i.index)]
         tokens = parsed.usage.prompt_tokens if parsed.usage else None
         return rows, tokens or 0
 

@@ -78,7 +78,6 @@ class JevProvider:
         await self._client.close()
 
     async def models(self) -> list[ModelInfo]:
-        """The hosted models TypeSafe lists now; raises `ProviderUnavailable`."""
         fetched_at = self._fetched_at
         if fetched_at is not None and self._clock() < fetched_at + CATALOG_TTL_SECONDS:
             return list(self._models)
