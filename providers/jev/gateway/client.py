@@ -145,8 +145,7 @@ class TypeSafeClient:
                     if not response.is_success:
                         raise _Status(response)
         except (_Status, httpx.HTTPError) as error:
-            request_id = getattr(error, "request_id", None)
-            _fail(method, path, *_failure(error, attempts), request_id)
+            _fail(method, path, *_failure(error, attempts), getattr(error, "request_id", None))
         try:  # the loop either produced a success or raised
             return decode(response.content)
         except InvalidReply as error:
@@ -200,8 +199,7 @@ def _failure(error: Exception, attempts: int) -> tuple[str, str]:
 def _log_retry(method: str, path: str, state: RetryCallState) -> None:
     error = state.outcome.exception() if state.outcome is not None else None
     what = f"status {error.status}" if isinstance(error, _Status) else type(error).__name__
-    delay = state.next_action.sleep if state.next_action is not None else 0.0
-    attempt = state.attempt_number
+    attempt, delay = state.attempt_number, state.upcoming_sleep
     log.info("TypeSafe %s %s: %s, retry %d in %.2f s", method, path, what, attempt, delay)
 
 

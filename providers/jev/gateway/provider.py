@@ -115,12 +115,8 @@ class JevProvider:
 
 def encode_request(model: str, request: SystemOneRequest) -> bytes:
     """TypeSafe's three-field body for `model`, the exact hosted name the caller selected."""
-    body = {
-        "state": request.state,
-        "model": model,
-        "questions": {name: _question_body(q) for name, q in request.questions.items()},
-    }
-    return msgspec.json.encode(body)
+    questions = {name: _question_body(q) for name, q in request.questions.items()}
+    return msgspec.json.encode({"state": request.state, "model": model, "questions": questions})
 
 
 def _question_body(question: Question) -> dict[str, Json]:
