@@ -11,7 +11,7 @@ import torch
 
 from decidealot.providers.clm.descriptor import HEAD_FILE
 from decidealot.providers.clm.gateway.provider import CHECKPOINT, QWEN3_8B_WIDTH
-from decidealot.providers.clm.worker.head import Head, HeadConfig
+from decidealot.providers.clm.worker.engine import Head, HeadConfig
 
 DEFAULT_LOGIT_SCALE = math.log(1 / 0.07)
 """scale ≈ 14.3: readable probabilities. Pass > ln 100 to exercise upstream's clamp."""

@@ -42,8 +42,7 @@ from decidealot.providers.clm.gateway.encoder_client import EncoderClient
 from decidealot.providers.clm.gateway.provider import ClmProvider
 from decidealot.providers.clm.render import option_keys, render_questions
 from decidealot.providers.clm.tiny import build_clm_head
-from decidealot.providers.clm.worker.engine import confidence, create
-from decidealot.providers.clm.worker.head import HeadFileError
+from decidealot.providers.clm.worker.engine import HeadFileError, confidence, create
 from decidealot.providers.worker.passes import run_together
 from decidealot.providers.worker.readout import answer_from_probabilities
 from tests.support.clm_runner import clm_runtime
@@ -327,7 +326,7 @@ def test_head_with_mismatched_weights_fails_at_creation(tmp_path: Path) -> None:
 
 
 def test_logit_scale_is_clamped_at_100(tmp_path: Path) -> None:
-    from decidealot.providers.clm.worker.head import load_heads
+    from decidealot.providers.clm.worker.engine import load_heads
 
     assert load_heads(build_clm_head(tmp_path / "a.pt", logit_scale=6.0), "cpu").scale == 100.0
     low = load_heads(build_clm_head(tmp_path / "b.pt", logit_scale=2.0), "cpu").scale
