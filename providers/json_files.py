@@ -1,12 +1,10 @@
-"""The one reader of a provider's JSON files that must hold an object: calibration files in the
-gateway's startup checks and in the workers, checkpoint configs and tokenizer files in the
-workers.
+"""The one reader of a provider's JSON files that must hold an object (calibration files,
+checkpoint configs, tokenizer files), in both processes.
 
 Python's `json`, not msgspec: the upstream packages read these files with it, so a NaN or
 Infinity literal loads here as it loads there (laya then clamps such a temperature, and the
 parity tests hold us to that). The gateway's own checks of checkpoint configs
-(`decidealot.registry.json_object_problem`) are stricter on purpose. Pure Python, so both
-sides of the process boundary may import it.
+(`decidealot.registry.json_object_problem`) are stricter on purpose.
 """
 
 from __future__ import annotations

@@ -1,15 +1,13 @@
-"""Small random checkpoints of every local model, in the upstream on-disk formats.
+"""Small random checkpoints of every local model, in the upstream on-disk formats: what the
+providers' `tiny` modules share, and the writer of them all.
 
-One code path for the test suite, the benchmarks and `decidealot checkpoints tiny DIR`: each
-provider's `tiny` module writes exactly the files the upstream package and our engine load, with
-random weights, so the answers they give carry no meaning. They are for smoke tests, client CI
-and trying the API offline; torch is imported there, so only the CLI, tests and benches do.
-This module holds what they share, and writes them all.
+One code path for the test suite, the benchmarks and `decidealot checkpoints tiny DIR`; the
+answers carry no meaning. torch is imported here, so only the CLI, tests and benches do.
 """
 
 from __future__ import annotations
 
-import importlib
+import pkgutil
 from pathlib import Path
 from typing import Any
 
@@ -56,10 +54,8 @@ def write_checkpoints(directory: Path) -> list[tuple[Descriptor, dict[str, Path]
     """Write one random checkpoint per bundle of every registered provider under `directory`:
     each provider with its bundle name -> path."""
     transformers_logging.disable_progress_bar()  # stderr stays for errors
-    written = []
-    for descriptor in registry.registered():
-        if descriptor.tiny is not None:
-            module, _, function = descriptor.tiny.writer.partition(":")
-            write = getattr(importlib.import_module(module), function)
-            written.append((descriptor, write(directory)))
-    return written
+    return [
+        (descriptor, pkgutil.resolve_name(descriptor.tiny.writer)(directory))
+        for descriptor in registry.registered()
+        if descriptor.tiny is not None
+    ]

@@ -30,19 +30,14 @@ from decidealot.registry import Bundle, ProviderDescriptor, Tiny
 RELEASE = "2026-09-19"  # contrastive-lm 0.1.0 dates its models so (clm.worker.engine.RELEASE)
 HEAD_FILE = "CLM_v0.1-8B.pt"
 
-SELECTORS = (
-    ModelInfo(
-        "clm",
-        "CLM System One decisions from the local Contrastive-LM/CLM-v0.1-8B head.",
-        RELEASE,
-    ),
-    ModelInfo("clm-latest", "Alias for the current CLM release.", RELEASE),
-    ModelInfo("clm-0.1", "Alias for the CLM v0.1 release.", RELEASE),
-    ModelInfo(
-        "clm-0.1-8b",
-        "Contrastive-LM/CLM-v0.1-8B projection head over Qwen3-8B vectors.",
-        RELEASE,
-    ),
+SELECTORS = tuple(
+    ModelInfo(name, description, RELEASE)
+    for name, description in (
+        ("clm", "CLM System One decisions from the local Contrastive-LM/CLM-v0.1-8B head."),
+        ("clm-latest", "Alias for the current CLM release."),
+        ("clm-0.1", "Alias for the CLM v0.1 release."),
+        ("clm-0.1-8b", "Contrastive-LM/CLM-v0.1-8B projection head over Qwen3-8B vectors."),
+    )
 )
 
 
@@ -59,14 +54,7 @@ class ClmSettings(Section, frozen=True, kw_only=True):
     clm_encoder_retry_seconds: Annotated[float, setting(seconds(allow_zero=True))] = 10.0
 
 
-def _free_of_lane(section: ClmSettings) -> bool:
-    """`DECIDEALOT_CLM_PARALLEL_WITH_LOCAL_MODELS`: the encoder and the head overlap the other
-    local models instead of taking turns with them on the lane."""
-    return section.clm_parallel_with_local_models
-
-
 def _build(settings: Settings, section: ClmSettings) -> Provider:
-    """The head's worker runtime and the encoder client for the configured URL."""
     if section.clm_embeddings_url is None:
         raise ConfigError("CLM needs DECIDEALOT_CLM_EMBEDDINGS_URL")
     head = section.clm_head
@@ -93,7 +81,7 @@ def _build(settings: Settings, section: ClmSettings) -> Provider:
         selectors=SELECTORS,
         max_text_bytes=section.clm_max_text_bytes,
         max_request_tokens=request_token_limit(settings, runtime.device),
-        in_lane=not _free_of_lane(section),
+        in_lane=not section.clm_parallel_with_local_models,
     )
 
 
@@ -109,7 +97,7 @@ DESCRIPTOR = ProviderDescriptor(
     selectors=SELECTORS,
     bundles=(Bundle(CHECKPOINT, "clm_head", entry=HEAD_FILE, entry_is="head file"),),
     lane_group="clm",
-    free_of_lane=_free_of_lane,
+    free_of_lane=lambda section: section.clm_parallel_with_local_models,
     tiny=Tiny(
         "decidealot.providers.clm.tiny:write_bundles",
         needs="CLM's head, for use with DECIDEALOT_CLM_EMBEDDINGS_URL (4096-float vectors)",

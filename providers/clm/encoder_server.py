@@ -1,17 +1,9 @@
 """`decidealot encoder`: a local OpenAI-compatible `/v1/embeddings` server for CLM.
 
-It serves a sentence-transformers encoder with last-token pooling, the vectors the CLM head
-was trained on (Qwen/Qwen3-8B by default; any local path or hub id with `--model`), unit
-normalised like vLLM's pooler. `encoding_format` may be `float` or `base64` (little-endian
-float32); `usage.prompt_tokens` counts the tokens each input actually used. Inputs longer than
-`--max-tokens` lose their head, keeping the tail (CLM puts the question last); the gateway
-bounds texts in bytes before it ever calls. Requests naming another model get 404.
-
-Importing this module is cheap and torch-free: the model loads inside the server's worker.
-With tracing configured by the standard OTEL_* variables (as for `decidealot serve`), each
-embeddings request is a server span continuing the caller's `traceparent` (the CLM gateway
-sends one), so the encoder's time shows inside the decision's trace; spans carry counts, never
-the texts.
+A sentence-transformers encoder with last-token pooling and unit norm (as vLLM's pooler): the
+vectors the CLM head was trained on. Over-long inputs keep their tail (CLM puts the question
+last). Importing this module is torch-free: the model loads in the server's worker, where each
+request is a server span continuing the caller's `traceparent` (counts, never texts).
 """
 
 from __future__ import annotations
@@ -22,7 +14,7 @@ import base64
 import os
 import sys
 from functools import partial
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 import msgspec
 from litestar import Litestar, Request, get, post
@@ -35,15 +27,14 @@ from decidealot import config, tracing
 if TYPE_CHECKING:
     import numpy as np
 
-DEFAULT_MODEL = "Qwen/Qwen3-8B"
-DEFAULT_SERVED_NAME = "qwen3-8b"
+Dtype = Literal["auto", "float32", "bfloat16", "float16"]
 
 
 class EncoderOptions(msgspec.Struct, frozen=True):
-    model: str = DEFAULT_MODEL
-    served_name: str = DEFAULT_SERVED_NAME
+    model: str = "Qwen/Qwen3-8B"
+    served_name: str = "qwen3-8b"
     device: str = "auto"
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    dtype: Dtype = "auto"
     """`auto`: bfloat16 on CUDA (as the reference encoder runs), float32 on CPU."""
     max_tokens: int = 2048
     batch_size: int = 32
@@ -55,11 +46,7 @@ class LastTokenEncoder:
     def __init__(self, options: EncoderOptions):
         import torch
         from sentence_transformers import SentenceTransformer
-        from sentence_transformers.sentence_transformer.modules import (
-            Normalize,
-            Pooling,
-            Transformer,
-        )
+        from sentence_transformers.sentence_transformer import modules
 
         device = options.device
         if device == "auto":
@@ -67,30 +54,27 @@ class LastTokenEncoder:
         dtype = options.dtype
         if dtype == "auto":
             dtype = "bfloat16" if device == "cuda" else "float32"
-        transformer = Transformer(
+        transformer = modules.Transformer(
             options.model,
             max_seq_length=options.max_tokens,
             model_kwargs={"dtype": getattr(torch, dtype)},
         )
         transformer.tokenizer.truncation_side = "left"
         width = transformer.get_embedding_dimension()
-        self._model = SentenceTransformer(
-            modules=[transformer, Pooling(width, pooling_mode="lasttoken"), Normalize()],
-            device=device,
-        )
+        pooling = modules.Pooling(width, pooling_mode="lasttoken")
+        stack = [transformer, pooling, modules.Normalize()]
+        self._model = SentenceTransformer(modules=stack, device=device)
         self._batch_size = options.batch_size
         self.width = width
 
     def encode(self, texts: list[str]) -> tuple[np.ndarray, list[int]]:
         """-> ([n, width] float32 unit vectors, tokens used per text)."""
-        import numpy as np
-
         features = self._model.preprocess(texts)
         tokens = [int(n) for n in features["attention_mask"].sum(dim=1).tolist()]
         vectors = self._model.encode(
             texts, batch_size=self._batch_size, convert_to_numpy=True, show_progress_bar=False
         )
-        return np.asarray(vectors, dtype=np.float32), tokens
+        return vectors.astype("float32", copy=False), tokens
 
 
 class EmbeddingsRequest(msgspec.Struct):
@@ -138,22 +122,13 @@ async def _embeddings(data: EmbeddingsRequest, state: State) -> Response[dict[st
         with tracing.span("encode", texts=len(texts)) as span:
             vectors, tokens = await asyncio.to_thread(encoder.encode, texts)
             span.set(tokens=sum(tokens))
-    items = []
-    for index, vector in enumerate(vectors):
-        if data.encoding_format == "base64":
-            embedding: Any = base64.b64encode(vector.astype("<f4").tobytes()).decode()
-        else:
-            embedding = vector.tolist()
-        items.append({"object": "embedding", "index": index, "embedding": embedding})
-    used = sum(tokens)
-    return Response(
-        {
-            "object": "list",
-            "data": items,
-            "model": served,
-            "usage": {"prompt_tokens": used, "total_tokens": used},
-        }
-    )
+    if data.encoding_format == "base64":
+        embeddings = [base64.b64encode(v.astype("<f4").tobytes()).decode() for v in vectors]
+    else:
+        embeddings = vectors.tolist()
+    items = [{"object": "embedding", "index": i, "embedding": e} for i, e in enumerate(embeddings)]
+    usage = {"prompt_tokens": sum(tokens), "total_tokens": sum(tokens)}
+    return Response({"object": "list", "data": items, "model": served, "usage": usage})
 
 
 @get("/v1/models")
@@ -176,43 +151,29 @@ def create_encoder_app(options: EncoderOptions) -> Litestar:
     return Litestar([embeddings, models, health], state=state, on_shutdown=[tracing.shutdown])
 
 
-def _parser() -> argparse.ArgumentParser:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="decidealot encoder",
         description="Serve an OpenAI-compatible /v1/embeddings endpoint for CLM.",
+        argument_default=argparse.SUPPRESS,  # an option not given keeps EncoderOptions' default
     )
-    parser.add_argument("--model", default=DEFAULT_MODEL, help="local path or hub id")
+    parser.add_argument("--model", help="local path or hub id")
     parser.add_argument(
-        "--served-model-name", default=DEFAULT_SERVED_NAME, help="the model name requests must use"
+        "--served-model-name", dest="served_name", help="the model name requests must use"
     )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8090)
-    parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
-    parser.add_argument(
-        "--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16")
-    )
-    parser.add_argument(
-        "--max-tokens", type=int, default=2048, help="longer inputs keep their last tokens"
-    )
-    parser.add_argument("--batch-size", type=int, default=32)
-    return parser
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"))
+    parser.add_argument("--dtype", choices=get_args(Dtype))
+    parser.add_argument("--max-tokens", type=int, help="longer inputs keep their last tokens")
+    parser.add_argument("--batch-size", type=int)
+    args = parser.parse_args(argv)
     try:  # checked here, before the worker starts, so a bad value is one line
         config.trace_exporters(os.environ)
     except config.ConfigError as exc:
         print(f"decidealot encoder: {exc}", file=sys.stderr)
         return 2
-    options = EncoderOptions(
-        model=args.model,
-        served_name=args.served_model_name,
-        device=args.device,
-        dtype=args.dtype,
-        max_tokens=args.max_tokens,
-        batch_size=args.batch_size,
-    )
+    options = msgspec.convert(vars(args), EncoderOptions)  # host and port are the server's
     from granian.constants import Interfaces
     from granian.server import Server
 

@@ -1,9 +1,6 @@
 """CLM's encoder inputs, rendered exactly as upstream `contrastive-lm` 0.1.0 renders them.
-
-Pure Python and gateway-safe: the provider renders and bounds every text before the encoder
-is called, and the engine reads option keys and legends from the same functions, so the two
-sides cannot disagree on a question's layout.
-"""
+Pure Python: the gateway renders and bounds texts, the engine reads option keys and legends
+from the same functions, so the two sides cannot disagree on a question's layout."""
 
 from __future__ import annotations
 
@@ -11,9 +8,10 @@ from collections.abc import Iterator
 
 import msgspec
 
-from decidealot.contract import ChoiceQuestion, Json, Loc, NoulQuestion, Question, ScoreQuestion
+from decidealot.contract import ChoiceQuestion, Json, Loc, Question, ScoreQuestion
 
 NOUL_KEYS = ("false", "true")
+_NOUL_DEFAULTS = {"false": "No. This is false: ", "true": "Yes. This is true: "}
 
 
 def to_text(value: Json, indent: int = 0) -> str:
@@ -31,27 +29,15 @@ def to_text(value: Json, indent: int = 0) -> str:
     if isinstance(value, int | float):
         return str(value)
     pad = " " * indent
-    parts: list[str] = []
-    if isinstance(value, dict):
-        for key, item in value.items():
-            if isinstance(item, dict | list) and item:
-                parts.append(f"{pad}{key}:\n{to_text(item, indent + 2)}")
-            else:
-                parts.append(f"{pad}{key}: {to_text(item)}")
-        return ("\n\n" if indent == 0 else "\n").join(parts)
-    for item in value:
-        if isinstance(item, dict | list) and item:
-            parts.append(f"{pad}-\n{to_text(item, indent + 2)}")
+    is_dict = isinstance(value, dict)
+    labelled = [(f"{k}:", v) for k, v in value.items()] if is_dict else [("-", v) for v in value]
+    lines = []
+    for label, item in labelled:
+        if isinstance(item, dict | list) and item:  # below its label, indented
+            lines.append(f"{pad}{label}\n{to_text(item, indent + 2)}")
         else:
-            parts.append(f"{pad}- {to_text(item)}")
-    return "\n".join(parts)
-
-
-def compose_state(context: str, instructions: Json) -> str:
-    """Context (the state's stripped text) first, question last: the layout the state head was
-    trained on."""
-    question = to_text(instructions).strip()
-    return f"{context}\n\n{question}" if context and question else (context or question)
+            lines.append(f"{pad}{label} {to_text(item)}")
+    return ("\n\n" if is_dict and indent == 0 else "\n").join(lines)
 
 
 def _absent(value: Json) -> bool:
@@ -66,9 +52,8 @@ class Candidate(msgspec.Struct, frozen=True):
 
 class RenderedQuestion(msgspec.Struct, frozen=True):
     state_text: str
-    keys: list[str]
-    """Option keys in answer order; one candidate per key."""
     candidates: list[Candidate]
+    """One per option, in the order of `option_keys`."""
 
 
 def option_keys(question: Question) -> list[str]:
@@ -92,44 +77,30 @@ def _candidates(question: Question) -> list[Candidate]:
             Candidate(to_text(level), ["criteria", position])
             for position, level in enumerate(question.criteria)
         ]
-    return _noul_candidates(question)
-
-
-def _noul_candidates(question: NoulQuestion) -> list[Candidate]:
-    """`false: …`/`true: …`; a missing side defaults to a yes/no restatement of the question."""
+    # `false: …`/`true: …`; a missing side defaults to a yes/no restatement of the question.
     statement = to_text(question.instructions).strip()
     criteria = question.criteria or {}
-    defaults = {"false": "No. This is false: ", "true": "Yes. This is true: "}
     rendered: list[Candidate] = []
     for key in NOUL_KEYS:
         desc = criteria.get(key)
         loc: Loc = ["criteria", key]
         if _absent(desc):
-            desc = defaults[key] + statement if statement else key
+            desc = _NOUL_DEFAULTS[key] + statement if statement else key
             loc = ["instructions"] if statement else loc
         rendered.append(Candidate(f"{key}: {to_text(desc)}", loc))
     return rendered
 
 
-def render_question(state: Json, question: Question) -> RenderedQuestion:
-    return _render(to_text(state).strip(), question)
-
-
 def render_questions(
     state: Json, questions: dict[str, Question]
 ) -> Iterator[tuple[str, RenderedQuestion]]:
-    """Each question rendered, the state's text rendered once for all of them."""
+    """Each question rendered, the state's text rendered once for all of them: context (the
+    state's stripped text) first, question last, the layout the state head was trained on."""
     context = to_text(state).strip()
     for name, question in questions.items():
-        yield name, _render(context, question)
-
-
-def _render(context: str, question: Question) -> RenderedQuestion:
-    return RenderedQuestion(
-        state_text=compose_state(context, question.instructions),
-        keys=option_keys(question),
-        candidates=_candidates(question),
-    )
+        asked = to_text(question.instructions).strip()
+        state_text = f"{context}\n\n{asked}" if context and asked else (context or asked)
+        yield name, RenderedQuestion(state_text, _candidates(question))
 
 
 def score_legend(question: ScoreQuestion) -> dict[str, Json]:

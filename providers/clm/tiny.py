@@ -4,31 +4,31 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Literal
 
+import msgspec
 import torch
+
+from decidealot.providers.clm.descriptor import HEAD_FILE
+from decidealot.providers.clm.gateway.provider import CHECKPOINT, QWEN3_8B_WIDTH
+from decidealot.providers.clm.worker.engine import Head, HeadConfig
 
 DEFAULT_LOGIT_SCALE = math.log(1 / 0.07)
 """scale ≈ 14.3: readable probabilities. Pass > ln 100 to exercise upstream's clamp."""
 
 
-def _tower(
-    generator: torch.Generator, *, hidden: int, width: int, proj: int, depth: int, layernorm: bool
-) -> dict[str, torch.Tensor]:
-    def randn(*shape: int, std: float) -> torch.Tensor:
-        return torch.randn(*shape, generator=generator) * std
-
-    weights = {
-        "inp.weight": randn(width, hidden, std=hidden**-0.5),
-        "inp.bias": randn(width, std=0.1),
-        "out.weight": randn(proj, width, std=width**-0.5),
-        "out.bias": randn(proj, std=0.1),
-    }
-    for block in range(depth - 2):
-        weights[f"hidden.{block}.weight"] = randn(width, width, std=width**-0.5)
-        weights[f"hidden.{block}.bias"] = randn(width, std=0.1)
-        if layernorm:  # not the identity: weight ~ N(1, 0.3), bias ~ N(0, 0.3)
-            weights[f"norms.{block}.weight"] = 1 + randn(width, std=0.3)
-            weights[f"norms.{block}.bias"] = randn(width, std=0.3)
+def _tower(generator: torch.Generator, cfg: HeadConfig) -> dict[str, torch.Tensor]:
+    """Random weights for `Head(cfg)`: N(0, 1/fan_in) weights, N(0, 0.1) biases, and LayerNorms
+    that are not the identity (weights N(1, 0.3), biases N(0, 0.3))."""
+    with torch.device("meta"):  # shapes only: no memory, no draw from torch's global RNG
+        shapes = {name: tensor.shape for name, tensor in Head(cfg).state_dict().items()}
+    weights = {}
+    for name, shape in shapes.items():
+        noise = torch.randn(shape, generator=generator)
+        if name.startswith("norms."):
+            weights[name] = noise * 0.3 + (1.0 if name.endswith(".weight") else 0.0)
+        else:
+            weights[name] = noise * (shape[-1] ** -0.5 if name.endswith(".weight") else 0.1)
     return weights
 
 
@@ -39,7 +39,7 @@ def build_clm_head(
     width: int = 24,
     proj: int = 8,
     depth: int = 3,
-    activation: str = "gelu",
+    activation: Literal["gelu", "relu", "silu"] = "gelu",
     layernorm: bool = True,
     residual: bool = False,
     logit_scale: float = DEFAULT_LOGIT_SCALE,
@@ -47,21 +47,12 @@ def build_clm_head(
 ) -> Path:
     """Write two independent random towers, `logit_scale` and `cfg` to `path`."""
     generator = torch.Generator().manual_seed(seed)
-    shape = {"hidden": hidden, "width": width, "proj": proj, "depth": depth, "layernorm": layernorm}
+    cfg = HeadConfig(width, depth, proj, activation, layernorm, residual, hidden_size=hidden)
     checkpoint = {
-        "state_head": _tower(generator, **shape),
-        "action_head": _tower(generator, **shape),
+        "state_head": _tower(generator, cfg),
+        "action_head": _tower(generator, cfg),
         "logit_scale": torch.tensor(logit_scale),
-        "cfg": {
-            "width": width,
-            "depth": depth,
-            "projection_dim": proj,
-            "activation": activation,
-            "layernorm": layernorm,
-            "residual": residual,
-            "hidden_size": hidden,
-            "lr": 3e-4,  # training keys the loader must ignore
-        },
+        "cfg": {**msgspec.to_builtins(cfg), "lr": 3e-4},  # a training key the loader ignores
         "epoch": 7,
     }
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -69,12 +60,7 @@ def build_clm_head(
     return path
 
 
-QWEN3_8B_WIDTH = 4096
-"""The head reads Qwen3-8B vectors, so its input width is the real one; the towers stay tiny."""
-
-
 def write_bundles(root: Path) -> dict[str, Path]:
-    """The `clm-0.1-8b` bundle's head file at random."""
-    return {
-        "clm-0.1-8b": build_clm_head(root / "clm-0.1-8b" / "CLM_v0.1-8B.pt", hidden=QWEN3_8B_WIDTH)
-    }
+    """The bundle's head file at random: it reads Qwen3-8B's real width, its towers stay tiny."""
+    path = root / CHECKPOINT / HEAD_FILE
+    return {CHECKPOINT: build_clm_head(path, hidden=QWEN3_8B_WIDTH)}

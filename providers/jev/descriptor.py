@@ -10,14 +10,12 @@ from decidealot.providers.jev.gateway.client import TypeSafeClient
 from decidealot.providers.jev.gateway.provider import JevProvider
 from decidealot.registry import ProviderDescriptor
 
-DEFAULT_TYPESAFE_BASE_URL = "https://api.typesafe.ai"
-
 
 class JevSettings(Section, frozen=True, kw_only=True):
     typesafe_api_key: Annotated[str | None, setting(secret)] = None
     jev_enabled: Annotated[bool | None, setting(boolean)] = None
     """None: enabled exactly when a TypeSafe key is set."""
-    typesafe_base_url: Annotated[str, setting(url)] = DEFAULT_TYPESAFE_BASE_URL
+    typesafe_base_url: Annotated[str, setting(url)] = "https://api.typesafe.ai"
     typesafe_timeout_seconds: Annotated[float, setting(seconds())] = 10.0
     typesafe_retry_seconds: Annotated[float, setting(seconds(allow_zero=True))] = 30.0
 

@@ -40,10 +40,9 @@ from decidealot.jobs import EngineSpec, Job
 from decidealot.providers.clm.descriptor import SELECTORS
 from decidealot.providers.clm.gateway.encoder_client import EncoderClient
 from decidealot.providers.clm.gateway.provider import ClmProvider
-from decidealot.providers.clm.render import render_question
+from decidealot.providers.clm.render import option_keys, render_questions
 from decidealot.providers.clm.tiny import build_clm_head
-from decidealot.providers.clm.worker.engine import confidence, create
-from decidealot.providers.clm.worker.head import HeadFileError
+from decidealot.providers.clm.worker.engine import HeadFileError, confidence, create
 from decidealot.providers.engine.planner import run_together
 from decidealot.providers.worker.readout import answer_from_probabilities
 from tests.support.clm_runner import clm_runtime
@@ -201,11 +200,10 @@ def test_rendering_matches_upstream_build_pairs() -> None:
     for _ in range(300):
         request, _ = _request(rng)
         pairs = build_pairs(request.state, _upstream_questions(request))
-        for name, question in request.questions.items():
-            rendered = render_question(request.state, question)
+        for name, rendered in render_questions(request.state, request.questions):
             expected_state, expected_keys, expected_texts = pairs[name]
             assert rendered.state_text == expected_state
-            assert rendered.keys == expected_keys
+            assert option_keys(request.questions[name]) == expected_keys
             assert [c.text for c in rendered.candidates] == expected_texts
 
 
@@ -269,7 +267,7 @@ def _spec(head: Path, width: int = WIDTH, device: str = "cpu") -> EngineSpec:
 
 
 def _job(request: SystemOneRequest, rng: random.Random) -> Job:
-    rows = sum(1 + len(render_question(request.state, q).keys) for q in request.questions.values())
+    rows = sum(1 + len(option_keys(q)) for q in request.questions.values())
     vectors = torch.randn(rows, WIDTH, generator=torch.Generator().manual_seed(rng.randint(0, 99)))
     return Job(
         checkpoint="clm-0.1-8b",
@@ -328,7 +326,7 @@ def test_head_with_mismatched_weights_fails_at_creation(tmp_path: Path) -> None:
 
 
 def test_logit_scale_is_clamped_at_100(tmp_path: Path) -> None:
-    from decidealot.providers.clm.worker.head import load_heads
+    from decidealot.providers.clm.worker.engine import load_heads
 
     assert load_heads(build_clm_head(tmp_path / "a.pt", logit_scale=6.0), "cpu").scale == 100.0
     low = load_heads(build_clm_head(tmp_path / "b.pt", logit_scale=2.0), "cpu").scale

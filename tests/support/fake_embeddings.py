@@ -19,7 +19,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Literal
 
-Mode = Literal["ok", "slow", "wrong_width", "nan", "error500"]
+Mode = Literal["ok", "slow", "wrong_width", "nan", "bad_base64", "error500"]
 
 
 def fake_vector(text: str, width: int) -> list[float]:
@@ -101,6 +101,8 @@ class FakeEmbeddings:
                 vector[3] = float("nan")
             if encoding == "base64":
                 embedding: object = base64.b64encode(struct.pack(f"<{width}f", *vector)).decode()
+                if mode == "bad_base64":  # not in the base64 alphabet
+                    embedding = f"!{embedding[1:]}"
             else:
                 embedding = vector
             data.append({"object": "embedding", "index": index, "embedding": embedding})

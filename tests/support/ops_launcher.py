@@ -10,7 +10,7 @@ The arith engine answers every question with a noul, so requests for these provi
 questions only. A state object `{"arith": {...}}` becomes the job's config, which steers the
 engine (`{"sleep": s}`, `{"crash": "run"}`, ...; see tests/support/engines/arith.py). The
 workers log their passes beside the fakes' events (`passes`), so a test can wait for a pass to
-begin.
+begin. `DECIDEALOT_TEST_ARITH_OPTIONS` (JSON) adds engine options, e.g. `{"start_delay": 5}`.
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ class WorkerProvider:
     def from_settings(cls, name: str, settings: Settings) -> Self:
         events = os.environ.get("DECIDEALOT_TEST_EVENTS")
         options = {"log": str(Path(events).with_name(PASSES))} if events else {}
+        options |= json.loads(os.environ.get("DECIDEALOT_TEST_ARITH_OPTIONS", "{}"))
         spec = EngineSpec(
             factory="tests.support.engines.arith:create", checkpoints={}, options=options
         )

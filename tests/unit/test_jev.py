@@ -29,8 +29,12 @@ from decidealot.contract import ChoiceAnswer, NoulAnswer, ScoreAnswer, SystemOne
 from decidealot.errors import ProviderUnavailable
 from decidealot.protocols import Provider
 from decidealot.providers.jev.gateway.client import TypeSafeClient, retry_after_seconds
-from decidealot.providers.jev.gateway.provider import JevProvider
-from decidealot.providers.jev.gateway.wire import MODELS_PATH, SYSTEM_ONE_PATH, encode_request
+from decidealot.providers.jev.gateway.provider import (
+    MODELS_PATH,
+    SYSTEM_ONE_PATH,
+    JevProvider,
+    encode_request,
+)
 from tests.support.fake_typesafe import DEFAULT_MODELS, FakeTypeSafe, Fault, answer_request, serve
 
 KEY = "ts-live-Zq8xK3vN9pL2mR7t"  # distinctive, so any leak is found by substring search

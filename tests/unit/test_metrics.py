@@ -293,6 +293,6 @@ async def test_encoder_and_upstream_failures_are_counted() -> None:
     failures = {"provider": "jev", "route": "/v1/models", "reason": "connection"}
     before = value("decidealot_upstream_failures_total", **failures)
     with pytest.raises(ProviderUnavailable):
-        await typesafe.get("/v1/models", bytes)
+        await typesafe.call("GET", "/v1/models", bytes)
     await typesafe.close()
     assert value("decidealot_upstream_failures_total", **failures) == before + 1

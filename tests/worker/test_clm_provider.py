@@ -27,7 +27,7 @@ from decidealot.executor import Executor
 from decidealot.providers.clm.descriptor import SELECTORS
 from decidealot.providers.clm.gateway.encoder_client import EncoderClient, embeddings_endpoint
 from decidealot.providers.clm.gateway.provider import ClmProvider
-from decidealot.providers.clm.render import render_question
+from decidealot.providers.clm.render import render_questions
 from decidealot.providers.clm.tiny import build_clm_head
 from decidealot.residency import Residency
 from decidealot.service import Service, build_providers, lane_of
@@ -102,7 +102,7 @@ def _request(
 
 
 def _texts(request: SystemOneRequest) -> tuple[list[str], list[str]]:
-    rendered = [render_question(request.state, q) for q in request.questions.values()]
+    rendered = [r for _, r in render_questions(request.state, request.questions)]
     states = list(dict.fromkeys(r.state_text for r in rendered))
     options = list(dict.fromkeys(c.text for r in rendered for c in r.candidates))
     return states, options
@@ -186,7 +186,9 @@ async def test_float_list_and_base64_answers_agree(make_provider, fake: FakeEmbe
     assert msgspec.to_builtins(float_answer) == msgspec.to_builtins(base64_answer)
 
 
-@pytest.mark.parametrize("failure", ["down", "slow", "wrong_width", "nan", "error500"])
+@pytest.mark.parametrize(
+    "failure", ["down", "slow", "wrong_width", "nan", "bad_base64", "error500"]
+)
 async def test_encoder_failures_are_unavailable_then_recover(
     failure: str, make_provider, fake: FakeEmbeddings, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -224,9 +226,12 @@ async def test_transient_errors_are_retried_within_the_budget(
     assert make_provider.backoff == [0.1, 0.2]  # exponential, recorded instead of slept
 
 
-async def test_invalid_vectors_are_not_retried(make_provider, fake: FakeEmbeddings) -> None:
+@pytest.mark.parametrize("mode", ["nan", "bad_base64"])
+async def test_invalid_vectors_are_not_retried(
+    make_provider, fake: FakeEmbeddings, mode: str
+) -> None:
     provider = make_provider(retry_seconds=5.0)
-    fake.mode = "nan"
+    fake.mode = mode  # type: ignore[assignment]
     with pytest.raises(ProviderUnavailable):
         await provider.decide("clm", _request())
     assert len(fake.calls) == 1 and make_provider.backoff == []
@@ -237,7 +242,7 @@ async def test_api_key_is_sent_but_never_shown(make_provider, fake: FakeEmbeddin
     await provider.decide("clm", _request())
     assert fake.auth_headers == [f"Bearer {SECRET}"] * 2
     assert fake.paths == ["/v1/embeddings"] * 2
-    assert SECRET not in repr(provider._encoder) and SECRET not in repr(provider)
+    assert SECRET not in repr(provider.encoder) and SECRET not in repr(provider)
 
 
 def test_endpoint_url_rules() -> None:
@@ -314,7 +319,7 @@ async def test_the_executor_runs_the_encoder_calls_inside_the_hold_unless_parall
     residency = Residency(registry.settings(provider_idle_unload_seconds=0))
     residency.register(provider.runtime, "local", "clm")
     holding: dict[str, int] = {}
-    accept, embed = provider.accept, provider._encoder.embed
+    accept, embed = provider.accept, provider.encoder.embed
 
     async def watched_accept(selector: str, request: SystemOneRequest) -> object:
         holding["prepare"] = residency.ledger.holding("clm")  # decisions inside the hold now
@@ -325,7 +330,7 @@ async def test_the_executor_runs_the_encoder_calls_inside_the_hold_unless_parall
         return await embed(*args, **options)  # type: ignore[arg-type]
 
     provider.accept = watched_accept  # type: ignore[method-assign]
-    provider._encoder.embed = watched_embed  # type: ignore[method-assign]
+    provider.encoder.embed = watched_embed  # type: ignore[method-assign]
     routed = Routed(_request(), Route(provider, "clm"))
     response = (await Executor(residency, ["clm"]).decide(routed)).body
     assert set(response.answers) == {"queue", "urgent"} and len(fake.calls) == 2
@@ -374,7 +379,7 @@ async def test_the_service_builds_the_worker_spec_and_lane(
     head = tmp_path / "clm-0.1-8b" / "CLM_v0.1-8B.pt"
     assert spec.checkpoints == {"clm-0.1-8b": str(head)}
     assert spec.options == {"width": 4096} and spec.preload == ["clm-0.1-8b"]
-    assert provider._encoder.width == 4096
+    assert provider.encoder.width == 4096
     await provider.close()
 
 

@@ -1,24 +1,21 @@
 """The client for CLM's OpenAI-compatible embeddings endpoint (gateway side, no torch).
 
-Only the operator's configured URL is ever contacted. Inputs are de-duplicated and sent in
-chunks of `MAX_INPUTS_PER_CALL`, one call at a time, asking for base64 float32 (float lists
-are accepted too). Every vector must have exactly `width` finite values. Timeouts, refused
-connections and 5xx/429 answers are retried with backoff for up to `retry_seconds`; anything
-else fails at once. Every failure surfaces as `ProviderUnavailable` with a fixed message.
-Candidate vectors may be cached (TTL + LRU, keyed by model and text); state vectors never are.
+Only the operator's URL is contacted. Distinct inputs go in chunks of `MAX_INPUTS_PER_CALL`,
+one call at a time, as base64 float32 (float lists are accepted too); every vector must have
+exactly `width` finite values. Timeouts, transport errors, 429 and 5xx are retried for up to
+`retry_seconds`, anything else fails at once; every failure is `ProviderUnavailable` with its
+fixed message. Candidate vectors may be cached (TTL + LRU); state vectors never are.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import logging
 import math
 import sys
 import time
 from array import array
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from typing import Annotated
 
 import cachetools
@@ -47,7 +44,7 @@ def embeddings_endpoint(url: str) -> str:
 
 class _Embedding(msgspec.Struct):
     index: int
-    embedding: str | list[float]
+    embedding: bytes | list[float]  # base64 in JSON: msgspec decodes it, strictly
 
 
 class _Usage(msgspec.Struct):
@@ -63,15 +60,10 @@ class _EncoderFailure(Exception):
     """Why one call failed, in words safe to log; `transient` failures are retried. `kind` is
     the metric reason: timeout, connection, status or invalid_reply."""
 
-    def __init__(self, reason: str, *, transient: bool, kind: str = "invalid_reply"):
+    def __init__(self, reason: str, kind: str = "invalid_reply", *, transient: bool = False):
         super().__init__(reason)
-        self.reason = reason
-        self.transient = transient
         self.kind = kind
-
-
-def _is_transient(exc: BaseException) -> bool:
-    return isinstance(exc, _EncoderFailure) and exc.transient
+        self.transient = transient
 
 
 class Embedded(msgspec.Struct, frozen=True):
@@ -102,12 +94,12 @@ class EncoderClient:
         moves the clock past the TTL, and records the backoffs, instead of waiting."""
         self._endpoint = embeddings_endpoint(url)
         self._model = model
-        self._width = width
+        self.width = width
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._timeout = httpx.Timeout(timeout_seconds)
         self._retry_seconds = retry_seconds
         self._sleep = sleep
-        self._cache: cachetools.TTLCache[tuple[str, str], bytes] | None = (
+        self._cache: cachetools.TTLCache[str, bytes] | None = (
             cachetools.TTLCache(maxsize=cache_size, ttl=cache_ttl_seconds, timer=clock)
             if cache_size
             else None
@@ -117,11 +109,7 @@ class EncoderClient:
         """Whether the encoder's last call (retries included) answered; None before any."""
 
     def __repr__(self) -> str:  # never shows the key
-        return f"EncoderClient(model={self._model!r}, width={self._width})"
-
-    @property
-    def width(self) -> int:
-        return self._width
+        return f"EncoderClient(model={self._model!r}, width={self.width})"
 
     async def start(self) -> None:
         if self._client is None:
@@ -133,25 +121,19 @@ class EncoderClient:
             await client.aclose()
 
     async def embed(self, texts: Sequence[str], *, cache: bool) -> Embedded:
-        """Vectors for `texts`; with `cache`, cached rows are reused and misses stored."""
-        store = self._cache if cache else None
-        found: dict[str, bytes] = {}
-        missing: list[str] = []
-        for text in dict.fromkeys(texts):
-            row = store.get((self._model, text)) if store is not None else None
-            if row is None:
-                missing.append(text)
-            else:
-                found[text] = row
+        """Vectors for `texts`; with `cache`, cached rows are reused and misses stored (without
+        it, in a dict forgotten on return)."""
+        store: MutableMapping[str, bytes] = self._cache if cache and self._cache is not None else {}
+        unique = dict.fromkeys(texts)
+        found = {text: row for text in unique if (row := store.get(text)) is not None}
+        missing = [text for text in unique if text not in found]
         tokens = 0
         for start in range(0, len(missing), MAX_INPUTS_PER_CALL):
             chunk = missing[start : start + MAX_INPUTS_PER_CALL]
             rows, spent = await self._fetch(chunk)
             tokens += spent
-            for text, row in zip(chunk, rows, strict=True):
-                found[text] = row
-                if store is not None:
-                    store[(self._model, text)] = row
+            found.update(zip(chunk, rows, strict=True))
+            store.update(zip(chunk, rows, strict=True))
         return Embedded(rows=[found[text] for text in texts], prompt_tokens=tokens)
 
     @tracing.traced("encoder", kind="client")
@@ -161,14 +143,14 @@ class EncoderClient:
             sleep=self._sleep,
             stop=stop_before_delay(self._retry_seconds),
             wait=wait_exponential(multiplier=0.1, max=2.0),
-            retry=retry_if_exception(_is_transient),
+            retry=retry_if_exception(lambda exc: getattr(exc, "transient", False)),
             reraise=True,
         )
         try:
             answer = await retrying(self._call, texts)
         except _EncoderFailure as failure:
             self.answered_last_call = False
-            logger.warning("CLM encoder call failed: %s", failure.reason)
+            logger.warning("CLM encoder call failed: %s", failure)
             metrics.ENCODER_FAILURES.inc(reason=failure.kind)
             tracing.annotate(failure=failure.kind)
             raise ProviderUnavailable() from None
@@ -184,48 +166,39 @@ class EncoderClient:
         try:
             response = await self._client.post(self._endpoint, json=body, headers=headers)
         except httpx.TimeoutException:
-            raise _EncoderFailure("timed out", transient=True, kind="timeout") from None
+            raise _EncoderFailure("timed out", "timeout", transient=True) from None
         except httpx.TransportError as exc:  # refused, reset, protocol errors
             reason = f"transport error ({type(exc).__name__})"
-            raise _EncoderFailure(reason, transient=True, kind="connection") from None
+            raise _EncoderFailure(reason, "connection", transient=True) from None
         except httpx.RequestError as exc:  # e.g. an undecodable body: retrying will not help
             reason = f"request error ({type(exc).__name__})"
-            raise _EncoderFailure(reason, transient=False, kind="connection") from None
+            raise _EncoderFailure(reason, "connection") from None
         status = response.status_code
         if status != 200:
             transient = status >= 500 or status == 429
-            raise _EncoderFailure(f"answered status {status}", transient=transient, kind="status")
-        return self._decode(response.content, len(texts))
-
-    def _decode(self, content: bytes, count: int) -> tuple[list[bytes], int]:
+            raise _EncoderFailure(f"answered status {status}", "status", transient=transient)
         try:
-            parsed = msgspec.json.decode(content, type=_EmbeddingsResponse)
-        except msgspec.DecodeError:
-            raise _EncoderFailure("malformed response body", transient=False) from None
-        if sorted(item.index for item in parsed.data) != list(range(count)):
-            raise _EncoderFailure("response does not index every input once", transient=False)
-        rows: list[bytes] = [b""] * count
-        for item in parsed.data:
-            rows[item.index] = self._row(item.embedding)
+            parsed = msgspec.json.decode(response.content, type=_EmbeddingsResponse)
+        except msgspec.DecodeError as exc:  # its message names a path and a type, no content
+            raise _EncoderFailure(f"malformed response body ({exc})") from None
+        if sorted(item.index for item in parsed.data) != list(range(len(texts))):
+            raise _EncoderFailure("response does not index every input once")
+        rows = [self._row(item.embedding) for item in sorted(parsed.data, key=lambda i: i.index)]
         tokens = parsed.usage.prompt_tokens if parsed.usage else None
         return rows, tokens or 0
 
-    def _row(self, embedding: str | list[float]) -> bytes:
-        if isinstance(embedding, str):
-            try:
-                raw = base64.b64decode(embedding, validate=True)
-            except binascii.Error:
-                raise _EncoderFailure("malformed base64 embedding", transient=False) from None
-            if len(raw) != self._width * 4:
-                raise _EncoderFailure(f"embedding is not {self._width} float32", transient=False)
+    def _row(self, embedding: bytes | list[float]) -> bytes:
+        if isinstance(embedding, bytes):
+            if len(embedding) != self.width * 4:
+                raise _EncoderFailure(f"embedding is not {self.width} float32")
             row = array("f")
-            row.frombytes(raw)
+            row.frombytes(embedding)
             if sys.byteorder == "big":  # the wire is little-endian
                 row.byteswap()
         else:
-            if len(embedding) != self._width:
-                raise _EncoderFailure(f"embedding is not {self._width} floats", transient=False)
+            if len(embedding) != self.width:
+                raise _EncoderFailure(f"embedding is not {self.width} floats")
             row = array("f", embedding)
         if not all(map(math.isfinite, row)):  # float32 overflow shows up here as inf
-            raise _EncoderFailure("embedding has non-finite values", transient=False)
+            raise _EncoderFailure("embedding has non-finite values")
         return row.tobytes()

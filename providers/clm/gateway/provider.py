@@ -1,33 +1,24 @@
 """The CLM provider (gateway side; never imports torch, even indirectly).
 
-A decision renders every question's state text and option texts (off the event loop), bounds
-each by `clm_max_text_bytes` UTF-8 bytes (422, never truncated), bounds the request's estimated
-cost by `DECIDEALOT_MAX_REQUEST_TOKENS` and its distinct vectors by `MAX_VECTORS` (422 before
-any encoder call), embeds each distinct state text (always fresh) and option text (cached) once
-at the configured endpoint, and sends each distinct vector once to the head in its worker, with
-an index saying which rows each question uses (layout documented in
-`decidealot.providers.clm.worker.engine`). `usage.input_tokens` is the encoder's `prompt_tokens`
-for the calls actually made.
-
-Serial lane: by default the whole decision (the encoder calls in `ClmJobToMake.make`, and the
-head pass) runs inside one residency hold of the CLM runtime (`in_lane`), on the lane the service
-gives it, which it shares with Laya and Von, so the encoder (which may share the GPU or the
-cores) and the head never overlap another local model's forward pass. With
-`clm_parallel_with_local_models` the runtime takes no lane, the encoder calls run before the
-residency hold, and only the head pass holds a slot.
+`accept` renders, bounds and de-duplicates a request's texts before any wait (422s, never
+truncation); `make` embeds each distinct text once (option texts through the cache), and the
+job carries each distinct vector once (layout in `decidealot.providers.clm.worker.engine`).
+By default `make` runs inside the residency hold, on the lane CLM shares with Laya and Von
+(`in_lane`), so the encoder, which may share the GPU or the cores, never overlaps another
+local model's pass; `clm_parallel_with_local_models` runs it before the hold, off the lane.
 """
 
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 
 from decidealot.contract import Json, ModelInfo, SystemOneRequest
 from decidealot.errors import RequestInvalid, over_token_limit
 from decidealot.jobs import Job
 from decidealot.protocols import LocalRuntime, MadeJob
 from decidealot.providers.clm.gateway.encoder_client import EncoderClient
-from decidealot.providers.clm.render import RenderedQuestion, render_questions
+from decidealot.providers.clm.render import render_questions
 from decidealot.providers.engine.protocol import MAX_FRAME_BYTES
 
 CHECKPOINT = "clm-0.1-8b"
@@ -50,19 +41,46 @@ def estimated_tokens(text: str) -> int:
     return 1 + (len(raw) - rest) + -(-rest // 2)
 
 
-@dataclass(frozen=True)
-class EncoderTexts:
-    """What one request sends its encoder, each distinct text once, and which of them each
-    question's rows are (the layout of `Job.vector_index`: state texts' rows first, then
-    option texts' rows)."""
+def encoder_texts(
+    request: SystemOneRequest, max_text_bytes: int
+) -> tuple[list[str], list[str], list[int]]:
+    """A request's state and option texts, each distinct text once, and `Job.vector_index`;
+    raises `RequestInvalid` for a text over `max_text_bytes` (never truncated: the encoder
+    only ever sees whole texts). CPU work, so callers run it off the event loop."""
+    states: dict[str, int] = {}
+    options: dict[str, int] = {}
+    texts: list[list[int]] = []  # per question: its state text, then its option texts
+    for name, question in render_questions(request.state, request.questions):
+        bounded = [(question.state_text, "state plus instructions render", None)]
+        bounded += [(c.text, "option text renders", c.loc) for c in question.candidates]
+        for text, what, loc in bounded:
+            if (size := len(text.encode())) > max_text_bytes:
+                raise RequestInvalid.question(
+                    name,
+                    f"{what} to {size} UTF-8 bytes; CLM accepts at most {max_text_bytes} "
+                    "(DECIDEALOT_CLM_MAX_TEXT_BYTES)",
+                    loc=loc,
+                )
+        texts.append([states.setdefault(question.state_text, len(states))])
+        texts[-1] += [options.setdefault(c.text, len(options)) for c in question.candidates]
+    index: list[int] = []
+    for state, *option_texts in texts:  # option texts' rows follow all state texts' rows
+        index += [state, *(len(states) + option for option in option_texts)]
+    return list(states), list(options), index
 
+
+@dataclass(frozen=True)
+class ClmJobToMake:
+    """An accepted request (`decidealot.protocols.JobToMake`), each distinct text once:
+    `make` calls the encoder."""
+
+    request: SystemOneRequest
+    encoder: EncoderClient
+    in_lane: bool
     states: list[str]
     options: list[str]
     index: list[int]
-
-    @property
-    def vectors(self) -> int:
-        return len(self.states) + len(self.options)
+    """`Job.vector_index`: the state texts' rows first, then the option texts'."""
 
     @property
     def cost(self) -> int:
@@ -71,125 +89,64 @@ class EncoderTexts:
         texts = (*self.states, *self.options)
         return sum(map(estimated_tokens, texts)) + len(texts)
 
-
-def encoder_texts(request: SystemOneRequest, max_text_bytes: int) -> EncoderTexts:
-    """Render, bound and de-duplicate a request's texts; CPU work, so callers run it off the
-    event loop. Raises RequestInvalid for a text over `max_text_bytes`."""
-    states: dict[str, int] = {}
-    options: dict[str, int] = {}
-    rows: list[tuple[int, list[int]]] = []
-    for name, question in render_questions(request.state, request.questions):
-        _bounded(name, question, max_text_bytes)
-        state = states.setdefault(question.state_text, len(states))
-        rows.append(
-            (state, [options.setdefault(c.text, len(options)) for c in question.candidates])
-        )
-    index: list[int] = []
-    for state, option_rows in rows:
-        index.append(state)
-        index += [len(states) + row for row in option_rows]
-    return EncoderTexts(list(states), list(options), index)
-
-
-def _bounded(name: str, question: RenderedQuestion, limit: int) -> None:
-    """Reject, never truncate: the encoder only ever sees whole texts."""
-    size = len(question.state_text.encode())
-    if size > limit:
-        raise RequestInvalid.question(
-            name,
-            f"state plus instructions render to {size} UTF-8 bytes; CLM accepts at most "
-            f"{limit} (DECIDEALOT_CLM_MAX_TEXT_BYTES)",
-        )
-    for candidate in question.candidates:
-        size = len(candidate.text.encode())
-        if size > limit:
-            raise RequestInvalid.question(
-                name,
-                f"option text renders to {size} UTF-8 bytes; CLM accepts at most {limit} "
-                "(DECIDEALOT_CLM_MAX_TEXT_BYTES)",
-                loc=candidate.loc,
-            )
-
-
-@dataclass(frozen=True)
-class ClmJobToMake:
-    """An accepted request, its texts rendered, bounded and de-duplicated
-    (`decidealot.protocols.JobToMake`): `make` calls the encoder and builds the job."""
-
-    request: SystemOneRequest
-    texts: EncoderTexts
-    encoder: EncoderClient
-    in_lane: bool
-
     async def make(self) -> MadeJob:
-        """The encoder calls and the job they feed: each distinct vector once, in the order
-        `texts.index` counts them; the encoder's prompt tokens are the gateway's share of
-        `usage.input_tokens`."""
-        request, texts = self.request, self.texts
-        states = await self.encoder.embed(texts.states, cache=False)
-        options = await self.encoder.embed(texts.options, cache=True)
+        """The job, each distinct vector once; the encoder's prompt tokens are the gateway's
+        share of `usage.input_tokens`."""
+        states = await self.encoder.embed(self.states, cache=False)
+        options = await self.encoder.embed(self.options, cache=True)
         job = Job(
             checkpoint=CHECKPOINT,
-            state=request.state,
-            questions=request.questions,
-            config=request.config,
+            state=self.request.state,
+            questions=self.request.questions,
+            config=self.request.config,
             vectors=b"".join((*states.rows, *options.rows)),
-            vector_index=texts.index,
+            vector_index=self.index,
         )
         return MadeJob(job, states.prompt_tokens + options.prompt_tokens)
 
 
+@dataclass(eq=False)
 class ClmProvider:
-    """Local CLM: the encoder calls in the gateway, the head in the worker."""
+    """Local CLM: the encoder calls in the gateway, the head in the worker. `in_lane`: the
+    encoder calls run inside the residency hold, on the lane; `max_request_tokens` bounds a
+    request's `ClmJobToMake.cost` (0: no bound)."""
 
     name = "clm"
     local = True
     accepts_temperature = True
 
-    def __init__(
-        self,
-        encoder: EncoderClient,
-        runtime: LocalRuntime,
-        *,
-        selectors: tuple[ModelInfo, ...],
-        max_text_bytes: int,
-        max_request_tokens: int = 0,
-        in_lane: bool = True,
-    ):
-        """`in_lane`: the encoder calls run inside the residency hold, on the lane.
-        `max_request_tokens` bounds a request's `EncoderTexts.cost` (0: no bound)."""
-        self._encoder = encoder
-        self.runtime = runtime
-        self._selectors = selectors
-        self._max_text_bytes = max_text_bytes
-        self._max_request_tokens = max_request_tokens
-        self.in_lane = in_lane
+    encoder: EncoderClient
+    runtime: LocalRuntime
+    _: KW_ONLY
+    selectors: tuple[ModelInfo, ...]
+    max_text_bytes: int
+    max_request_tokens: int = 0
+    in_lane: bool = True
 
     async def start(self) -> None:
-        await self._encoder.start()
+        await self.encoder.start()
 
     async def close(self) -> None:
-        await self._encoder.close()
+        await self.encoder.close()
         await self.runtime.unload()
 
     def status_details(self) -> dict[str, Json]:
         """Whether the encoder answered its last call (`GET /v1/status`)."""
-        return {"encoder_answered_last_call": self._encoder.answered_last_call}
+        return {"encoder_answered_last_call": self.encoder.answered_last_call}
 
     async def models(self) -> list[ModelInfo]:
-        return list(self._selectors)
+        return list(self.selectors)
 
     async def accept(self, selector: str, request: SystemOneRequest) -> ClmJobToMake:
-        """Render, bound and de-duplicate every text (off the loop) and check the request's
-        cost, before any wait."""
-        texts = await asyncio.to_thread(encoder_texts, request, self._max_text_bytes)
-        if texts.vectors > MAX_VECTORS:
+        texts = await asyncio.to_thread(encoder_texts, request, self.max_text_bytes)
+        made = ClmJobToMake(request, self.encoder, self.in_lane, *texts)
+        if (vectors := len(made.states) + len(made.options)) > MAX_VECTORS:
             raise RequestInvalid.question(
                 None,
-                f"this request needs {texts.vectors} distinct encoder vectors; CLM carries at "
+                f"this request needs {vectors} distinct encoder vectors; CLM carries at "
                 f"most {MAX_VECTORS} per request: split its questions over several requests",
             )
-        limit = self._max_request_tokens
-        if limit and (cost := texts.cost) > limit:
+        limit = self.max_request_tokens
+        if limit and (cost := made.cost) > limit:
             raise over_token_limit(cost, limit)
-        return ClmJobToMake(request, texts, self._encoder, self.in_lane)
+        return made

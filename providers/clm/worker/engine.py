@@ -1,42 +1,143 @@
-"""CLM's worker engine: projection heads over the vectors the gateway sends, and the readout.
+"""CLM's worker engine: the projection heads over the vectors the gateway sends, and the readout.
 
-The gateway embeds texts (the encoder is a separate HTTP service) and sends each job's raw
-vectors in `Job.vectors`: float32 in the host's byte order (gateway and worker share a host),
-row-major [rows, width], each distinct text's vector once. `Job.vector_index` says, for each
-question in order, which row is its state, then which row is each option in answer order
-(`render.option_keys`): 400 questions over the same 255 labels carry 255 option rows, not
-102,000, so a job's memory here and in its frame is bounded by its distinct texts. The engine
-L2-normalises every row (in numpy, with upstream's exact float32 operations: at scale 100 and
-low temperatures a last-bit difference in the norm shows in the probabilities), projects each
-distinct state row once with the state head and each distinct option row once with the action
-head (as upstream projects each distinct text once), and reads out
-`softmax(scale * cos / temperature)` exactly as upstream `contrastive-lm` 0.1.0 does.
+`CLM_v0.1-8B.pt` is a `torch.save` dict of `state_head` and `action_head` (two same-shaped
+MLPs, parameter names as upstream's so its files load strictly), `logit_scale` and `cfg`.
+`Job.vectors` holds each distinct text's vector once (float32 in host byte order: gateway and
+worker share a host) and `Job.vector_index` which rows each question uses, so 400 questions
+over the same 255 labels carry 255 option rows, not 102,000. Rows are L2-normalised in numpy
+with upstream's exact float32 operations (at scale 100 a last-bit difference in the norm shows
+in the probabilities), and the readout is `softmax(scale * cos / temperature)` as in upstream
+`contrastive-lm` 0.1.0.
 """
 
 from __future__ import annotations
 
+import pickle
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated, Literal
 
+import msgspec
 import numpy as np
 import torch
+from torch import nn
 
 from decidealot.contract import Answer, Question, ScoreQuestion
 from decidealot.jobs import Decision, EngineSpec, Job
 from decidealot.providers.clm.render import option_keys, score_legend
-from decidealot.providers.clm.worker.head import HeadFileError, HeadPair, load_heads
 from decidealot.providers.engine.protocol import PassShape, ReportLoad, ignore_load
 from decidealot.providers.worker.readout import answer_from_probabilities, first_max, softmax
 
 FLOAT32_BYTES = 4
 _NORM_EPS = 1e-12  # upstream's l2: v / (|v| + 1e-12)
+MAX_SCALE = 100.0
+"""Upstream caps exp(logit_scale) at 100."""
+
+_ACTIVATIONS: dict[str, type[nn.Module]] = {"gelu": nn.GELU, "relu": nn.ReLU, "silu": nn.SiLU}
+
+
+class HeadFileError(ValueError):
+    """The head file cannot be used; the worker fails to start with this message."""
+
+
+class HeadConfig(msgspec.Struct, frozen=True):
+    """The `cfg` keys the architecture needs; training's extra keys are ignored."""
+
+    width: int
+    depth: Annotated[int, msgspec.Meta(ge=2)]
+    projection_dim: int = 512
+    activation: Literal["gelu", "relu", "silu"] = "gelu"
+    layernorm: bool = False
+    residual: bool = False
+    hidden_size: int = 4096
+
+
+class Head(nn.Module):
+    """hidden -> width -> (depth - 2 blocks of Linear, LayerNorm?, act) -> projection, unit norm."""
+
+    def __init__(self, cfg: HeadConfig):
+        super().__init__()
+        blocks = cfg.depth - 2
+        self.inp = nn.Linear(cfg.hidden_size, cfg.width)
+        self.hidden = nn.ModuleList(nn.Linear(cfg.width, cfg.width) for _ in range(blocks))
+        self.norms = nn.ModuleList(
+            nn.LayerNorm(cfg.width) if cfg.layernorm else nn.Identity() for _ in range(blocks)
+        )
+        self.out = nn.Linear(cfg.width, cfg.projection_dim)
+        self.act = _ACTIVATIONS[cfg.activation]()
+        self.residual = cfg.residual
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.act(self.inp(x))
+        for linear, norm in zip(self.hidden, self.norms, strict=True):
+            t = self.act(norm(linear(h)))
+            h = h + t if self.residual else t
+        return nn.functional.normalize(self.out(h), dim=-1)
+
+
+@dataclass(frozen=True)
+class HeadPair:
+    """Both towers of one checkpoint, ready on their device."""
+
+    state: Head
+    action: Head
+    scale: float
+    """min(exp(logit_scale), 100)."""
+    cfg: HeadConfig
+
+
+def load_heads(path: Path, device: str) -> HeadPair:
+    """Load a head file weights-only; raise HeadFileError for anything unusable."""
+    try:
+        data = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        raise HeadFileError(
+            f"CLM head {path.name} was refused by weights-only loading (it holds objects "
+            f"other than tensors and plain values): {exc}"
+        ) from exc
+    except (OSError, RuntimeError) as exc:
+        raise HeadFileError(f"CLM head {path.name} cannot be read: {exc}") from exc
+    if not isinstance(data, dict):
+        raise HeadFileError(f"CLM head {path.name} is not a checkpoint dict")
+    raw = data.get("cfg")
+    if not isinstance(raw, dict):
+        raise HeadFileError(f"CLM head {path.name} has no cfg dict")
+    fields = dict(raw)
+    if "projection_dim" in data:  # upstream: a top-level projection_dim wins over cfg's
+        fields["projection_dim"] = data["projection_dim"]
+    try:
+        cfg = msgspec.convert(fields, HeadConfig)
+    except msgspec.ValidationError as exc:
+        raise HeadFileError(f"CLM head {path.name} has an unusable cfg: {exc}") from exc
+    if "logit_scale" not in data:
+        raise HeadFileError(f"CLM head {path.name} has no logit_scale")
+    logit_scale = torch.as_tensor(data["logit_scale"]).float()
+    return HeadPair(
+        state=_tower(data, "state_head", cfg, path.name, device),
+        action=_tower(data, "action_head", cfg, path.name, device),
+        scale=float(logit_scale.exp().clamp(max=MAX_SCALE)),
+        cfg=cfg,
+    )
+
+
+def _tower(data: dict[str, object], key: str, cfg: HeadConfig, name: str, device: str) -> Head:
+    weights = data.get(key)
+    if not isinstance(weights, dict):
+        raise HeadFileError(f"CLM head {name} has no {key} state dict")
+    tower = Head(cfg)
+    try:
+        tower.load_state_dict(weights, strict=True)
+    except RuntimeError as exc:
+        raise HeadFileError(f"CLM head {name}: {key} does not match its cfg: {exc}") from exc
+    return tower.eval().to(device)
 
 
 @dataclass(frozen=True)
 class ClmPreparedJob:
     """One job's vectors, checked against its questions, waiting for a pass. The job is one
-    row of a pass: the heads are tiny, and answering it whole matches upstream to the bit."""
+    row of a pass: the heads are tiny, and a job's answers then match upstream's, and its own
+    answers alone, to the bit."""
 
     tokens: int
     """Distinct vectors this job adds to a pass."""
@@ -50,8 +151,7 @@ class ClmPreparedJob:
     option_rows: torch.Tensor
     """Every question's option rows in `vectors`, question after question."""
     option_counts: list[int]
-    input_tokens = 0
-    """The head reads vectors; the gateway adds the encoder's prompt tokens itself."""
+    input_tokens = 0  # the head reads vectors; the gateway adds the encoder's prompt tokens
 
     @property
     def rows(self) -> list[ClmPreparedJob]:
@@ -118,8 +218,6 @@ class ClmEngine:
 
     @torch.inference_mode()
     def forward(self, group: Hashable, rows: Sequence[ClmPreparedJob]) -> list[Decision]:
-        """Each job's vectors go through the towers on their own: the heads are tiny, and a
-        job's answers then match upstream's, and its own answers alone, to the bit."""
         heads = self._heads[str(group)]
         return [self._decide(heads, prepared) for prepared in rows]
 
@@ -151,13 +249,9 @@ class ClmEngine:
 
 
 def create(spec: EngineSpec, report: ReportLoad = ignore_load) -> ClmEngine:
-    """Load every head weights-only; a head whose input width is not the encoder's fails here.
-
-    `options["width"]` is the encoder width the gateway enforces (4096 for Qwen3-8B). The
-    engine reports `input_tokens=0`: the head reads vectors, and the gateway adds the
-    encoder's prompt tokens itself. A head is not a checkpoint with a precision: nothing is
-    reported to `report`.
-    """
+    """Load every head weights-only; a head whose input width is not the encoder's (the
+    gateway's `options["width"]`, 4096 for Qwen3-8B) fails here. A head is not a checkpoint
+    with a precision: it reports no load."""
     width = int(spec.options["width"])
     heads: dict[str, HeadPair] = {}
     for key, path in spec.checkpoints.items():

@@ -1,12 +1,10 @@
 """The one HTTP client to TypeSafe: the operator's fixed URL and key, timeouts, bounded retries.
 
-Nothing in a request can reach this module's URL or key. Transient failures (connection errors,
-timeouts, 408, 429, 5xx) are retried with exponential backoff, or after TypeSafe's
-`retry-after-ms` / `Retry-After`, while the retry budget allows: no delay starts that would end
-past it, so one call lasts at most the budget plus one attempt's timeout. Every failure leaves
-as `ProviderUnavailable` with the fixed safe message. Its log line names the route, the status
-or error class and TypeSafe's request id: never the key, and never a body, because upstream
-bodies can echo the caller's state.
+Nothing in a request can reach this module's URL or key. Transient failures are retried, after
+TypeSafe's `retry-after-ms` / `Retry-After` or with backoff, while the retry budget allows: no
+delay starts that would end past it. Every failure is `ProviderUnavailable` with the fixed safe
+message; its log line names the route, the status or error class and TypeSafe's request id,
+never the key or a body (upstream bodies can echo the caller's state).
 """
 
 from __future__ import annotations
@@ -22,56 +20,41 @@ from typing import NoReturn, TypeVar
 
 import httpx
 import zstandard
-from tenacity import (
-    AsyncRetrying,
-    RetryCallState,
-    retry_if_exception_type,
-)
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception
 
 from decidealot import __version__, metrics, tracing
 from decidealot.errors import ProviderUnavailable
-from decidealot.providers.jev.gateway.wire import InvalidReply
 
 T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
 # The SDK's own choices, so TypeSafe sees the traffic shape it designed for.
-_RETRY_STATUSES = frozenset({408, 429})
 _BACKOFF_INITIAL_SECONDS = 0.5
 _BACKOFF_MAX_SECONDS = 5.0
 _BACKOFF_JITTER = 0.25
 _MIN_COMPRESSED_BYTES = 1024
 _LIMITS = httpx.Limits(max_connections=100, max_keepalive_connections=100, keepalive_expiry=30.0)
 _REQUEST_ID_HEADER = "x-typesafe-request-id"
-_RETRY_COUNT_HEADER = "X-TypeSafe-Retry-Count"
 
 
-class _Transient(Exception):
-    """A retryable status; `retry_after` is TypeSafe's requested wait in seconds, if any."""
-
-    def __init__(self, status: int, retry_after: float | None, request_id: str | None):
-        super().__init__(status)
-        self.status = status
-        self.retry_after = retry_after
-        self.request_id = request_id
+class InvalidReply(Exception):
+    """TypeSafe answered 2xx with a body the contract forbids (raised by the caller's `decode`);
+    the reason quotes no content."""
 
 
-class _Refused(Exception):
-    """A final (non-2xx, non-transient) status. 401/403 mean the operator's key was rejected;
+class _Status(Exception):
+    """A non-2xx answer. Transient ones (408, 429, 5xx) are retried, after TypeSafe's requested
+    wait if it names one. The rest are final: 401/403 mean the operator's key was rejected,
     400/422 that TypeSafe refused what our validator accepted, which its detail would only
     explain in upstream terms. None is the caller's to see: all become the safe 503."""
 
-    def __init__(self, status: int, request_id: str | None):
-        super().__init__(status)
-        self.status = status
-        self.request_id = request_id
-
-    @property
-    def reason(self) -> str:
-        if self.status in (401, 403):
-            return f"the configured key was rejected (status {self.status})"
-        return f"refused with status {self.status}"
+    def __init__(self, response: httpx.Response):
+        super().__init__(response.status_code)
+        self.status = response.status_code
+        self.transient = self.status in (408, 429) or self.status >= 500
+        self.retry_after = retry_after_seconds(response.headers) if self.transient else None
+        self.request_id = response.headers.get(_REQUEST_ID_HEADER)
 
 
 class TypeSafeClient:
@@ -87,9 +70,8 @@ class TypeSafeClient:
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        """`sleep` waits out each backoff and `clock` measures the retry budget: the real ones
-        unless a test passes a sleep that records each delay and a clock that counts it, so
-        retries are checked by their delays instead of by waiting them out."""
+        """`sleep` waits out each backoff and `clock` measures the retry budget: a test records
+        the delays and counts them on its clock instead of waiting them out."""
         self._base_url = base_url.rstrip("/")
         # httpx.Headers hides `authorization` in its repr, so the key never prints from here.
         self._headers = httpx.Headers(
@@ -108,8 +90,6 @@ class TypeSafeClient:
     def __repr__(self) -> str:
         return f"TypeSafeClient(base_url={self._base_url!r})"
 
-    __str__ = __repr__
-
     async def start(self) -> None:
         if self._http is None:
             self._http = httpx.AsyncClient(
@@ -125,154 +105,105 @@ class TypeSafeClient:
         if http is not None:
             await http.aclose()
 
-    async def get(self, path: str, decode: Callable[[bytes], T]) -> T:
-        return await self._call("GET", path, None, decode)
-
-    async def post(self, path: str, body: bytes, decode: Callable[[bytes], T]) -> T:
-        return await self._call("POST", path, body, decode)
-
     @tracing.traced("typesafe", kind="client")
-    async def _call(
-        self, method: str, path: str, body: bytes | None, decode: Callable[[bytes], T]
+    async def call(
+        self, method: str, path: str, decode: Callable[[bytes], T], body: bytes | None = None
     ) -> T:
         """One logical call: retried while transient, then decoded once (a bad 2xx is final)."""
         tracing.annotate({"http.request.method": method, "url.path": path})
         http = self._http
         if http is None:
-            log.warning("TypeSafe %s %s: the client is not started", method, path)
-            metrics.UPSTREAM_FAILURES.inc(provider="jev", route=path, reason="not_started")
-            raise ProviderUnavailable()
-        headers, content = _body_headers(body)
+            _fail(method, path, "not_started", "the client is not started", None)
+        headers: dict[str, str] = {}
+        if body is not None:
+            headers["Content-Type"] = "application/json"
+            if len(body) >= _MIN_COMPRESSED_BYTES:  # compressed like the SDK's
+                headers["Content-Encoding"] = "zstd"
+                body = zstandard.ZstdCompressor().compress(body)
         tracing.inject(headers)
         started = self._clock()
 
-        def out_of_budget(state: RetryCallState) -> bool:
-            """No delay starts that would end past the budget (tenacity's `stop_before_delay`,
-            which reads `time.monotonic` itself, on `clock`)."""
+        def out_of_budget(state: RetryCallState) -> bool:  # stop_before_delay, on `clock`
             return self._clock() - started + state.upcoming_sleep >= self._retry_seconds
 
         retrying = AsyncRetrying(
             sleep=self._sleep,
             stop=out_of_budget,
             wait=_wait,
-            retry=retry_if_exception_type((_Transient, httpx.TransportError)),
+            retry=retry_if_exception(_transient),
             before_sleep=lambda state: _log_retry(method, path, state),
             reraise=True,
         )
-        response: httpx.Response | None = None
         attempts = 0
         try:
             async for attempt in retrying:
                 with attempt:
                     attempts = attempt.retry_state.attempt_number
                     if attempts > 1:
-                        headers[_RETRY_COUNT_HEADER] = str(attempts - 1)
-                    response = await http.request(method, path, content=content, headers=headers)
-                    _raise_for_status(response)
-        except (_Refused, _Transient, httpx.HTTPError) as error:
-            _fail(
-                method,
-                path,
-                _reason(error, attempts),
-                getattr(error, "request_id", None),
-                _kind(error),
-            )
-        assert response is not None  # the loop either produced a success or raised
-        try:
+                        headers["X-TypeSafe-Retry-Count"] = str(attempts - 1)
+                    response = await http.request(method, path, content=body, headers=headers)
+                    if not response.is_success:
+                        raise _Status(response)
+        except (_Status, httpx.HTTPError) as error:
+            _fail(method, path, *_failure(error, attempts), getattr(error, "request_id", None))
+        try:  # the loop either produced a success or raised
             return decode(response.content)
         except InvalidReply as error:
-            _fail(method, path, f"invalid reply: {error}", _request_id(response), "invalid_reply")
-
-
-def _body_headers(body: bytes | None) -> tuple[dict[str, str], bytes | None]:
-    """Headers and content for `body`, compressed with zstd like the SDK when it is large."""
-    if body is None:
-        return {}, None
-    headers = {"Content-Type": "application/json"}
-    if len(body) >= _MIN_COMPRESSED_BYTES:
-        headers["Content-Encoding"] = "zstd"
-        body = zstandard.ZstdCompressor().compress(body)
-    return headers, body
-
-
-def _raise_for_status(response: httpx.Response) -> None:
-    status = response.status_code
-    if status in _RETRY_STATUSES or status >= 500:
-        raise _Transient(status, retry_after_seconds(response.headers), _request_id(response))
-    if not response.is_success:
-        raise _Refused(status, _request_id(response))
+            request_id = response.headers.get(_REQUEST_ID_HEADER)
+            _fail(method, path, "invalid_reply", f"invalid reply: {error}", request_id)
 
 
 def retry_after_seconds(headers: httpx.Headers) -> float | None:
     """TypeSafe's requested wait: `retry-after-ms` first, then `Retry-After` (seconds or date)."""
-    raw_ms = headers.get("retry-after-ms")
-    if raw_ms is not None:
-        milliseconds = _number(raw_ms)
-        if milliseconds is not None:
-            return milliseconds / 1000
-    raw = headers.get("retry-after")
-    if raw is None:
-        return None
-    seconds = _number(raw)
-    if seconds is not None:
-        return seconds
+    for name, per_second in (("retry-after-ms", 1000), ("retry-after", 1)):
+        try:
+            value = float(headers.get(name, "").strip())
+        except ValueError:
+            continue
+        if math.isfinite(value) and value >= 0:
+            return value / per_second
     try:
-        return max(0.0, parsedate_to_datetime(raw).timestamp() - time.time())
+        date = parsedate_to_datetime(headers.get("retry-after", ""))
+        return max(0.0, date.timestamp() - time.time())
     except (TypeError, ValueError, OverflowError):
         return None
 
 
-def _number(raw: str) -> float | None:
-    try:
-        value = float(raw.strip())
-    except ValueError:
-        return None
-    return value if math.isfinite(value) and value >= 0 else None
+def _transient(error: BaseException) -> bool:
+    return isinstance(error, httpx.TransportError) or getattr(error, "transient", False)
 
 
 def _wait(state: RetryCallState) -> float:
     error = state.outcome.exception() if state.outcome is not None else None
-    if isinstance(error, _Transient) and error.retry_after is not None:
+    if isinstance(error, _Status) and error.retry_after is not None:
         return error.retry_after
     exponential = _BACKOFF_INITIAL_SECONDS * 2 ** (state.attempt_number - 1)
     return min(_BACKOFF_MAX_SECONDS, exponential) * (1 - random.random() * _BACKOFF_JITTER)
 
 
-def _reason(error: Exception, attempts: int) -> str:
-    """What went wrong, in words that carry no URL, key or body."""
-    if isinstance(error, _Refused):
-        return error.reason
-    if isinstance(error, _Transient):
-        return f"status {error.status} after {attempts} attempt(s)"
+def _failure(error: Exception, attempts: int) -> tuple[str, str]:
+    """The failure's metric reason (a small fixed set) and what went wrong, in words that carry
+    no URL, key or body."""
+    tries = f"after {attempts} attempt(s)"
+    if isinstance(error, _Status):
+        if error.status in (401, 403):
+            return "key_rejected", f"the configured key was rejected (status {error.status})"
+        if error.transient:
+            return "unavailable", f"status {error.status} {tries}"
+        return "refused", f"refused with status {error.status}"
     if isinstance(error, httpx.TimeoutException):
-        return f"timed out after {attempts} attempt(s)"
-    return f"{type(error).__name__} after {attempts} attempt(s)"
-
-
-def _kind(error: Exception) -> str:
-    """The failure's metric reason: a small fixed set, unlike `_reason`'s words."""
-    if isinstance(error, _Refused):
-        return "key_rejected" if error.status in (401, 403) else "refused"
-    if isinstance(error, _Transient):
-        return "unavailable"
-    if isinstance(error, httpx.TimeoutException):
-        return "timeout"
-    return "connection"
-
-
-def _request_id(response: httpx.Response | None) -> str | None:
-    return None if response is None else response.headers.get(_REQUEST_ID_HEADER)
+        return "timeout", f"timed out {tries}"
+    return "connection", f"{type(error).__name__} {tries}"
 
 
 def _log_retry(method: str, path: str, state: RetryCallState) -> None:
     error = state.outcome.exception() if state.outcome is not None else None
-    what = f"status {error.status}" if isinstance(error, _Transient) else type(error).__name__
-    delay = state.next_action.sleep if state.next_action is not None else 0.0
-    attempt = state.attempt_number
+    what = f"status {error.status}" if isinstance(error, _Status) else type(error).__name__
+    attempt, delay = state.attempt_number, state.upcoming_sleep
     log.info("TypeSafe %s %s: %s, retry %d in %.2f s", method, path, what, attempt, delay)
 
 
-def _fail(method: str, path: str, reason: str, request_id: str | None, kind: str) -> NoReturn:
+def _fail(method: str, path: str, kind: str, reason: str, request_id: str | None) -> NoReturn:
     metrics.UPSTREAM_FAILURES.inc(provider="jev", route=path, reason=kind)
     tracing.annotate(failure=kind)
     request_id = request_id or "-"
