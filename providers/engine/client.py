@@ -251,7 +251,8 @@ class WorkerClient:
         self._preparing: float | None = None
         self._quiet: float | None = None
         """Since when it holds jobs and runs nothing, by its heartbeats."""
-        self._tasks = [background(self._read()), background(self._watch())]
+        self._tasks = [background(self._read())]
+        self._watchdog = background(self._watch())
         if link.stderr is not None:
             self._tasks.append(background(self._forward_stderr(link.stderr)))
 
@@ -302,6 +303,7 @@ class WorkerClient:
         """End the process: its stdin closes (a worker exits by itself), then a kill after a
         grace; at once with `kill`."""
         self.state = State.STOPPED
+        self._watchdog.cancel()
         self._end_engine(STOPPED)
         await self._link.close(kill)
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -526,7 +528,8 @@ class WorkerClient:
         timeout = self._pass_timeout
         if any(now - began > timeout for began in self._passes.values()):
             return f"ran one pass for over {timeout:g} s"
-        if self._preparing is not None and now - self._preparing > self._start_timeout:
+        preparing = self._preparing if self.state is State.READY else None
+        if preparing is not None and now - preparing > self._start_timeout:
             return f"prepared one job for over {self._start_timeout:g} s"
         waiting = self.state is State.STARTING or (self.state is State.READY and self._jobs)
         if not waiting:
