@@ -29,6 +29,7 @@ from decidealot.providers.laya.tiny import VARIANTS
 from decidealot.providers.laya.worker.engine import LayaEngine
 from decidealot.providers.von.tiny import build_von_checkpoint
 from decidealot.providers.von.worker.engine import VonEngine
+from tests.support import on_cpu
 from tests.support.checkpoints import TinyCheckpoints, laya_settings
 from tests.support.cli import run_cli as cli
 from tests.support.ops_launcher import children, started_worker
@@ -220,7 +221,8 @@ def test_an_engine_refuses_a_precision_its_resolved_device_cannot_run() -> None:
 def int8_and_fp32_servers(
     laya_checkpoints: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[dict[str, RunningServer]]:
-    """`decidealot serve` twice on the same Laya and Von checkpoints: int8 and fp32."""
+    """`decidealot serve` twice on the same Laya and Von checkpoints: int8 and fp32, on a CPU
+    that reads as a Zen 4 (int8 runs anywhere, only slowly without VNNI)."""
     folder = tmp_path_factory.mktemp("precision-serve")
     von = build_von_checkpoint(folder / "von", independent_options=False)
     checkpoints = {
@@ -232,8 +234,8 @@ def int8_and_fp32_servers(
         for precision in ("int8", "fp32"):
             servers[precision] = start_server(
                 folder / precision,
-                launcher="decidealot",
-                args=("serve",),
+                launcher="tests.support.on_cpu",  # one with VNNI: int8 is refused without
+                args=(on_cpu.ZEN4, "serve"),
                 DECIDEALOT_DEVICE="cpu",
                 DECIDEALOT_TORCH_THREADS="1",
                 DECIDEALOT_MAX_RESIDENT_PROVIDERS="2",
