@@ -187,7 +187,7 @@ def _calibrate(settings: config.Settings, args: argparse.Namespace) -> int:
     from decidealot.providers.calibrate import Setup, plot, report, write_fitted
 
     out = Path(args.out or f"calibration-{calibration.bundle}.json").expanduser().resolve()
-    current = getattr(descriptor.of(settings), calibration.setting)
+    current = descriptor.calibration_files(descriptor.of(settings)).get(calibration.key)
 
     def progress(done: int, total: int) -> None:
         if total > 1:
@@ -196,7 +196,7 @@ def _calibrate(settings: config.Settings, args: argparse.Namespace) -> int:
     setup = Setup(
         checkpoint=checkpoint,
         key=calibration.key,
-        current=current,
+        current=None if current is None else Path(current),
         labels=labels,
         labels_path=Path(args.labels),
         device=resolve_device(settings),
