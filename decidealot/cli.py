@@ -77,6 +77,12 @@ def _settings(host: str | None, port: int | None) -> config.Settings:
     return settings
 
 
+def _failed(exc: Exception) -> int:
+    """Tell `exc` in one line; the exit status: 2 for a refused setting, 1 for the rest."""
+    print(f"decidealot: {exc}", file=sys.stderr)
+    return 2 if isinstance(exc, config.ConfigError) else 1
+
+
 def _preflight(settings: config.Settings, *, rehash: bool) -> int | None:
     """Run the checks before listening; the exit status when one fails, else None."""
     from decidealot import preflight
@@ -84,8 +90,7 @@ def _preflight(settings: config.Settings, *, rehash: bool) -> int | None:
     try:
         preflight.ready_to_serve(settings, progress=sys.stderr.isatty(), rehash=rehash)
     except preflight.ERRORS as exc:
-        print(f"decidealot: {exc}", file=sys.stderr)
-        return 2 if isinstance(exc, config.ConfigError) else 1
+        return _failed(exc)
     return None
 
 
@@ -182,8 +187,7 @@ def _calibrate(settings: config.Settings, args: argparse.Namespace) -> int:
         checkpoint = preflight.checked_checkpoint(settings, calibration.bundle)
         preflight.raise_all(preflight.calibration_problems(settings))
     except (*preflight.ERRORS, LabelError) as exc:
-        print(f"decidealot: {exc}", file=sys.stderr)
-        return 2 if isinstance(exc, config.ConfigError) else 1
+        return _failed(exc)
     from decidealot.providers.calibrate import Setup, plot, report, write_fitted
 
     out = Path(args.out or f"calibration-{calibration.bundle}.json").expanduser().resolve()
@@ -210,8 +214,7 @@ def _calibrate(settings: config.Settings, args: argparse.Namespace) -> int:
     try:
         outcome = getattr(importlib.import_module(module), function)(setup)
     except ValueError as exc:
-        print(f"decidealot: {exc}", file=sys.stderr)
-        return 1
+        return _failed(exc)
     write_fitted(out, outcome.body)
     for line in report(outcome, out):
         print(line)
@@ -258,8 +261,7 @@ def _main(argv: Sequence[str] | None) -> int:
     try:
         settings = _settings(getattr(args, "host", None), getattr(args, "port", None))
     except config.ConfigError as exc:
-        print(f"decidealot: {exc}", file=sys.stderr)
-        return 2
+        return _failed(exc)
     logs.configure(settings.log_level, settings.log_format)
     if args.command == "serve":
         return _serve(settings)

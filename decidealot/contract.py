@@ -19,9 +19,6 @@ Json: TypeAlias = Any
 State: TypeAlias = str | dict[str, Json] | list[Json]
 Loc: TypeAlias = list[str | int]
 
-QuestionType = Literal["choice", "score", "noul"]
-
-
 # -- requests --------------------------------------------------------------------------------
 
 

@@ -257,10 +257,8 @@ def _entry_points() -> list[importlib.metadata.EntryPoint]:
 
 
 def descriptor(name: str) -> Descriptor:
-    for each in registered():
-        if each.name == name:
-            return each
-    raise KeyError(name)
+    """The registered provider `name` (KeyError if none is)."""
+    return {each.name: each for each in registered()}[name]
 
 
 def enabled(settings: Settings) -> tuple[Descriptor, ...]:
