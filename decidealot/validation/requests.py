@@ -233,12 +233,8 @@ def _check_question(value: Json, loc: Loc, issues: _Issues) -> Question | None:
     criteria = value.get("criteria")
     if tag != "noul" and "criteria" not in value:
         issues.missing([*here, "criteria"])
-    elif tag == "choice":
-        _check_choice_criteria(criteria, [*here, "criteria"], issues)
-    elif tag == "score":
-        _check_score_criteria(criteria, [*here, "criteria"], issues)
-    elif criteria is not None:
-        _check_noul_criteria(criteria, [*here, "criteria"], issues)
+    elif tag != "noul" or criteria is not None:  # a noul's are optional
+        _check_criteria(tag, criteria, [*here, "criteria"], issues)
     if len(issues) != before:
         return None
     return _QUESTIONS[tag](criteria=criteria, instructions=instructions)
@@ -267,34 +263,29 @@ def _check_text(value: Json, loc: Loc, issues: _Issues, *, allow_null: bool) -> 
         issues.add(loc, f"Input should be a string, {what}", "json_type", value)
 
 
-def _check_choice_criteria(criteria: Json, loc: Loc, issues: _Issues) -> None:
-    if not isinstance(criteria, dict):
-        issues.add(loc, "Input should be a valid dictionary", "dict_type", criteria)
+def _check_criteria(tag: str, criteria: Json, loc: Loc, issues: _Issues) -> None:
+    """A choice's named options, a score's ordered levels, or a noul's `true` and `false`."""
+    if tag == "score":
+        if not isinstance(criteria, list):
+            issues.add(loc, "Input should be a valid list", "list_type", criteria)
+        elif issues.needs(
+            loc, "score needs {} to {} ordered levels", criteria, MIN_SCORE_LEVELS, MAX_SCORE_LEVELS
+        ):
+            for position, level in enumerate(criteria):
+                _check_text(level, [*loc, position], issues, allow_null=False)
+    elif not isinstance(criteria, dict):
+        what = "dictionary or null" if tag == "noul" else "dictionary"
+        issues.add(loc, f"Input should be a valid {what}", "dict_type", criteria)
+    elif tag == "noul":
+        for key, description in criteria.items():
+            if key in ("true", "false"):
+                _check_text(description, [*loc, key], issues, allow_null=True)
+            else:
+                issues.extra([*loc, key], description)
     elif issues.needs(loc, "choice needs {} to {} named options", criteria, 1, MAX_CHOICE_OPTIONS):
         for label, description in criteria.items():
             _check_key(label, loc, MAX_LABEL_CHARS, issues)
             _check_text(description, [*loc, label], issues, allow_null=True)
-
-
-def _check_score_criteria(levels: Json, loc: Loc, issues: _Issues) -> None:
-    if not isinstance(levels, list):
-        issues.add(loc, "Input should be a valid list", "list_type", levels)
-    elif issues.needs(
-        loc, "score needs {} to {} ordered levels", levels, MIN_SCORE_LEVELS, MAX_SCORE_LEVELS
-    ):
-        for position, level in enumerate(levels):
-            _check_text(level, [*loc, position], issues, allow_null=False)
-
-
-def _check_noul_criteria(criteria: Json, loc: Loc, issues: _Issues) -> None:
-    if not isinstance(criteria, dict):
-        issues.add(loc, "Input should be a valid dictionary or null", "dict_type", criteria)
-        return
-    for key, description in criteria.items():
-        if key in ("true", "false"):
-            _check_text(description, [*loc, key], issues, allow_null=True)
-        else:
-            issues.extra([*loc, key], description)
 
 
 def _finish(draft: _Draft, routes: dict[str, Route | None], issues: _Issues) -> Routed | None:
