@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import errno
 import os
+import pkgutil
 import shlex
 import sys
 from collections.abc import Sequence
@@ -83,37 +84,26 @@ def _failed(exc: Exception) -> int:
     return 2 if isinstance(exc, config.ConfigError) else 1
 
 
-def _preflight(settings: config.Settings, *, rehash: bool) -> int | None:
-    """Run the checks before listening; the exit status when one fails, else None."""
+def _serve_or_prepare(settings: config.Settings, command: str) -> int:
+    """The checks before listening (`prepare` re-hashes every installed file), then `serve`
+    serves; `prepare` prints where each checkpoint is."""
     from decidealot import preflight
 
     try:
-        preflight.ready_to_serve(settings, progress=sys.stderr.isatty(), rehash=rehash)
+        progress = sys.stderr.isatty()
+        preflight.ready_to_serve(settings, progress=progress, rehash=command == "prepare")
     except preflight.ERRORS as exc:
         return _failed(exc)
-    return None
+    if command == "prepare":
+        from decidealot.checkpoints.paths import enabled_bundles
 
-
-def _serve(settings: config.Settings) -> int:
-    failed = _preflight(settings, rehash=False)
-    if failed is not None:
-        return failed
+        for placed in enabled_bundles(settings):
+            print(f"{placed.name}: {placed.path(settings)}")
+        return 0
     from decidealot.http.server import run
     from decidealot.service import Service
 
     run(Service(settings))
-
-
-def _prepare(settings: config.Settings) -> int:
-    """`decidealot prepare`: install and fully re-verify every enabled bundle, check every
-    checkpoint, and print where each one is."""
-    failed = _preflight(settings, rehash=True)
-    if failed is not None:
-        return failed
-    from decidealot.checkpoints.paths import enabled_bundles
-
-    for placed in enabled_bundles(settings):
-        print(f"{placed.name}: {placed.path(settings)}")
     return 0
 
 
@@ -171,16 +161,13 @@ def _calibration_target(
 
 def _calibrate(settings: config.Settings, args: argparse.Namespace) -> int:
     """`decidealot calibrate LABELS --model SELECTOR`: fit, write, report (and plot)."""
-    import importlib
-
     from decidealot import preflight
     from decidealot.device import resolve_device
     from decidealot.validation.labels import LabelError, read_labels
 
-    if args.folds < 2:
-        print("decidealot: --folds: expected an integer of at least 2", file=sys.stderr)
-        return 2
     try:
+        if args.folds < 2:
+            raise config.ConfigError("--folds: expected an integer of at least 2")
         descriptor, calibration = _calibration_target(settings, args.model)
         labels = read_labels(Path(args.labels))
         preflight.check_device(settings)
@@ -210,9 +197,8 @@ def _calibrate(settings: config.Settings, args: argparse.Namespace) -> int:
         seed=args.seed,
         progress=progress,
     )
-    module, _, function = descriptor.calibrator.partition(":")
     try:
-        outcome = getattr(importlib.import_module(module), function)(setup)
+        outcome = pkgutil.resolve_name(descriptor.calibrator)(setup)
     except ValueError as exc:
         return _failed(exc)
     write_fitted(out, outcome.body)
@@ -263,10 +249,8 @@ def _main(argv: Sequence[str] | None) -> int:
     except config.ConfigError as exc:
         return _failed(exc)
     logs.configure(settings.log_level, settings.log_format)
-    if args.command == "serve":
-        return _serve(settings)
-    if args.command == "prepare":
-        return _prepare(settings)
+    if args.command in ("serve", "prepare"):
+        return _serve_or_prepare(settings, args.command)
     if args.command == "calibrate":
         return _calibrate(settings, args)
     return _models(settings)
