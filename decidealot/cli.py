@@ -211,13 +211,6 @@ def _calibrate(settings: config.Settings, args: argparse.Namespace) -> int:
     return 0
 
 
-def _models(settings: config.Settings) -> int:
-    for descriptor in registry.enabled_local(settings):
-        for info in descriptor.selectors:
-            print(msgspec.json.encode(info).decode())
-    return 0
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command. A reader that leaves early (`decidealot checkpoints tiny DIR | head`)
     ends it quietly with status 1, as Python's own guidance has it, not with a traceback."""
@@ -253,4 +246,7 @@ def _main(argv: Sequence[str] | None) -> int:
         return _serve_or_prepare(settings, args.command)
     if args.command == "calibrate":
         return _calibrate(settings, args)
-    return _models(settings)
+    for descriptor in registry.enabled_local(settings):  # models
+        for info in descriptor.selectors:
+            print(msgspec.json.encode(info).decode())
+    return 0

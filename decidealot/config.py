@@ -140,7 +140,7 @@ def secrets(name: str, raw: str) -> tuple[str, ...]:
 
 SECRETS: tuple[Parse, ...] = (secret, secrets)
 """The parsers of secret settings: masked in a settings repr, and each setting read by one
-of them may instead be read from a file named by its `_FILE` twin (see `read`)."""
+of them may instead be read from a file named by its `_FILE` twin (see `read_section`)."""
 FILE_SUFFIX = "_FILE"
 
 
@@ -378,13 +378,12 @@ def refuse_unknown(env: Mapping[str, str], known: set[str]) -> None:
         for name, raw in env.items()
         if name.startswith(PREFIX) and raw.strip() and name not in known
     )
-    if unknown:
-        raise ConfigError("; ".join(_unknown(name, known) for name in unknown))
-
-
-def _unknown(name: str, known: set[str]) -> str:
-    closest = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.0)[0]
-    return f"{name}: not a Decidealot setting; the closest one is {closest}"
+    refused = []
+    for name in unknown:
+        closest = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.0)[0]
+        refused.append(f"{name}: not a Decidealot setting; the closest one is {closest}")
+    if refused:
+        raise ConfigError("; ".join(refused))
 
 
 # -- tracing, from the standard OTEL_* variables ---------------------------------------------
