@@ -1,17 +1,15 @@
-"""The service's metrics, kept in prometheus_client, and their text exposition for `/metrics`.
+"""The service's metrics on prometheus_client, and their text exposition for `/metrics`.
 
-Every metric the service exports is defined at the bottom of this module, so the names, labels
-and help texts live in one place (docs/operations.md lists them). Call sites pass label values
-as keywords (`DECISIONS.inc(provider=..., model=..., outcome=...)`), which the subclasses here
-add to prometheus_client's `.labels(...).inc()`. Label values are always bounded sets (route
-templates, provider and catalog names, fixed reasons), never request contents, and no metric
-ever carries a key.
+Every metric is defined at the bottom of this module, so names, labels and help texts live in
+one place (docs/operations.md lists them). Call sites pass label values as keywords
+(`DECISIONS.inc(provider=..., model=..., outcome=...)`). Label values are bounded sets (route
+templates, provider and catalog names, fixed reasons), never request contents or keys.
 
 The metrics live in a private `CollectorRegistry` (never prometheus_client's global one, which
 other libraries in the process may fill), with prometheus_client's standard process, platform
-and garbage-collector collectors. Gauges that are read from a service at scrape time
-(`decidealot_provider_loaded`) come from `ServiceCollector`, one per service, so several
-services in one process (tests) each report their own.
+and garbage-collector collectors. `ServiceCollector` adds the gauges read from a service at
+scrape time (`decidealot_provider_loaded`), one per service, so that services sharing a process
+(tests) each report their own.
 """
 
 from __future__ import annotations
@@ -46,7 +44,9 @@ class _Private:
     """Registered in `REGISTRY.collectors` unless another registry is given."""
 
     def __init__(self, *args: Any, registry: CollectorRegistry | None = None, **kw: Any) -> None:
-        super().__init__(*args, registry=registry or REGISTRY.collectors, **kw)
+        super().__init__(
+            *args, registry=REGISTRY.collectors if registry is None else registry, **kw
+        )
 
 
 class Counter(_Private, prometheus_client.Counter):
