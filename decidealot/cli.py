@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import errno
 import os
+import pkgutil
 import shlex
 import sys
 from collections.abc import Sequence
@@ -77,38 +78,32 @@ def _settings(host: str | None, port: int | None) -> config.Settings:
     return settings
 
 
-def _preflight(settings: config.Settings, *, rehash: bool) -> int | None:
-    """Run the checks before listening; the exit status when one fails, else None."""
+def _failed(exc: Exception) -> int:
+    """Tell `exc` in one line; the exit status: 2 for a refused setting, 1 for the rest."""
+    print(f"decidealot: {exc}", file=sys.stderr)
+    return 2 if isinstance(exc, config.ConfigError) else 1
+
+
+def _serve_or_prepare(settings: config.Settings, command: str) -> int:
+    """The checks before listening (`prepare` re-hashes every installed file), then `serve`
+    serves; `prepare` prints where each checkpoint is."""
     from decidealot import preflight
 
     try:
-        preflight.ready_to_serve(settings, progress=sys.stderr.isatty(), rehash=rehash)
+        progress = sys.stderr.isatty()
+        preflight.ready_to_serve(settings, progress=progress, rehash=command == "prepare")
     except preflight.ERRORS as exc:
-        print(f"decidealot: {exc}", file=sys.stderr)
-        return 2 if isinstance(exc, config.ConfigError) else 1
-    return None
+        return _failed(exc)
+    if command == "prepare":
+        from decidealot.checkpoints.paths import enabled_bundles
 
-
-def _serve(settings: config.Settings) -> int:
-    failed = _preflight(settings, rehash=False)
-    if failed is not None:
-        return failed
+        for placed in enabled_bundles(settings):
+            print(f"{placed.name}: {placed.path(settings)}")
+        return 0
     from decidealot.http.server import run
     from decidealot.service import Service
 
     run(Service(settings))
-
-
-def _prepare(settings: config.Settings) -> int:
-    """`decidealot prepare`: install and fully re-verify every enabled bundle, check every
-    checkpoint, and print where each one is."""
-    failed = _preflight(settings, rehash=True)
-    if failed is not None:
-        return failed
-    from decidealot.checkpoints.paths import enabled_bundles
-
-    for placed in enabled_bundles(settings):
-        print(f"{placed.name}: {placed.path(settings)}")
     return 0
 
 
@@ -166,28 +161,24 @@ def _calibration_target(
 
 def _calibrate(settings: config.Settings, args: argparse.Namespace) -> int:
     """`decidealot calibrate LABELS --model SELECTOR`: fit, write, report (and plot)."""
-    import importlib
-
     from decidealot import preflight
     from decidealot.device import resolve_device
     from decidealot.validation.labels import LabelError, read_labels
 
-    if args.folds < 2:
-        print("decidealot: --folds: expected an integer of at least 2", file=sys.stderr)
-        return 2
     try:
+        if args.folds < 2:
+            raise config.ConfigError("--folds: expected an integer of at least 2")
         descriptor, calibration = _calibration_target(settings, args.model)
         labels = read_labels(Path(args.labels))
         preflight.check_device(settings)
         checkpoint = preflight.checked_checkpoint(settings, calibration.bundle)
         preflight.raise_all(preflight.calibration_problems(settings))
     except (*preflight.ERRORS, LabelError) as exc:
-        print(f"decidealot: {exc}", file=sys.stderr)
-        return 2 if isinstance(exc, config.ConfigError) else 1
+        return _failed(exc)
     from decidealot.providers.calibrate import Setup, plot, report, write_fitted
 
     out = Path(args.out or f"calibration-{calibration.bundle}.json").expanduser().resolve()
-    current = getattr(descriptor.of(settings), calibration.setting)
+    current = descriptor.calibration_files(descriptor.of(settings)).get(calibration.key)
 
     def progress(done: int, total: int) -> None:
         if total > 1:
@@ -196,7 +187,7 @@ def _calibrate(settings: config.Settings, args: argparse.Namespace) -> int:
     setup = Setup(
         checkpoint=checkpoint,
         key=calibration.key,
-        current=current,
+        current=None if current is None else Path(current),
         labels=labels,
         labels_path=Path(args.labels),
         device=resolve_device(settings),
@@ -206,12 +197,10 @@ def _calibrate(settings: config.Settings, args: argparse.Namespace) -> int:
         seed=args.seed,
         progress=progress,
     )
-    module, _, function = descriptor.calibrator.partition(":")
     try:
-        outcome = getattr(importlib.import_module(module), function)(setup)
+        outcome = pkgutil.resolve_name(descriptor.calibrator)(setup)
     except ValueError as exc:
-        print(f"decidealot: {exc}", file=sys.stderr)
-        return 1
+        return _failed(exc)
     write_fitted(out, outcome.body)
     for line in report(outcome, out):
         print(line)
@@ -219,13 +208,6 @@ def _calibrate(settings: config.Settings, args: argparse.Namespace) -> int:
         plot(Path(args.plot), outcome)
         print(f"drew {args.plot}")
     print(f"use it: export {config.variable(calibration.setting)}={shlex.quote(str(out))}")
-    return 0
-
-
-def _models(settings: config.Settings) -> int:
-    for descriptor in registry.enabled_local(settings):
-        for info in descriptor.selectors:
-            print(msgspec.json.encode(info).decode())
     return 0
 
 
@@ -258,13 +240,13 @@ def _main(argv: Sequence[str] | None) -> int:
     try:
         settings = _settings(getattr(args, "host", None), getattr(args, "port", None))
     except config.ConfigError as exc:
-        print(f"decidealot: {exc}", file=sys.stderr)
-        return 2
+        return _failed(exc)
     logs.configure(settings.log_level, settings.log_format)
-    if args.command == "serve":
-        return _serve(settings)
-    if args.command == "prepare":
-        return _prepare(settings)
+    if args.command in ("serve", "prepare"):
+        return _serve_or_prepare(settings, args.command)
     if args.command == "calibrate":
         return _calibrate(settings, args)
-    return _models(settings)
+    for descriptor in registry.enabled_local(settings):  # models
+        for info in descriptor.selectors:
+            print(msgspec.json.encode(info).decode())
+    return 0

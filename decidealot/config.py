@@ -106,18 +106,18 @@ def url(name: str, raw: str) -> str:
     return value
 
 
-def directory(name: str, raw: str) -> Path:
-    path = Path(raw).expanduser()
-    if not path.is_dir():
-        raise ConfigError(f"{name}: expected an existing directory, got {raw!r}")
-    return path.resolve()
+def _existing(kind: str, exists: Callable[[Path], bool]) -> Callable[[str, str], Path]:
+    def parse(name: str, raw: str) -> Path:
+        path = Path(raw).expanduser()
+        if not exists(path):
+            raise ConfigError(f"{name}: expected an existing {kind}, got {raw!r}")
+        return path.resolve()
+
+    return parse
 
 
-def file(name: str, raw: str) -> Path:
-    path = Path(raw).expanduser()
-    if not path.is_file():
-        raise ConfigError(f"{name}: expected an existing file, got {raw!r}")
-    return path.resolve()
+directory = _existing("directory", Path.is_dir)
+file = _existing("file", Path.is_file)
 
 
 def secret(name: str, raw: str) -> str:
@@ -140,7 +140,7 @@ def secrets(name: str, raw: str) -> tuple[str, ...]:
 
 SECRETS: tuple[Parse, ...] = (secret, secrets)
 """The parsers of secret settings: masked in a settings repr, and each setting read by one
-of them may instead be read from a file named by its `_FILE` twin (see `read`)."""
+of them may instead be read from a file named by its `_FILE` twin (see `read_section`)."""
 FILE_SUFFIX = "_FILE"
 
 
@@ -352,13 +352,10 @@ def _secret_file(name: str, raw: str) -> str:
 
 
 def _parser(annotation: object) -> Parse | None:
-    if get_origin(annotation) is not Annotated:
-        return None
-    for meta in get_args(annotation)[1:]:
-        if isinstance(meta, msgspec.Meta) and meta.extra and "parse" in meta.extra:
-            parse: Parse = meta.extra["parse"]
-            return parse
-    return None
+    """The `parse` of a field annotated with `setting(parse)`, or None."""
+    metas = get_args(annotation)[1:] if get_origin(annotation) is Annotated else ()
+    extras = [meta.extra for meta in metas if isinstance(meta, msgspec.Meta) and meta.extra]
+    return next((extra["parse"] for extra in extras if "parse" in extra), None)
 
 
 def read_core(env: Mapping[str, str], known: set[str]) -> dict[str, object]:
@@ -381,13 +378,12 @@ def refuse_unknown(env: Mapping[str, str], known: set[str]) -> None:
         for name, raw in env.items()
         if name.startswith(PREFIX) and raw.strip() and name not in known
     )
-    if unknown:
-        raise ConfigError("; ".join(_unknown(name, known) for name in unknown))
-
-
-def _unknown(name: str, known: set[str]) -> str:
-    closest = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.0)[0]
-    return f"{name}: not a Decidealot setting; the closest one is {closest}"
+    refused = []
+    for name in unknown:
+        closest = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.0)[0]
+        refused.append(f"{name}: not a Decidealot setting; the closest one is {closest}")
+    if refused:
+        raise ConfigError("; ".join(refused))
 
 
 # -- tracing, from the standard OTEL_* variables ---------------------------------------------
@@ -419,7 +415,7 @@ def trace_exporters(env: Mapping[str, str]) -> tuple[str, ...]:
     endpoints = [(name, raw) for name in _OTLP_ENDPOINTS if (raw := value(name)) is not None]
     if named is not None:
         exporters = tuple(dict.fromkeys(e.strip().lower() for e in named.split(",")))
-        if not set(exporters) <= {"otlp", "none"} or len(exporters) > 1:
+        if exporters not in (("otlp",), ("none",)):
             raise ConfigError(f"OTEL_TRACES_EXPORTER: expected otlp or none, got {named!r}")
         if exporters == ("none",):
             return ()

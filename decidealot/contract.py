@@ -19,9 +19,6 @@ Json: TypeAlias = Any
 State: TypeAlias = str | dict[str, Json] | list[Json]
 Loc: TypeAlias = list[str | int]
 
-QuestionType = Literal["choice", "score", "noul"]
-
-
 # -- requests --------------------------------------------------------------------------------
 
 
@@ -142,17 +139,15 @@ def _sf_string(text: str) -> str:
 
 
 _MEMBER = re.compile(r'"((?:[ !#-\[\]-~]|\\["\\])*)"((?:;[a-z*][a-z0-9_.*-]*=-?[0-9]{1,15})*)')
-_SEPARATOR = re.compile(r"[ \t]*,[ \t]*")
+_LIST = re.compile(rf"{_MEMBER.pattern}(?:[ \t]*,[ \t]*{_MEMBER.pattern})*")
 
 
 def read_truncated_header(value: str) -> list[Cut] | None:
     """The cuts a `Decidealot-Truncated` header names, or None when it is not one."""
-    cuts: list[Cut] = []
-    position = 0
-    while True:
-        match = _MEMBER.match(value, position)
-        if match is None:
-            return None
+    if not _LIST.fullmatch(value):
+        return None
+    cuts = []
+    for match in _MEMBER.finditer(value):
         params = dict(param.split("=") for param in match.group(2).split(";")[1:])
         if not {"read", "total"} <= params.keys():
             return None
@@ -162,13 +157,7 @@ def read_truncated_header(value: str) -> list[Cut] | None:
             return None
         item = int(params["item"]) if "item" in params else None
         cuts.append(Cut(question, int(params["read"]), int(params["total"]), item))
-        position = match.end()
-        if position == len(value):
-            return cuts
-        separator = _SEPARATOR.match(value, position)
-        if separator is None or separator.end() == len(value):
-            return None
-        position = separator.end()
+    return cuts
 
 
 class SystemOneResponse(msgspec.Struct):

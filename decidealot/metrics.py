@@ -1,23 +1,21 @@
-"""The service's metrics, kept in prometheus_client, and their text exposition for `/metrics`.
+"""The service's metrics on prometheus_client, and their text exposition for `/metrics`.
 
-Every metric the service exports is defined at the bottom of this module, so the names, labels
-and help texts live in one place (docs/operations.md lists them). Call sites pass label values
-as keywords (`DECISIONS.inc(provider=..., model=..., outcome=...)`): the thin wrappers here keep
-that one-call shape over prometheus_client's `.labels(...).inc()`. Label values are always
-bounded sets (route templates, provider and catalog names, fixed reasons), never request
-contents, and no metric ever carries a key.
+Every metric is defined at the bottom of this module, so names, labels and help texts live in
+one place (docs/operations.md lists them). Call sites pass label values as keywords
+(`DECISIONS.inc(provider=..., model=..., outcome=...)`). Label values are bounded sets (route
+templates, provider and catalog names, fixed reasons), never request contents or keys.
 
 The metrics live in a private `CollectorRegistry` (never prometheus_client's global one, which
 other libraries in the process may fill), with prometheus_client's standard process, platform
-and garbage-collector collectors. Gauges that are read from a service at scrape time
-(`decidealot_provider_loaded`) come from `ServiceCollector`, one per service, so several
-services in one process (tests) each report their own.
+and garbage-collector collectors. `ServiceCollector` adds the gauges read from a service at
+scrape time (`decidealot_provider_loaded`), one per service, so that services sharing a process
+(tests) each report their own.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 import prometheus_client
 from prometheus_client import (
@@ -42,94 +40,61 @@ DEFAULT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0
 prometheus_client.disable_created_metrics()
 
 
-class Counter:
-    """A prometheus_client counter whose label values are keywords of `inc`."""
+class _Private:
+    """Registered in `REGISTRY.collectors` unless another registry is given."""
 
-    def __init__(self, metric: prometheus_client.Counter) -> None:
-        self._metric = metric
+    def __init__(self, *args: Any, registry: CollectorRegistry | None = None, **kw: Any) -> None:
+        super().__init__(
+            *args, registry=REGISTRY.collectors if registry is None else registry, **kw
+        )
 
+
+class Counter(_Private, prometheus_client.Counter):
     def inc(self, amount: float = 1.0, **labels: str) -> None:
-        (self._metric.labels(**labels) if labels else self._metric).inc(amount)
+        (self.labels(**labels) if labels else super()).inc(amount)
 
 
-class Gauge:
-    """A prometheus_client gauge whose label values are keywords of `set`, `inc` and `dec`."""
-
-    def __init__(self, metric: prometheus_client.Gauge) -> None:
-        self._metric = metric
-
-    def _child(self, labels: dict[str, str]) -> prometheus_client.Gauge:
-        return self._metric.labels(**labels) if labels else self._metric
-
+class Gauge(_Private, prometheus_client.Gauge):
     def set(self, value: float, **labels: str) -> None:
-        self._child(labels).set(value)
+        (self.labels(**labels) if labels else super()).set(value)
 
     def inc(self, amount: float = 1.0, **labels: str) -> None:
-        self._child(labels).inc(amount)
+        (self.labels(**labels) if labels else super()).inc(amount)
 
     def dec(self, amount: float = 1.0, **labels: str) -> None:
-        self._child(labels).dec(amount)
+        (self.labels(**labels) if labels else super()).dec(amount)
 
     def remove(self, **labels: str) -> None:
-        """Drop the series with these label values (every series they match, when they name
-        fewer labels than the gauge has) from `/metrics`; a series never set is no error."""
-        self._metric.remove_by_labels(labels)
+        """Drop every series these label values match (all of them, when they name fewer
+        labels than the gauge has) from `/metrics`; a series never set is no error."""
+        self.remove_by_labels(labels)
 
 
-class Info:
-    """A gauge at 1 whose labels say what holds for a key (some of them) now: setting a key
-    again replaces its series, so one series per key is ever exposed."""
+class Info(Gauge):
+    """A gauge at 1 whose labels say what holds for a (provider, checkpoint) now: setting one
+    again replaces its series, so one series per checkpoint is ever exposed."""
 
-    def __init__(self, metric: prometheus_client.Gauge, key: Sequence[str]) -> None:
-        self._metric = metric
-        self._key = tuple(key)
-
-    def set(self, **labels: str) -> None:
-        self.remove(**{name: labels[name] for name in self._key})
-        self._metric.labels(**labels).set(1)
-
-    def remove(self, **key: str) -> None:
-        """Drop the key's series (a key never set is no error)."""
-        self._metric.remove_by_labels(key)
+    def set(self, value: float = 1.0, **labels: str) -> None:
+        if labels:
+            self.remove(provider=labels["provider"], checkpoint=labels["checkpoint"])
+        super().set(value, **labels)
 
 
-class Histogram:
-    """A prometheus_client histogram whose label values are keywords of `observe`."""
+class Histogram(_Private, prometheus_client.Histogram):
+    def __init__(self, *args: Any, buckets: Sequence[float] = DEFAULT_BUCKETS, **kw: Any) -> None:
+        super().__init__(*args, buckets=buckets, **kw)
 
-    def __init__(self, metric: prometheus_client.Histogram) -> None:
-        self._metric = metric
-
-    def observe(self, value: float, **labels: str) -> None:
-        (self._metric.labels(**labels) if labels else self._metric).observe(value)
+    def observe(self, amount: float, **labels: str) -> None:
+        (self.labels(**labels) if labels else super()).observe(amount)
 
 
 class Registry:
-    """A private `CollectorRegistry` and the wrapped metrics registered in it."""
+    """The process's metrics: `collectors`, the private registry every metric here is in."""
 
     def __init__(self) -> None:
         self.collectors = CollectorRegistry()
-
-    def counter(self, name: str, help: str, labels: Sequence[str] = ()) -> Counter:
-        return Counter(prometheus_client.Counter(name, help, labels, registry=self.collectors))
-
-    def gauge(self, name: str, help: str, labels: Sequence[str] = ()) -> Gauge:
-        return Gauge(prometheus_client.Gauge(name, help, labels, registry=self.collectors))
-
-    def info(self, name: str, help: str, key: Sequence[str], labels: Sequence[str]) -> Info:
-        metric = prometheus_client.Gauge(name, help, (*key, *labels), registry=self.collectors)
-        return Info(metric, key)
-
-    def histogram(
-        self,
-        name: str,
-        help: str,
-        labels: Sequence[str] = (),
-        buckets: Sequence[float] = DEFAULT_BUCKETS,
-    ) -> Histogram:
-        metric = prometheus_client.Histogram(
-            name, help, labels, registry=self.collectors, buckets=buckets
-        )
-        return Histogram(metric)
+        for standard in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
+            self.collectors.register(standard)
 
 
 class ResidencyView(Protocol):
@@ -166,78 +131,74 @@ class ServiceCollector:
 # -- the service's metrics --------------------------------------------------------------------
 
 REGISTRY = Registry()
-for _standard in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
-    REGISTRY.collectors.register(_standard)
 
-HTTP_REQUESTS = REGISTRY.counter(
+HTTP_REQUESTS = Counter(
     "decidealot_http_requests_total",
     "HTTP requests answered, by route template, method and status code.",
     ("route", "method", "status"),
 )
-HTTP_DURATION = REGISTRY.histogram(
+HTTP_DURATION = Histogram(
     "decidealot_http_request_duration_seconds",
     "Time from a request's arrival to the end of its response, by route template.",
     ("route",),
 )
-HTTP_IN_FLIGHT = REGISTRY.gauge(
-    "decidealot_http_requests_in_flight", "HTTP requests being served now."
-)
-DECISIONS = REGISTRY.counter(
+HTTP_IN_FLIGHT = Gauge("decidealot_http_requests_in_flight", "HTTP requests being served now.")
+DECISIONS = Counter(
     "decidealot_decisions_total",
     "System One decisions (batch items count one each), by provider, requested model "
     "selector and outcome: ok, invalid (422), unavailable (503) or error.",
     ("provider", "model", "outcome"),
 )
-DECISION_DURATION = REGISTRY.histogram(
+DECISION_DURATION = Histogram(
     "decidealot_decision_duration_seconds",
     "Time a provider took to answer one decision, waits for a slot or a load included.",
     ("provider",),
 )
-INPUT_TOKENS = REGISTRY.counter(
+INPUT_TOKENS = Counter(
     "decidealot_input_tokens_total",
     "usage.input_tokens reported in successful decisions, by provider.",
     ("provider",),
 )
-TRUNCATED_STATES = REGISTRY.counter(
+TRUNCATED_STATES = Counter(
     "decidealot_truncated_states_total",
     "Decisions whose state a local model read only in part for at least one question (cut as "
     "its upstream cuts, DECIDEALOT_LONG_STATES=cut), by provider and checkpoint.",
     ("provider", "checkpoint"),
 )
-FORWARD_PASS = REGISTRY.histogram(
+FORWARD_PASS = Histogram(
     "decidealot_forward_pass_seconds",
     "Duration of one batched forward pass in a local provider's worker.",
     ("provider",),
 )
-BATCH_SIZE = REGISTRY.histogram(
+BATCH_SIZE = Histogram(
     "decidealot_batch_size",
     "Jobs (requests) packed into one forward pass of a local provider's worker.",
     ("provider",),
     buckets=(1, 2, 4, 8, 16, 32, 64, 128),
 )
-BATCH_TOKENS = REGISTRY.histogram(
+BATCH_TOKENS = Histogram(
     "decidealot_batch_tokens",
     "Padded token cost of one forward pass, against DECIDEALOT_BATCH_TOKEN_BUDGET.",
     ("provider",),
     buckets=(64, 256, 1024, 4096, 16384, 32768, 65536, 131072),
 )
-PROVIDER_LOADS = REGISTRY.counter(
+PROVIDER_LOADS = Counter(
     "decidealot_provider_loads_total",
     "Local provider loads by residency, by provider and result: ok or failed.",
     ("provider", "result"),
 )
-PROVIDER_LOAD_DURATION = REGISTRY.histogram(
+PROVIDER_LOAD_DURATION = Histogram(
     "decidealot_provider_load_seconds",
     "Time to load a local provider (start its worker until it reports healthy).",
     ("provider",),
 )
-PROVIDER_UNLOADS = REGISTRY.counter(
+PROVIDER_UNLOADS = Counter(
     "decidealot_provider_unloads_total",
     "Local provider unloads, by provider and reason: evicted (to make room), idle, "
     "unload_all (POST /v1/models/unload) or shutdown.",
     ("provider", "reason"),
 )
-INT8_LINEAR_SHARE = REGISTRY.gauge(
+INT8_LINEAR_SHARE = Gauge(
     "decidealot_int8_linear_share",
     "Share (0-1) of a loaded checkpoint's encoder linear layers that run int8, by provider "
     "and checkpoint: 1 when DECIDEALOT_PRECISION=int8 quantised them all, less where the "
@@ -245,66 +206,65 @@ INT8_LINEAR_SHARE = REGISTRY.gauge(
     "series only while it is loaded.",
     ("provider", "checkpoint"),
 )
-PRECISION_INFO = REGISTRY.info(
+PRECISION_INFO = Info(
     "decidealot_precision_info",
     "1 per loaded checkpoint: the precision it runs in, the DECIDEALOT_PRECISION "
     "value it came from (requested) and why (reason: requested, what auto chose on which CPU "
     "flags, or the load probe's fallback to fp32).",
-    ("provider", "checkpoint"),
-    ("precision", "requested", "reason"),
+    ("provider", "checkpoint", "precision", "requested", "reason"),
 )
-WORKER_STARTS = REGISTRY.counter(
+WORKER_STARTS = Counter(
     "decidealot_worker_starts_total",
     "Worker subprocesses that reported healthy, by provider.",
     ("provider",),
 )
-WORKER_REUSES = REGISTRY.counter(
+WORKER_REUSES = Counter(
     "decidealot_worker_reuses_total",
     "Loads that took over an evicted provider's worker process, swapping its engine in place, "
     "by provider.",
     ("provider",),
 )
-WORKER_RESTARTS = REGISTRY.counter(
+WORKER_RESTARTS = Counter(
     "decidealot_worker_restarts_total",
     "Worker starts that replaced a worker lost to a crash, hang or corrupt output.",
     ("provider",),
 )
-WORKER_FAILURES = REGISTRY.counter(
+WORKER_FAILURES = Counter(
     "decidealot_worker_failures_total",
     "Workers lost or refused, by provider and reason: start_failed, exited, timeout or malformed.",
     ("provider", "reason"),
 )
-ENCODER_FAILURES = REGISTRY.counter(
+ENCODER_FAILURES = Counter(
     "decidealot_encoder_failures_total",
     "Failed calls to CLM's embeddings endpoint (after retries), by reason: timeout, "
     "connection, status or invalid_reply.",
     ("reason",),
 )
-UPSTREAM_FAILURES = REGISTRY.counter(
+UPSTREAM_FAILURES = Counter(
     "decidealot_upstream_failures_total",
     "Failed calls to a hosted upstream (Jev's TypeSafe API, after retries), by provider, "
     "upstream route and reason: key_rejected, refused, unavailable, timeout, connection, "
     "invalid_reply or not_started.",
     ("provider", "route", "reason"),
 )
-REQUESTS_CANCELLED = REGISTRY.counter(
+REQUESTS_CANCELLED = Counter(
     "decidealot_requests_cancelled_total",
     "Decision requests to local providers whose caller went away (HTTP client disconnected, "
     "MCP request cancelled) before the answer, by provider: their waits ended and their "
     "queued passes were withdrawn.",
     ("provider",),
 )
-JOBS_WITHDRAWN = REGISTRY.counter(
+JOBS_WITHDRAWN = Counter(
     "decidealot_jobs_withdrawn_total",
     "Jobs withdrawn from a worker after their caller went away, by provider.",
     ("provider",),
 )
-ADMISSION_REJECTED = REGISTRY.counter(
+ADMISSION_REJECTED = Counter(
     "decidealot_admission_rejected_total",
     "Decision requests answered 503 at once because DECIDEALOT_MAX_PENDING_REQUESTS were "
     "already admitted to local providers.",
 )
-PENDING_REQUESTS = REGISTRY.gauge(
+PENDING_REQUESTS = Gauge(
     "decidealot_pending_requests",
     "Decision requests admitted to local providers and not yet answered.",
 )

@@ -1,17 +1,16 @@
 """Checks `serve` and `prepare` run before anything listens: device, bundles, checkpoint files.
 
-A checkpoint directory that lacks a file its engine reads, or holds one its engine cannot parse
-(each bundle declares how its files are read: `decidealot.registry.Bundle.checks`), would
-otherwise start, and fail every request to it with a worker traceback (a calibration file set
-for a checkpoint too); `DECIDEALOT_DEVICE=cuda` on a machine where torch sees no GPU would start
-a worker that fails every pass, and bf16 or int8 on a CPU without their units one many times
-slower than fp32. Each is told
-here, in one message naming the setting (or bundle) and the file. Nothing here imports torch.
+Each of these would otherwise start and fail every request with a worker traceback: a checkpoint
+that lacks a file its engine reads or holds one it cannot parse (`registry.Bundle.checks`), a
+calibration file the engine refuses, `DECIDEALOT_DEVICE=cuda` where torch sees no GPU, bf16 or
+int8 on a CPU without their units (many times slower than fp32). Each is told here in one
+message naming the setting (or bundle) and the file. Nothing here imports torch.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from pathlib import Path
 
 from decidealot import config, registry
@@ -20,7 +19,7 @@ from decidealot.checkpoints.manifest import BundleError
 from decidealot.checkpoints.paths import Placed, enabled_bundles
 from decidealot.config import ConfigError, Settings
 from decidealot.device import check_cuda, check_precision
-from decidealot.registry import FileCheck
+from decidealot.registry import Calibration, Descriptor, FileCheck
 
 log = logging.getLogger("decidealot.preflight")
 
@@ -31,31 +30,32 @@ class CheckpointError(Exception):
 
 def _problems(path: Path, placed: Placed) -> list[str]:
     bundle = placed.bundle
-    engine = placed.provider.name.capitalize()
     if bundle.entry:
         if not path.is_file():
             return [f"the {bundle.entry_is} is missing"]
         if path.stat().st_size == 0:
             return [f"the {bundle.entry_is} is empty"]
-        return _contents(bundle.checks.get(bundle.entry), path, f"the {bundle.entry_is}", engine)
-    if not path.is_dir():
+        files = [(f"the {bundle.entry_is}", bundle.entry, path)]
+    elif not path.is_dir():
         return ["the directory is missing"]
+    else:
+        files = [(name, name, path / name) for name in bundle.files]
+    reads = f"(the {placed.provider.name.capitalize()} engine reads it)"
     problems = []
-    for name in bundle.files:
-        if not (path / name).is_file():
-            problems.append(f"{name} is missing (the {engine} engine reads it)")
-        else:
-            problems += _contents(bundle.checks.get(name), path / name, name, engine)
+    for what, name, file in files:
+        if not file.is_file():
+            problems.append(f"{what} is missing {reads}")
+        elif (problem := _read(bundle.checks.get(name), file)) is not None:
+            problems.append(f"{what} {problem} {reads}")
     return problems
 
 
-def _contents(check: FileCheck | None, path: Path, what: str, engine: str) -> list[str]:
-    """What the bundle's own check of this file finds wrong in its contents."""
+def _read(check: FileCheck | None, path: Path) -> str | None:
+    """What `check` finds wrong in the file's contents."""
     try:
-        problem = check(path) if check is not None else None
+        return check(path) if check is not None else None
     except OSError as exc:
-        problem = f"cannot be read ({exc.strerror or type(exc).__name__})"
-    return [] if problem is None else [f"{what} {problem} (the {engine} engine reads it)"]
+        return f"cannot be read ({exc.strerror or type(exc).__name__})"
 
 
 def checkpoint_problems(settings: Settings, *, overrides_only: bool = False) -> list[str]:
@@ -99,26 +99,25 @@ def checked_checkpoint(settings: Settings, bundle: str) -> Path:
     raise CheckpointError(f"bundle {bundle} is not enabled")
 
 
+def _calibrations(settings: Settings) -> Iterator[tuple[Descriptor, Calibration, str | None]]:
+    """Each enabled local checkpoint's calibration setting, and the file it names (or None)."""
+    for descriptor in registry.enabled_local(settings):
+        files = descriptor.calibration_files(descriptor.of(settings))
+        for calibration in descriptor.calibrations:
+            yield descriptor, calibration, files.get(calibration.key)
+
+
 def calibration_problems(settings: Settings) -> list[str]:
     """One line per calibration file set for an enabled checkpoint that its engine would refuse,
     naming the setting and the file."""
     lines = []
-    for descriptor in registry.enabled_local(settings):
-        section = descriptor.of(settings)
-        for calibration in descriptor.calibrations:
-            path: Path | None = getattr(section, calibration.setting)
-            if path is None:
-                continue
-            try:
-                problem = calibration.check(path)
-            except OSError as exc:
-                problem = f"cannot be read ({exc.strerror or type(exc).__name__})"
-            if problem is not None:
-                engine = descriptor.name.capitalize()
-                lines.append(
-                    f"{config.variable(calibration.setting)}={path}: {problem} "
-                    f"(the {engine} engine would not load it)"
-                )
+    for descriptor, calibration, path in _calibrations(settings):
+        problem = None if path is None else _read(calibration.check, Path(path))
+        if problem is not None:
+            lines.append(
+                f"{config.variable(calibration.setting)}={path}: {problem} "
+                f"(the {descriptor.name.capitalize()} engine would not load it)"
+            )
     return lines
 
 
@@ -126,20 +125,15 @@ def report_calibrations(settings: Settings) -> None:
     """Log which calibration each enabled checkpoint runs with, and what its upstream package
     warns of on loading that file (one fitted for another checkpoint, clamped temperatures)."""
     placed = {p.name: p for p in enabled_bundles(settings)}
-    for descriptor in registry.enabled_local(settings):
-        section = descriptor.of(settings)
-        for calibration in descriptor.calibrations:
-            bundle = placed.get(calibration.bundle)
-            if bundle is None:
-                continue
-            path: Path | None = getattr(section, calibration.setting)
-            variable = config.variable(calibration.setting)
-            if path is None:
-                log.info("%s runs with its checkpoint's own calibration", bundle.name)
-                continue
-            log.info("%s runs with calibration %s=%s", bundle.name, variable, path)
-            for warning in calibration.warnings(path, bundle.path(settings)):
-                log.warning("%s=%s: %s", variable, path, warning)
+    for _, calibration, path in _calibrations(settings):
+        bundle = placed[calibration.bundle]
+        variable = config.variable(calibration.setting)
+        if path is None:
+            log.info("%s runs with its checkpoint's own calibration", bundle.name)
+            continue
+        log.info("%s runs with calibration %s=%s", bundle.name, variable, path)
+        for warning in calibration.warnings(Path(path), bundle.path(settings)):
+            log.warning("%s=%s: %s", variable, path, warning)
 
 
 def raise_all(problems: list[str]) -> None:

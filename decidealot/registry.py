@@ -187,6 +187,12 @@ class ProviderDescriptor(Generic[S]):
             raise TypeError(f"settings section {self.name!r} is not a {self.settings.__name__}")
         return section
 
+    def calibration_files(self, section: S) -> dict[str, str]:
+        """Checkpoint key -> the calibration file `section` sets for it (unset: the checkpoint
+        runs with the temperatures it ships)."""
+        files = {c.key: getattr(section, c.setting) for c in self.calibrations}
+        return {key: str(path) for key, path in files.items() if path is not None}
+
     def refuse_contradictions(self, section: S) -> None:
         """`ConfigError` for a setting that is set while the provider is off, then `check`."""
         if not self.enabled(section):
@@ -251,10 +257,8 @@ def _entry_points() -> list[importlib.metadata.EntryPoint]:
 
 
 def descriptor(name: str) -> Descriptor:
-    for each in registered():
-        if each.name == name:
-            return each
-    raise KeyError(name)
+    """The registered provider `name` (KeyError if none is)."""
+    return {each.name: each for each in registered()}[name]
 
 
 def enabled(settings: Settings) -> tuple[Descriptor, ...]:
@@ -282,15 +286,6 @@ def from_env(environ: Mapping[str, str] | None = None) -> Settings:
     for each in registered():
         each.refuse_contradictions(sections[each.name])
     return Settings(**core, sections=sections)  # type: ignore[arg-type]
-
-
-def known_variables() -> frozenset[str]:
-    """Every DECIDEALOT_* name `from_env` reads: the ones the settings structs declare."""
-    known: set[str] = set()
-    config.read_section(Settings, {}, known)
-    for each in registered():
-        config.read_section(each.settings, {}, known)
-    return frozenset(known)
 
 
 def settings(**values: object) -> Settings:

@@ -72,9 +72,7 @@ def _calibrations(name: str, settings: Settings) -> dict[str, str]:
         descriptor = registry.descriptor(name)
     except KeyError:
         return {}
-    section = descriptor.of(settings)
-    files = {c.key: getattr(section, c.setting, None) for c in descriptor.calibrations}
-    return {key: str(path) for key, path in files.items() if path is not None}
+    return descriptor.calibration_files(descriptor.of(settings))
 
 
 def _provider_status(provider: Provider, ledger: Ledger, settings: Settings) -> ProviderStatus:

@@ -113,10 +113,6 @@ def shutdown() -> None:
         log.warning("spans not sent within %.0f s of exiting were dropped", SHUTDOWN_SECONDS)
 
 
-def active() -> bool:
-    return _tracer is not None
-
-
 def span(
     name: str,
     *,
@@ -202,9 +198,9 @@ def record(
         return
     context = trace.set_span_in_context(NonRecordingSpan(parent))
     finished = _tracer.start_span(
-        name, context=context, attributes=_named(named), start_time=_nanoseconds(start)
+        name, context=context, attributes=_named(named), start_time=int(start * 1e9)
     )
-    finished.end(end_time=_nanoseconds(max(start, end)))
+    finished.end(end_time=int(max(start, end) * 1e9))
 
 
 def extract(headers: Mapping[str, str] | Mapping[bytes, bytes] | None) -> Parent | None:
@@ -233,7 +229,3 @@ def inject(headers: MutableMapping[str, str]) -> None:
 
 def _named(attributes: Mapping[str, Attribute]) -> dict[str, Attribute]:
     return {f"decidealot.{key}": value for key, value in attributes.items()}
-
-
-def _nanoseconds(seconds: float) -> int:
-    return int(seconds * 1_000_000_000)

@@ -55,6 +55,11 @@ from decidealot.config import Settings
 log = logging.getLogger("decidealot.bundles")
 
 STAGING_DIR = ".staging"
+_CHECK_MIRROR = "check HF_ENDPOINT or sync the mirror"
+_START_AGAIN = "start again (verified files are kept)"
+_OTHER_FILE = (
+    "the endpoint serves another file than the pinned one; check HF_ENDPOINT or fix the manifest"
+)
 
 
 @dataclass(frozen=True)
@@ -80,6 +85,12 @@ class _Installer:
         self.ready = self.staging_root / f"{manifest.name}.ready"
         self.old = self.staging_root / f"{manifest.name}.old"
         self.endpoint = (os.environ.get("HF_ENDPOINT") or constants.ENDPOINT).rstrip("/")
+        self.pinned = {
+            "subfolder": manifest.subfolder or None,
+            "revision": manifest.revision,
+            "endpoint": self.endpoint,
+        }
+        """Where `hf_hub_url` and `hf_hub_download` find a file of the bundle."""
 
     # messages
 
@@ -90,92 +101,76 @@ class _Installer:
     def os_error(self, exc: OSError, file: str | None = None) -> BundleError:
         place = exc.filename or self.model_dir
         if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
-            return self.fail(
-                f"cannot write {place} ({os.strerror(exc.errno)})",
-                f"{ownership_fix(self.model_dir)}; or point DECIDEALOT_MODEL_DIR at a "
-                "writable directory",
-                file,
+            what = f"cannot write {place} ({os.strerror(exc.errno)})"
+            fix = (
+                f"{ownership_fix(self.model_dir)}; or point DECIDEALOT_MODEL_DIR at a writable "
+                "directory"
             )
-        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-            return self.fail(
-                f"no space left on the device holding {self.model_dir}",
-                "free disk space or point DECIDEALOT_MODEL_DIR at a larger volume, then start "
-                "again (verified files are kept)",
-                file,
+        elif exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            what = f"no space left on the device holding {self.model_dir}"
+            fix = (
+                "free disk space or point DECIDEALOT_MODEL_DIR at a larger volume, then "
+                + _START_AGAIN
             )
-        return self.fail(
-            f"file system error at {place}: {exc.strerror or exc}",
-            f"check that {self.model_dir} is a healthy, writable directory and start again",
-            file,
-        )
+        else:
+            what = f"file system error at {place}: {exc.strerror or exc}"
+            fix = f"check that {self.model_dir} is a healthy, writable directory and start again"
+        return self.fail(what, fix, file)
 
     def hub_error(self, exc: Exception, file: str) -> BundleError:
-        repo, rev = self.manifest.repo, self.manifest.revision
+        repo, rev, endpoint = self.manifest.repo, self.manifest.revision, self.endpoint
         if isinstance(exc, GatedRepoError):
-            return self.fail(
-                f"{repo} is gated and this token has no access",
-                "accept the model's terms on the hub and set HF_TOKEN to a token of that account",
-                file,
+            what = f"{repo} is gated and this token has no access"
+            fix = "accept the model's terms on the hub and set HF_TOKEN to a token of that account"
+        elif isinstance(exc, RepositoryNotFoundError):
+            what = f"repository {repo} not found at {endpoint} (or private)"
+            fix = "check HF_ENDPOINT; for a private mirror set HF_TOKEN to a token with read access"
+        elif isinstance(exc, RevisionNotFoundError):
+            what = f"revision {rev} not found in {repo} at {endpoint}"
+            fix = f"the pinned commit must exist on the endpoint; {_CHECK_MIRROR}"
+        elif isinstance(exc, RemoteEntryNotFoundError):
+            what = f"not found in {repo} at revision {rev} (HTTP 404)"
+            fix = (
+                f"the endpoint does not serve the pinned file; {_CHECK_MIRROR}, or fix the bundle "
+                "manifest"
             )
-        if isinstance(exc, RepositoryNotFoundError):
-            return self.fail(
-                f"repository {repo} not found at {self.endpoint} (or private)",
-                "check HF_ENDPOINT; for a private mirror set HF_TOKEN to a token with read access",
-                file,
-            )
-        if isinstance(exc, RevisionNotFoundError):
-            return self.fail(
-                f"revision {rev} not found in {repo} at {self.endpoint}",
-                "the pinned commit must exist on the endpoint; check HF_ENDPOINT or sync the "
-                "mirror",
-                file,
-            )
-        if isinstance(exc, RemoteEntryNotFoundError):
-            return self.fail(
-                f"not found in {repo} at revision {rev} (HTTP 404)",
-                "the endpoint does not serve the pinned file; check HF_ENDPOINT or sync the "
-                "mirror, or fix the bundle manifest",
-                file,
-            )
-        if isinstance(exc, HfHubHTTPError):
+        elif isinstance(exc, HfHubHTTPError):
             status = exc.response.status_code if exc.response is not None else "error"
+            what = f"the hub answered HTTP {status} for {repo}"
             if status in (401, 403):
                 fix = "set HF_TOKEN to a token with read access to the repository"
             else:
                 fix = "retry later; the hub or the mirror at HF_ENDPOINT is failing"
-            return self.fail(f"the hub answered HTTP {status} for {repo}", fix, file)
-        if isinstance(exc, OfflineModeIsEnabled):
+        elif isinstance(exc, OfflineModeIsEnabled):
             return self.offline()
-        if isinstance(exc, httpx2.TimeoutException):
-            return self.fail(
-                f"timed out talking to {self.endpoint}",
+        elif isinstance(exc, httpx2.TimeoutException):
+            what = f"timed out talking to {endpoint}"
+            fix = (
                 "check the network; raise HF_HUB_DOWNLOAD_TIMEOUT / HF_HUB_ETAG_TIMEOUT on a slow "
-                "link, then start again (verified files are kept)",
-                file,
+                f"link, then {_START_AGAIN}"
             )
-        if isinstance(exc, (httpx2.TransportError, FileMetadataError, LocalEntryNotFoundError)):
-            return self.fail(
-                f"cannot reach the hub at {self.endpoint} ({type(exc).__name__})",
+        elif isinstance(exc, (httpx2.TransportError, FileMetadataError, LocalEntryNotFoundError)):
+            what = f"cannot reach the hub at {endpoint} ({type(exc).__name__})"
+            fix = (
                 "check network access, proxy settings (HTTPS_PROXY) and HF_ENDPOINT, install "
                 "the bundle with `decidealot prepare` on a connected machine and copy "
-                f"DECIDEALOT_MODEL_DIR, or {find(self.manifest.name).replacement}",
-                file,
+                f"DECIDEALOT_MODEL_DIR, or {find(self.manifest.name).replacement}"
             )
-        if isinstance(exc, OSError) and "Consistency check failed" in str(exc):
-            return self.fail(
+        elif isinstance(exc, OSError) and "Consistency check failed" in str(exc):
+            what = (
                 "the transfer ended early (fewer bytes than the hub announced); nothing was "
-                "installed",
-                "start again to retry the download; if it keeps failing check the network, proxy "
-                "or HF_ENDPOINT",
-                file,
+                "installed"
             )
-        if isinstance(exc, OSError):
+            fix = (
+                "start again to retry the download; if it keeps failing check the network, proxy "
+                "or HF_ENDPOINT"
+            )
+        elif isinstance(exc, OSError):
             return self.os_error(exc, file)
-        return self.fail(
-            f"download failed ({type(exc).__name__})",
-            "start again; if it persists check HF_ENDPOINT and the network",
-            file,
-        )
+        else:
+            what = f"download failed ({type(exc).__name__})"
+            fix = "start again; if it persists check HF_ENDPOINT and the network"
+        return self.fail(what, fix, file)
 
     def offline(self) -> BundleError:
         return self.fail(
@@ -249,14 +244,8 @@ class _Installer:
     def remote(self, file: ManifestFile) -> _Remote:
         """Ask the hub what it serves at the pinned revision before downloading anything."""
         m = self.manifest
-        url = hf_hub_url(
-            m.repo,
-            file.path,
-            subfolder=m.subfolder or None,
-            revision=m.revision,
-            endpoint=self.endpoint,
-        )
         try:
+            url = hf_hub_url(m.repo, file.path, **self.pinned)
             meta = get_hf_file_metadata(url, endpoint=self.endpoint)
         except RemoteEntryNotFoundError as exc:
             if file.optional:
@@ -273,16 +262,14 @@ class _Installer:
         if file.size is not None and meta.size is not None and meta.size != file.size:
             raise self.fail(
                 f"the hub announces {meta.size} bytes but the manifest pins {file.size}",
-                "the endpoint serves another file than the pinned one; check HF_ENDPOINT or fix "
-                "the manifest",
+                _OTHER_FILE,
                 file.path,
             )
         etag = (meta.etag or "").lower() or None
         if file.sha256 is not None and etag and SHA256.fullmatch(etag) and etag != file.sha256:
             raise self.fail(
                 f"the hub announces sha256 {etag} but the manifest pins {file.sha256}",
-                "the endpoint serves another file than the pinned one; check HF_ENDPOINT or fix "
-                "the manifest",
+                _OTHER_FILE,
                 file.path,
             )
         return _Remote(file, file.size if file.size is not None else meta.size, etag)
@@ -302,17 +289,11 @@ class _Installer:
 
     def fetch_and_verify(self, remote: _Remote) -> RecordFile:
         m, file = self.manifest, remote.file
-        label = f"{m.name}/{file.path}"
+        bar = progress_class(f"{m.name}/{file.path}", self.bar)
         try:
             local = Path(
                 hf_hub_download(
-                    m.repo,
-                    file.path,
-                    subfolder=m.subfolder or None,
-                    revision=m.revision,
-                    local_dir=self.staging,
-                    endpoint=self.endpoint,
-                    tqdm_class=progress_class(label, self.bar),
+                    m.repo, file.path, local_dir=self.staging, tqdm_class=bar, **self.pinned
                 )
             )
         except Exception as exc:

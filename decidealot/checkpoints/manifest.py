@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Literal
 
 import msgspec
+from huggingface_hub.utils.sha import git_hash
 
 RECORD_NAME = ".decidealot-bundle.json"
-_HASH_CHUNK = 1 << 20
 SHA256 = re.compile(r"[0-9a-f]{64}")
 GIT_SHA1 = re.compile(r"[0-9a-f]{40}")
 
@@ -152,14 +152,6 @@ def installed_problem(manifest: Manifest, folder: Path, *, rehash: bool) -> str 
 
 def digests(path: Path, *, git_blob: bool) -> tuple[str, str | None]:
     """sha256 of a file, and its git blob sha1 (the hub's ETag of non-LFS files) if asked."""
-    sha256 = hashlib.sha256()
-    sha1 = None
-    if git_blob:
-        sha1 = hashlib.sha1(usedforsecurity=False)
-        sha1.update(b"blob %d\0" % path.stat().st_size)
     with path.open("rb") as handle:
-        while chunk := handle.read(_HASH_CHUNK):
-            sha256.update(chunk)
-            if sha1 is not None:
-                sha1.update(chunk)
-    return sha256.hexdigest(), (sha1.hexdigest() if sha1 is not None else None)
+        sha256 = hashlib.file_digest(handle, "sha256").hexdigest()
+    return sha256, git_hash(path.read_bytes()) if git_blob else None

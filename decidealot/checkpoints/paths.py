@@ -56,8 +56,7 @@ class Placed(NamedTuple):
 
     def override(self, settings: Settings) -> Path | None:
         """The local checkpoint the settings name instead of the bundle, if any."""
-        path: Path | None = getattr(self.provider.of(settings), self.bundle.setting)
-        return path
+        return getattr(self.provider.of(settings), self.bundle.setting)  # type: ignore[no-any-return]
 
     def path(self, settings: Settings) -> Path:
         """The path the provider loads: the local override when set, else the installed

@@ -34,17 +34,14 @@ class _LogProgress(tqdm):
         return True
 
 
-def _terminal_bar(label: str) -> Callable[..., tqdm]:
-    def bar(**kwargs: Any) -> tqdm:
-        kwargs["desc"] = label
-        return tqdm(unit_divisor=1024, **kwargs)
-
-    return bar
+class _Bar(tqdm):
+    def __init__(self, *args: Any, label: str, **kwargs: Any):
+        super().__init__(*args, **(kwargs | {"desc": label, "unit_divisor": 1024}))
 
 
 def progress_class(label: str, bar: bool) -> Callable[..., tqdm]:
     """A tqdm factory for huggingface_hub: a bar on a terminal, log lines otherwise."""
-    return _terminal_bar(label) if bar else functools.partial(_LogProgress, label=label)
+    return functools.partial(_Bar if bar else _LogProgress, label=label)
 
 
 def mb(n: int) -> str:

@@ -10,12 +10,17 @@ are reported at once, not just the first.
 Bounds beyond TypeSafe's schema (documented in docs/api.md): question names 1-128 characters,
 choice labels 1-256 characters, at most 1024 questions, 1-255 choice options, 2-10 score
 levels; the body as a whole is bounded by DECIDEALOT_MAX_REQUEST_BYTES.
+
+Why not pydantic, which is installed and whose messages these are: it reports a model's unknown
+fields after its fields, not in the body's order; its `missing` issue echoes the parent object
+(the state with it), and its `too_long` the whole list; and the contract's own rules (a score's
+level count, `json_type`, refused assets and box questions) would each need a custom error.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
 from decidealot import tracing
 from decidealot.catalog import Catalog, Route, Routed
@@ -39,17 +44,10 @@ MIN_SCORE_LEVELS, MAX_SCORE_LEVELS = 2, 10
 MAX_TEMPERATURE = 100.0
 
 _REQUEST_FIELDS = frozenset({"model", "state", "questions", "config"})
-_QUESTION_FIELDS = {
-    "choice": frozenset({"type", "instructions", "criteria"}),
-    "score": frozenset({"type", "instructions", "criteria"}),
-    "noul": frozenset({"type", "instructions", "criteria"}),
-}
-_TAGS = "'choice', 'score', 'noul'"
+_QUESTION_FIELDS = frozenset({"type", "instructions", "criteria"})
+_QUESTIONS = {"choice": ChoiceQuestion, "score": ScoreQuestion, "noul": NoulQuestion}
 _UNCHECKED: Any = object()
 """Stands for a route that could not be looked up (hosted catalog down, body invalid anyway)."""
-
-
-# -- requests ----------------------------------------------------------------------------------
 
 
 class _Issues(list[ValidationIssue]):
@@ -63,18 +61,45 @@ class _Issues(list[ValidationIssue]):
     def extra(self, loc: Loc, value: Json) -> None:
         self.add(loc, "Extra inputs are not permitted", "extra_forbidden", value)
 
+    def count(self, loc: Loc, kind: str, value: list[Json] | dict[str, Json], most: int) -> None:
+        """pydantic's issue for a `kind` (List, Dictionary) that is empty or over `most` items."""
+        if value:
+            what = f"at most {most} items after validation, not {len(value)}"
+            self.add(loc, f"{kind} should have {what}", "too_long")
+        else:
+            self.add(
+                loc,
+                f"{kind} should have at least 1 item after validation, not 0",
+                "too_short",
+                value,
+            )
+
+    def needs(
+        self, loc: Loc, what: str, value: list[Json] | dict[str, Json], low: int, high: int
+    ) -> bool:
+        """A choice's options or a score's levels: `low` to `high` of them (`what` names them)."""
+        if low <= len(value) <= high:
+            return True
+        short = len(value) < low
+        msg = f"A {what.format(low, high)}, not {len(value)}"
+        self.add(loc, msg, "too_short" if short else "too_long", value if short else None)
+        return False
+
+
+class _Draft(NamedTuple):
+    """A request's structural check (`ok`: it found nothing); its model's route is checked after."""
+
+    loc: Loc
+    ok: bool
+    model: str | None
+    fields: dict[str, Json]
+    """`state`, `questions` (checked) and `config` of the request."""
+
 
 @tracing.traced("validation")
 async def validate_request(obj: Json, catalog: Catalog) -> Routed:
     """One `POST /v1/systemone` body (decoded JSON) -> validated request, or RequestInvalid."""
-    issues = _Issues()
-    draft = _check_request(obj, ["body"], issues)
-    names = {draft.model} if draft.model is not None else set()
-    routes = await _resolve(catalog, names, bool(issues))
-    request = _finish(draft, routes, issues)
-    if issues or request is None:
-        raise RequestInvalid(issues)
-    return request
+    return (await _routed(catalog, [(obj, ["body"])], _Issues()))[0]
 
 
 @tracing.traced("validation")
@@ -82,44 +107,37 @@ async def validate_batch(obj: Json, catalog: Catalog, max_requests: int = 0) -> 
     """A `POST /v1/systemone/batch` body; every item (config included) is checked first."""
     issues = _Issues()
     if not isinstance(obj, dict):
-        issues.add(["body"], "Input should be a valid dictionary", "dict_type", None)
+        issues.add(["body"], "Input should be a valid dictionary", "dict_type")
         raise RequestInvalid(issues)
     for key in obj:
         if key != "requests":
             issues.extra(["body", key], obj[key])
+    loc: Loc = ["body", "requests"]
     items = obj.get("requests")
-    per_item: list[tuple[_Draft, _Issues]] = []
     if "requests" not in obj:
-        issues.missing(["body", "requests"])
+        issues.missing(loc)
     elif not isinstance(items, list):
-        issues.add(["body", "requests"], "Input should be a valid list", "list_type", items)
-    elif not items:
-        issues.add(
-            ["body", "requests"],
-            "List should have at least 1 item after validation, not 0",
-            "too_short",
-            items,
-        )
-    elif max_requests and len(items) > max_requests:
-        issues.add(
-            ["body", "requests"],
-            f"List should have at most {max_requests} items after validation, not {len(items)}",
-            "too_long",
-            None,
-        )
+        issues.add(loc, "Input should be a valid list", "list_type", items)
+    elif not items or 0 < max_requests < len(items):
+        issues.count(loc, "List", items, max_requests)
     else:
-        for index, item in enumerate(items):
-            item_issues = _Issues()
-            per_item.append(
-                (_check_request(item, ["body", "requests", index], item_issues), item_issues)
-            )
-    names = {draft.model for draft, _ in per_item if draft.model is not None}
-    routes = await _resolve(catalog, names, bool(issues) or any(i for _, i in per_item))
+        return await _routed(catalog, [(item, [*loc, i]) for i, item in enumerate(items)], issues)
+    raise RequestInvalid(issues)
+
+
+async def _routed(catalog: Catalog, items: list[tuple[Json, Loc]], issues: _Issues) -> list[Routed]:
+    """Each item checked and routed; RequestInvalid with `issues` and each item's, in order."""
+    drafts = []
+    for obj, loc in items:
+        own = _Issues()
+        drafts.append((_check_request(obj, loc, own), own))
+    names = {draft.model for draft, _ in drafts if draft.model is not None}
+    routes = await _resolve(catalog, names, bool(issues) or any(own for _, own in drafts))
     requests = []
-    for draft, item_issues in per_item:  # issues in item order
-        requests.append(_finish(draft, routes, item_issues))
-        issues.extend(item_issues)
-    if issues:
+    for draft, own in drafts:
+        requests.append(_finish(draft, routes, own))
+        issues.extend(own)
+    if issues:  # a request is None only where it has issues
         raise RequestInvalid(issues)
     return [r for r in requests if r is not None]
 
@@ -137,166 +155,89 @@ async def _resolve(catalog: Catalog, names: set[str], invalid: bool) -> dict[str
         raise
 
 
-class _Draft:
-    """What a request's structural check produced; the model's route is checked after."""
-
-    __slots__ = ("config", "loc", "model", "ok", "questions", "state")
-
-    def __init__(self, loc: Loc) -> None:
-        self.loc = loc
-        self.ok = True
-        self.model: str | None = None
-        self.state: Json = None
-        self.questions: dict[str, Question] = {}
-        self.config: Json = None
-
-
 def _check_request(obj: Json, loc: Loc, issues: _Issues) -> _Draft:
-    draft = _Draft(loc)
-    before = len(issues)
     if not isinstance(obj, dict):
-        issues.add(loc, "Input should be a valid dictionary or object", "dict_type", None)
-        draft.ok = False
-        return draft
+        issues.add(loc, "Input should be a valid dictionary or object", "dict_type")
+        return _Draft(loc, False, None, {})
+    before = len(issues)
     for key, value in obj.items():
         if key == "assets":
-            issues.add(
-                [*loc, key],
-                "Value error, image assets are not supported by these models",
-                "value_error",
-                None,
-            )
+            msg = "Value error, image assets are not supported by these models"
+            issues.add([*loc, key], msg, "value_error")
         elif key not in _REQUEST_FIELDS:
             issues.extra([*loc, key], value)
-
     model = obj.get("model")
     if "model" not in obj:
         issues.missing([*loc, "model"])
     elif not isinstance(model, str):
         issues.add([*loc, "model"], "Input should be a valid string", "string_type", model)
-    else:
-        draft.model = model
-
+        model = None
     if "state" not in obj:
         issues.missing([*loc, "state"])
-    elif not isinstance(obj["state"], str | dict | list):
-        issues.add(
-            [*loc, "state"],
-            "Input should be a string, an object or an array",
-            "json_type",
-            obj["state"],
-        )
     else:
-        draft.state = obj["state"]
-
+        _check_text(obj["state"], [*loc, "state"], issues, allow_null=False)
+    questions: dict[str, Question] = {}
     if "questions" not in obj:
         issues.missing([*loc, "questions"])
     else:
-        draft.questions = _check_questions(obj["questions"], [*loc, "questions"], issues)
-
-    if "config" in obj:
-        config = obj["config"]
-        if not isinstance(config, dict):
-            issues.add([*loc, "config"], "Input should be a valid dictionary", "dict_type", config)
-        else:
-            draft.config = config
-    else:
-        draft.config = {}
-    draft.ok = len(issues) == before
-    return draft
+        questions = _check_questions(obj["questions"], [*loc, "questions"], issues)
+    config = obj.get("config", {})
+    if not isinstance(config, dict):
+        issues.add([*loc, "config"], "Input should be a valid dictionary", "dict_type", config)
+    fields = {"state": obj.get("state"), "questions": questions, "config": config}
+    return _Draft(loc, len(issues) == before, model, fields)
 
 
 def _check_questions(value: Json, loc: Loc, issues: _Issues) -> dict[str, Question]:
     if not isinstance(value, dict):
         issues.add(loc, "Input should be a valid dictionary", "dict_type", value)
         return {}
-    if not value:
-        issues.add(
-            loc,
-            "Dictionary should have at least 1 item after validation, not 0",
-            "too_short",
-            value,
-        )
-        return {}
-    if len(value) > MAX_QUESTIONS:
-        issues.add(
-            loc,
-            f"Dictionary should have at most {MAX_QUESTIONS} items after validation, "
-            f"not {len(value)}",
-            "too_long",
-            None,
-        )
+    if not value or len(value) > MAX_QUESTIONS:
+        issues.count(loc, "Dictionary", value, MAX_QUESTIONS)
         return {}
     questions: dict[str, Question] = {}
     for name, question in value.items():
-        if not name or len(name) > MAX_QUESTION_NAME_CHARS:
-            issues.add(
-                [*loc, name, "[key]"],
-                f"String should have 1 to {MAX_QUESTION_NAME_CHARS} characters",
-                "string_too_long" if name else "string_too_short",
-                name,
-            )
-            continue
-        checked = _check_question(question, [*loc, name], issues)
-        if checked is not None:
-            questions[name] = checked
+        if _check_key(name, loc, MAX_QUESTION_NAME_CHARS, issues):
+            checked = _check_question(question, [*loc, name], issues)
+            if checked is not None:
+                questions[name] = checked
     return questions
 
 
 def _check_question(value: Json, loc: Loc, issues: _Issues) -> Question | None:
     if not isinstance(value, dict):
-        issues.add(
-            loc,
-            "Input should be a valid dictionary or object to extract fields from",
-            "model_attributes_type",
-            value,
-        )
+        msg = "Input should be a valid dictionary or object to extract fields from"
+        issues.add(loc, msg, "model_attributes_type", value)
         return None
-    tag = value.get("type")
     if "type" not in value:
-        issues.add(
-            loc, "Unable to extract tag using discriminator 'type'", "union_tag_not_found", value
-        )
+        msg = "Unable to extract tag using discriminator 'type'"
+        issues.add(loc, msg, "union_tag_not_found", value)
         return None
+    tag = value["type"]
     if tag == "box":
-        issues.add(
-            [*loc, "type"],
-            "Value error, box questions are not supported by these models; "
-            "use choice, score or noul",
-            "value_error",
-            tag,
-        )
+        msg = "box questions are not supported by these models; use choice, score or noul"
+        issues.add([*loc, "type"], f"Value error, {msg}", "value_error", tag)
         return None
-    if not isinstance(tag, str) or tag not in _QUESTION_FIELDS:
-        issues.add(
-            loc,
-            f"Input tag {tag!r} found using 'type' does not match any of the expected tags: "
-            f"{_TAGS}",
-            "union_tag_invalid",
-            value,
-        )
+    if not isinstance(tag, str) or tag not in _QUESTIONS:
+        expected = "'choice', 'score', 'noul'"
+        msg = f"Input tag {tag!r} found using 'type' does not match any of the expected tags: "
+        issues.add(loc, msg + expected, "union_tag_invalid", value)
         return None
     here = [*loc, tag]
     before = len(issues)
     for key, field in value.items():
-        if key not in _QUESTION_FIELDS[tag]:
+        if key not in _QUESTION_FIELDS:
             issues.extra([*here, key], field)
     instructions = value.get("instructions")
     _check_text(instructions, [*here, "instructions"], issues, allow_null=True)
     criteria = value.get("criteria")
-    if tag == "choice":
-        _check_choice_criteria(value, [*here, "criteria"], issues)
-    elif tag == "score":
-        _check_score_criteria(value, [*here, "criteria"], issues)
-    elif criteria is not None:
-        _check_noul_criteria(criteria, [*here, "criteria"], issues)
+    if tag != "noul" and "criteria" not in value:
+        issues.missing([*here, "criteria"])
+    elif tag != "noul" or criteria is not None:  # a noul's are optional
+        _check_criteria(tag, criteria, [*here, "criteria"], issues)
     if len(issues) != before:
         return None
-    if tag == "choice":
-        return ChoiceQuestion(criteria=criteria, instructions=instructions)
-    if tag == "score":
-        return ScoreQuestion(criteria=criteria, instructions=instructions)
-    return NoulQuestion(instructions=instructions, criteria=criteria)
+    return _QUESTIONS[tag](criteria=criteria, instructions=instructions)
 
 
 def question_issues(value: Json) -> tuple[Question | None, list[ValidationIssue]]:
@@ -306,73 +247,45 @@ def question_issues(value: Json) -> tuple[Question | None, list[ValidationIssue]
     return _check_question(value, [], issues), list(issues)
 
 
+def _check_key(key: str, loc: Loc, most: int, issues: _Issues) -> bool:
+    """A question name or a choice label (a key of the object at `loc`): 1 to `most` characters."""
+    if key and len(key) <= most:
+        return True
+    kind = "string_too_long" if key else "string_too_short"
+    issues.add([*loc, key, "[key]"], f"String should have 1 to {most} characters", kind, key)
+    return False
+
+
 def _check_text(value: Json, loc: Loc, issues: _Issues, *, allow_null: bool) -> None:
-    """Instructions and criterion values: TypeSafe's `string | object | array` (| null)."""
-    if isinstance(value, str | dict | list) or (value is None and allow_null):
-        return
-    what = (
-        "a string, an object, an array or null" if allow_null else "a string, an object or an array"
-    )
-    issues.add(loc, f"Input should be {what}", "json_type", value)
+    """State, instructions and criterion values: TypeSafe's `string | object | array` (| null)."""
+    if not (isinstance(value, str | dict | list) or (value is None and allow_null)):
+        what = "an object, an array or null" if allow_null else "an object or an array"
+        issues.add(loc, f"Input should be a string, {what}", "json_type", value)
 
 
-def _check_choice_criteria(question: dict[str, Json], loc: Loc, issues: _Issues) -> None:
-    if "criteria" not in question:
-        issues.missing(loc)
-        return
-    criteria = question["criteria"]
-    if not isinstance(criteria, dict):
-        issues.add(loc, "Input should be a valid dictionary", "dict_type", criteria)
-        return
-    if not 1 <= len(criteria) <= MAX_CHOICE_OPTIONS:
-        issues.add(
-            loc,
-            f"A choice needs 1 to {MAX_CHOICE_OPTIONS} named options, not {len(criteria)}",
-            "too_short" if not criteria else "too_long",
-            None if criteria else criteria,
-        )
-        return
-    for label, description in criteria.items():
-        if not label or len(label) > MAX_LABEL_CHARS:
-            issues.add(
-                [*loc, label, "[key]"],
-                f"String should have 1 to {MAX_LABEL_CHARS} characters",
-                "string_too_long" if label else "string_too_short",
-                label,
-            )
-        _check_text(description, [*loc, label], issues, allow_null=True)
-
-
-def _check_score_criteria(question: dict[str, Json], loc: Loc, issues: _Issues) -> None:
-    if "criteria" not in question:
-        issues.missing(loc)
-        return
-    levels = question["criteria"]
-    if not isinstance(levels, list):
-        issues.add(loc, "Input should be a valid list", "list_type", levels)
-        return
-    if not MIN_SCORE_LEVELS <= len(levels) <= MAX_SCORE_LEVELS:
-        issues.add(
-            loc,
-            f"A score needs {MIN_SCORE_LEVELS} to {MAX_SCORE_LEVELS} ordered levels, "
-            f"not {len(levels)}",
-            "too_short" if len(levels) < MIN_SCORE_LEVELS else "too_long",
-            levels if len(levels) < MIN_SCORE_LEVELS else None,
-        )
-        return
-    for position, level in enumerate(levels):
-        _check_text(level, [*loc, position], issues, allow_null=False)
-
-
-def _check_noul_criteria(criteria: Json, loc: Loc, issues: _Issues) -> None:
-    if not isinstance(criteria, dict):
-        issues.add(loc, "Input should be a valid dictionary or null", "dict_type", criteria)
-        return
-    for key, description in criteria.items():
-        if key not in ("true", "false"):
-            issues.extra([*loc, key], description)
-        else:
-            _check_text(description, [*loc, key], issues, allow_null=True)
+def _check_criteria(tag: str, criteria: Json, loc: Loc, issues: _Issues) -> None:
+    """A choice's named options, a score's ordered levels, or a noul's `true` and `false`."""
+    if tag == "score":
+        if not isinstance(criteria, list):
+            issues.add(loc, "Input should be a valid list", "list_type", criteria)
+        elif issues.needs(
+            loc, "score needs {} to {} ordered levels", criteria, MIN_SCORE_LEVELS, MAX_SCORE_LEVELS
+        ):
+            for position, level in enumerate(criteria):
+                _check_text(level, [*loc, position], issues, allow_null=False)
+    elif not isinstance(criteria, dict):
+        what = "dictionary or null" if tag == "noul" else "dictionary"
+        issues.add(loc, f"Input should be a valid {what}", "dict_type", criteria)
+    elif tag == "noul":
+        for key, description in criteria.items():
+            if key in ("true", "false"):
+                _check_text(description, [*loc, key], issues, allow_null=True)
+            else:
+                issues.extra([*loc, key], description)
+    elif issues.needs(loc, "choice needs {} to {} named options", criteria, 1, MAX_CHOICE_OPTIONS):
+        for label, description in criteria.items():
+            _check_key(label, loc, MAX_LABEL_CHARS, issues)
+            _check_text(description, [*loc, label], issues, allow_null=True)
 
 
 def _finish(draft: _Draft, routes: dict[str, Route | None], issues: _Issues) -> Routed | None:
@@ -383,41 +296,31 @@ def _finish(draft: _Draft, routes: dict[str, Route | None], issues: _Issues) -> 
     if route is _UNCHECKED:
         return None
     if route is None:
-        issues.add(
-            [*draft.loc, "model"],
-            f"Value error, unknown model {draft.model!r}; use a name returned by GET /v1/models",
-            "value_error",
-            draft.model,
-        )
+        msg = f"unknown model {draft.model!r}; use a name returned by GET /v1/models"
+        issues.add([*draft.loc, "model"], f"Value error, {msg}", "value_error", draft.model)
         return None
-    config = draft.config if isinstance(draft.config, dict) else None
-    config_ok = config is not None and _check_config(config, route, [*draft.loc, "config"], issues)
-    if not (draft.ok and config_ok) or config is None:
+    config = draft.fields["config"]
+    if not isinstance(config, dict):
         return None
-    request = SystemOneRequest(
-        model=draft.model, state=draft.state, questions=draft.questions, config=config
-    )
-    return Routed(request, route)
+    if not _check_config(config, route, [*draft.loc, "config"], issues) or not draft.ok:
+        return None
+    return Routed(SystemOneRequest(model=draft.model, **draft.fields), route)
 
 
 def _check_config(config: dict[str, Json], route: Route, loc: Loc, issues: _Issues) -> bool:
     """CLM selectors take `{"temperature": t}` (0 < t <= 100); every other selector only `{}`."""
     before = len(issues)
     for key, value in config.items():
+        here = [*loc, key]
         if key != "temperature" or not route.accepts_temperature:
-            issues.extra([*loc, key], value)
-            continue
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            issues.add([*loc, key], "Input should be a valid number", "float_type", value)
+            issues.extra(here, value)
+        elif isinstance(value, bool) or not isinstance(value, int | float):
+            issues.add(here, "Input should be a valid number", "float_type", value)
         elif not math.isfinite(value):
-            issues.add([*loc, key], "Input should be a finite number", "finite_number", None)
+            issues.add(here, "Input should be a finite number", "finite_number")
         elif value <= 0:
-            issues.add([*loc, key], "Input should be greater than 0", "greater_than", value)
+            issues.add(here, "Input should be greater than 0", "greater_than", value)
         elif value > MAX_TEMPERATURE:
-            issues.add(
-                [*loc, key],
-                f"Input should be less than or equal to {MAX_TEMPERATURE:g}",
-                "less_than_equal",
-                value,
-            )
+            msg = f"Input should be less than or equal to {MAX_TEMPERATURE:g}"
+            issues.add(here, msg, "less_than_equal", value)
     return len(issues) == before

@@ -75,11 +75,6 @@ class LayaSettings(Section, frozen=True, kw_only=True):
         path: Path | None = getattr(self, _setting(key))
         return path
 
-    def calibrations(self) -> dict[str, str]:
-        """Checkpoint key -> the calibration file set for it."""
-        paths = {key: getattr(self, _setting(key, "calibration")) for key in CHECKPOINTS}
-        return {key: str(path) for key, path in paths.items() if path is not None}
-
 
 def _setting(key: str, what: str = "checkpoint") -> str:
     return f"laya_{key.replace('-', '_')}_{what}"
@@ -95,7 +90,7 @@ def _build(settings: Settings, section: LayaSettings) -> Provider:
         {key: section.checkpoint(key) for key in CHECKPOINTS},
         settings,
         checkpoint_for,
-        calibrations=section.calibrations(),
+        calibrations=DESCRIPTOR.calibration_files(section),
     )
 
 

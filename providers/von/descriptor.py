@@ -53,9 +53,7 @@ def _build(settings: Settings, section: VonSettings) -> Provider:
         settings,
         only(CHECKPOINT),
         preload=(CHECKPOINT,),
-        calibrations={CHECKPOINT: str(section.von_calibration)}
-        if section.von_calibration
-        else None,
+        calibrations=DESCRIPTOR.calibration_files(section),
     )
 
 

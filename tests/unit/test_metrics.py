@@ -1,7 +1,7 @@
-"""The metrics on prometheus_client: the wrappers, the service's exposition at `/metrics` of the
-production app in-process (parsed with prometheus_client's own parser, names and labels as
-docs/operations.md lists them), and the hooks in residency, the worker runtime and the
-upstream clients."""
+"""The metrics on prometheus_client: its metrics with label values as keywords, the service's
+exposition at `/metrics` of the production app in-process (parsed with prometheus_client's own
+parser, names and labels as docs/operations.md lists them), and the hooks in residency, the
+worker runtime and the upstream clients."""
 
 from __future__ import annotations
 
@@ -10,14 +10,14 @@ import re
 from pathlib import Path
 
 import pytest
-from prometheus_client import generate_latest
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from decidealot import metrics, registry
 from decidealot.contract import NoulQuestion
 from decidealot.errors import ProviderUnavailable
 from decidealot.jobs import EngineSpec, Job
-from decidealot.metrics import Registry, ServiceCollector
+from decidealot.metrics import Counter, Gauge, Histogram, Info, ServiceCollector
 from decidealot.providers.clm.gateway.encoder_client import EncoderClient
 from decidealot.providers.engine.client import ProcessRuntime
 from decidealot.providers.jev.gateway.client import TypeSafeClient
@@ -41,8 +41,8 @@ def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     }
 
 
-def render(registry: Registry) -> str:
-    return generate_latest(registry.collectors).decode()
+def render(registry: CollectorRegistry) -> str:
+    return generate_latest(registry).decode()
 
 
 def value(name: str, **labels: str) -> float:
@@ -59,8 +59,8 @@ def arith_job(state: str, **config: object) -> Job:
 
 
 def test_counters_with_labels_parse_back() -> None:
-    registry = Registry()
-    requests = registry.counter("x_requests_total", "Requests.", ("route", "status"))
+    registry = CollectorRegistry()
+    requests = Counter("x_requests_total", "Requests.", ("route", "status"), registry=registry)
     requests.inc(route="/v1/systemone", status="200")
     requests.inc(2, route="/v1/systemone", status="200")
     requests.inc(route="/health", status="503")
@@ -75,7 +75,7 @@ def test_counters_with_labels_parse_back() -> None:
 
 
 def test_counters_only_go_up_and_labels_must_match() -> None:
-    counter = Registry().counter("c_total", "C.", ("a",))
+    counter = Counter("c_total", "C.", ("a",), registry=CollectorRegistry())
     with pytest.raises(ValueError):
         counter.inc(-1, a="x")
     with pytest.raises(ValueError):
@@ -85,8 +85,8 @@ def test_counters_only_go_up_and_labels_must_match() -> None:
 
 
 def test_label_values_and_help_are_escaped() -> None:
-    registry = Registry()
-    gauge = registry.gauge("g", 'Help with \\ and\nnewline "quoted".', ("name",))
+    registry = CollectorRegistry()
+    gauge = Gauge("g", 'Help with \\ and\nnewline "quoted".', ("name",), registry=registry)
     awkward = 'a "quoted" back\\slash\nnew line'
     gauge.set(1.5, name=awkward)
     text = render(registry)
@@ -98,9 +98,9 @@ def test_label_values_and_help_are_escaped() -> None:
 
 
 def test_gauges_set_and_move() -> None:
-    registry = Registry()
-    loaded = registry.gauge("loaded", "Loaded.", ("provider",))
-    in_flight = registry.gauge("in_flight", "Now.")
+    registry = CollectorRegistry()
+    loaded = Gauge("loaded", "Loaded.", ("provider",), registry=registry)
+    in_flight = Gauge("in_flight", "Now.", registry=registry)
     in_flight.inc()
     in_flight.inc()
     in_flight.dec()
@@ -112,9 +112,44 @@ def test_gauges_set_and_move() -> None:
     assert got[("loaded", (("provider", "von"),))] == 0
 
 
+def test_gauge_series_are_removed_by_some_of_their_labels() -> None:
+    registry = CollectorRegistry()
+    share = Gauge("share", "Share.", ("provider", "checkpoint"), registry=registry)
+    share.set(0.5, provider="laya", checkpoint="english")
+    share.set(1, provider="laya", checkpoint="multilingual")
+    share.remove(provider="laya", checkpoint="english")
+    share.remove(provider="von", checkpoint="never-set")  # no error
+    assert samples(render(registry)) == {
+        ("share", (("checkpoint", "multilingual"), ("provider", "laya"))): 1
+    }
+    share.remove(provider="laya")
+    assert samples(render(registry)) == {}
+
+
+def test_an_info_keeps_one_series_per_checkpoint() -> None:
+    registry = CollectorRegistry()
+    info = Info("info", "Info.", ("provider", "checkpoint", "precision"), registry=registry)
+    info.set(provider="laya", checkpoint="english", precision="bf16")
+    info.set(provider="laya", checkpoint="english", precision="fp32")
+    info.set(provider="von", checkpoint="von-1.1", precision="fp32")
+    assert samples(render(registry)) == {
+        ("info", (("checkpoint", "english"), ("precision", "fp32"), ("provider", "laya"))): 1,
+        ("info", (("checkpoint", "von-1.1"), ("precision", "fp32"), ("provider", "von"))): 1,
+    }
+
+
+def test_the_service_metrics_are_in_the_private_registry_only() -> None:
+    from prometheus_client import REGISTRY as GLOBAL
+
+    assert metrics.REGISTRY.collectors.get_sample_value("decidealot_pending_requests") is not None
+    assert GLOBAL.get_sample_value("decidealot_pending_requests") is None
+
+
 def test_histogram_buckets_are_cumulative_with_sum_and_count() -> None:
-    registry = Registry()
-    latency = registry.histogram("pass_seconds", "Pass.", ("provider",), buckets=(0.1, 1, 10))
+    registry = CollectorRegistry()
+    latency = Histogram(
+        "pass_seconds", "Pass.", ("provider",), buckets=(0.1, 1, 10), registry=registry
+    )
     for observed in (0.05, 0.1, 0.5, 3, 100):
         latency.observe(observed, provider="laya")
     latency.observe(2, provider="von")
