@@ -13,15 +13,9 @@ from decidealot import logs, metrics
 from decidealot.asgi.body import read_body
 from decidealot.asgi.disconnect import CLIENT_GONE, ClientGone, unless_gone
 from decidealot.asgi.edge import Cors, RootPath
-from decidealot.asgi.middleware import ASGIApp, AuthAdmission, error_body
-from decidealot.contract import (
-    TRUNCATED_HEADER,
-    Cut,
-    ErrorBody,
-    ValidationErrorBody,
-    truncated_header,
-)
-from decidealot.errors import DecidealotError, RequestInvalid, ShuttingDown
+from decidealot.asgi.middleware import ASGIApp, Gateway, envelope_of
+from decidealot.contract import TRUNCATED_HEADER, Cut, ErrorBody, truncated_header
+from decidealot.errors import DecidealotError, ShuttingDown
 from decidealot.http import docs, openapi
 from decidealot.mcp.http import MCP_PATH, McpEndpoint
 from decidealot.service import Service
@@ -46,19 +40,15 @@ def _truncated(cuts: list[Cut]) -> dict[str, str] | None:
 
 
 def _on_error(_: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:
-    if isinstance(exc, RequestInvalid):
-        return _json(ValidationErrorBody(exc.issues), 422)
     if isinstance(exc, DecidealotError):
-        return Response(
-            error_body(exc), status_code=exc.status, media_type=_JSON, headers=exc.headers
-        )
+        return _json(envelope_of(exc), exc.status, exc.headers)
     if isinstance(exc, HTTPException):
         fallback = "BAD_REQUEST" if exc.status_code < 500 else "INTERNAL_ERROR"
         code = _HTTP_CODES.get(exc.status_code, fallback)
         # Litestar's 405 names the route's methods in `Allow`, as RFC 9110 asks
         return _json(ErrorBody(code, str(exc.detail)), exc.status_code, exc.headers)
     logs.log_failure(log, exc, "a route")
-    return Response(error_body(DecidealotError()), status_code=500, media_type=_JSON)
+    return _json(envelope_of(DecidealotError()), 500)
 
 
 def create_app(service: Service) -> ASGIApp:
@@ -150,7 +140,7 @@ def create_app(service: Service) -> ASGIApp:
         logging_config=None,
     )
     routes = {route.path for route in app.routes if "{" not in route.path} - {MCP_PATH}
-    served: ASGIApp = AuthAdmission(
+    served: ASGIApp = Gateway(
         app,
         service,
         routes=routes,
