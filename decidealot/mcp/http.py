@@ -1,17 +1,14 @@
-"""MCP over streamable HTTP, mounted at `/mcp` in the Litestar app next to the REST API.
-
-`McpEndpoint` is the mount plus the SDK's session manager, whose lifetime the app ties to its
-own. The gateway in front of the app (bearer auth, request ids, admission) wraps the mount
-like any route. Sessions are stateless: every POST is served on its own, so replicas behind a
-load balancer need no session affinity (the tools never call back into the client).
+"""MCP over streamable HTTP, mounted at `/mcp` in the Litestar app next to the REST API, behind
+the same gateway (bearer auth, request ids, admission). Sessions are stateless: every POST is
+served on its own, so replicas behind a load balancer need no session affinity (the tools never
+call back into the client).
 
 POST bodies are read under the REST API's rules before the SDK sees them (read timeout, size
 limit on the wire and decoded, gzip and zstd, JSON media type, here required), with the same
 error envelopes; other methods get the same envelope in a 405 that names POST in `Allow`. A
-body that is read but is not one JSON-RPC message (not JSON, a batch, outside the SDK's schema)
-gets a JSON-RPC error, as does a request whose protocol version the SDK would route wrongly
-(`_misrouted`). The SDK then gets the decoded JSON as a plain body, its tool-call arguments
-screened by the REST API's strict JSON parser (`decidealot.mcp.strict`).
+body that is read but is not one JSON-RPC message gets a JSON-RPC error (`decidealot.mcp.strict`),
+as does a request whose protocol version the SDK would route wrongly (`_misrouted`). The SDK
+then gets the decoded JSON as a plain body, its tool-call arguments screened.
 """
 
 from __future__ import annotations
@@ -35,12 +32,16 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from decidealot.asgi.body import read_body
 from decidealot.asgi.middleware import send_error
-from decidealot.config import Settings
 from decidealot.errors import DecidealotError, UnsupportedMediaType
 from decidealot.ledger import ADMITTED
 from decidealot.mcp.server import ServiceBackend, build_server
-from decidealot.mcp.strict import JsonRpcRefusal, checked
-from decidealot.mcp.versions import SERVED_VERSIONS, modern_version, unsupported_version
+from decidealot.mcp.strict import (
+    SERVED_VERSIONS,
+    JsonRpcRefusal,
+    checked,
+    modern_version,
+    unsupported_version,
+)
 from decidealot.service import Service
 
 MCP_PATH = "/mcp"
@@ -81,37 +82,14 @@ def transport_security(
     host_patterns: list[str] = []
     origin_patterns: list[str] = []
     for host in hosts:
-        variants = [host] if _has_port(host) else [host, f"{host}:*"]
+        has_port = "]:" in host if host.startswith("[") else ":" in host  # [v6] or [v6]:port
+        variants = [host] if has_port else [host, f"{host}:*"]
         host_patterns += variants
         origin_patterns += [f"{scheme}://{v}" for scheme in ("http", "https") for v in variants]
     return TransportSecuritySettings(
         enable_dns_rebinding_protection=True,
         allowed_hosts=host_patterns,
         allowed_origins=origin_patterns + [o for o in cors_origins if o != "*"],
-    )
-
-
-def _has_port(host: str) -> bool:
-    if host.startswith("["):  # [v6] or [v6]:port
-        return "]:" in host
-    return ":" in host
-
-
-def _body_settings(settings: Settings) -> Settings:
-    """The settings `read_body` applies to /mcp: the REST API's, with room for the framing."""
-    return msgspec.structs.replace(
-        settings, max_request_bytes=settings.max_request_bytes + _FRAMING_BYTES
-    )
-
-
-def _session_manager(service: Service) -> StreamableHTTPSessionManager:
-    settings = service.settings
-    return StreamableHTTPSessionManager(
-        app=build_server(ServiceBackend(service, admits=False)),  # the gateway admits /mcp
-        stateless=True,
-        security_settings=transport_security(settings.mcp_allowed_hosts, settings.cors_origins),
-        max_request_body_size=_SCREENED_GROWTH * (settings.max_request_bytes + _FRAMING_BYTES)
-        + _FRAMING_BYTES,
     )
 
 
@@ -170,32 +148,32 @@ def _misrouted(message: JSONRPCMessage, headers: dict[bytes, bytes]) -> JsonRpcR
 
 
 async def send_refusal(send: Send, refusal: JsonRpcRefusal) -> None:
-    body = refusal.body()
+    body = refusal.answer.model_dump_json(by_alias=True, exclude_unset=True).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    status = ERROR_CODE_HTTP_STATUS.get(refusal.code, 400)
+    status = ERROR_CODE_HTTP_STATUS.get(refusal.answer.error.code, 400)
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
 
 class McpEndpoint:
-    """The `/mcp` mount for one service: `route` goes into the app, `running()` around it.
-
-    Wiring, in `decidealot.http.app.create_app`:
-
-        mcp = McpEndpoint(service)
-        Litestar(route_handlers=[mcp.route, ...], lifespan=[mcp.running()], ...)
-
-    Litestar enters lifespan managers before `on_startup` and leaves them before
-    `on_shutdown`, so MCP sessions stop before the service closes. `running()` can be
-    entered once; requests reach the route only while it is.
+    """The `/mcp` mount for one service: `route` goes into the app's handlers, `running()` into
+    its lifespan, which Litestar leaves before `on_shutdown`, so MCP sessions stop before the
+    service closes. `running()` can be entered once; requests reach the route only while it is.
     """
 
     def __init__(self, service: Service) -> None:
-        self._manager = _session_manager(service)
-        manager = self._manager
-        body_settings = _body_settings(service.settings)
+        settings = service.settings
+        body_settings = msgspec.structs.replace(
+            settings, max_request_bytes=settings.max_request_bytes + _FRAMING_BYTES
+        )
         self.body_limit = body_settings.max_request_bytes
         """The largest body /mcp reads: DECIDEALOT_MAX_REQUEST_BYTES and the framing."""
+        manager = self._manager = StreamableHTTPSessionManager(
+            app=build_server(ServiceBackend(service, admits=False)),  # the gateway admits /mcp
+            stateless=True,
+            security_settings=transport_security(settings.mcp_allowed_hosts, settings.cors_origins),
+            max_request_body_size=_SCREENED_GROWTH * self.body_limit + _FRAMING_BYTES,
+        )
 
         @asgi(MCP_PATH, is_mount=True, copy_scope=True)
         async def mcp_endpoint(scope: Scope, receive: Receive, send: Send) -> None:
