@@ -16,12 +16,13 @@ from decidealot import tracing
 from decidealot.contract import TRUNCATED_HEADER, Json, read_truncated_header
 from decidealot.errors import ProviderUnavailable
 from decidealot.mcp.server import Arguments, Reply, ToolFailure, failure_of
+from decidealot.mcp.tools import HTTP_ROUTES, LIST_MODELS, UNLOAD_MODELS
 
 log = logging.getLogger("decidealot.mcp")
 
 
 class ForwardingBackend:
-    """Calls `base_url`'s /v1 routes; `api_key` is sent as the bearer token when given."""
+    """Calls each tool's route at `base_url`; `api_key` is sent as the bearer token when given."""
 
     def __init__(self, base_url: str, api_key: str | None, timeout: httpx.Timeout) -> None:
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -32,22 +33,14 @@ class ForwardingBackend:
     async def close(self) -> None:
         await self._client.aclose()
 
-    async def system_one(self, arguments: Arguments) -> Reply:
-        return await self._call("POST", "/v1/systemone", arguments)
-
-    async def system_one_batch(self, arguments: Arguments) -> Reply:
-        return await self._call("POST", "/v1/systemone/batch", arguments)
-
-    async def list_models(self) -> Json:
-        return (await self._call("GET", "/v1/models", None)).body
-
-    async def unload_models(self) -> Json:
-        return (await self._call("POST", "/v1/models/unload", None)).body
-
-    async def _call(self, method: str, path: str, body: Arguments | None) -> Reply:
+    async def call(self, tool: str, arguments: Arguments) -> Reply:
         """The server's answer, with the cuts its `Decidealot-Truncated` header names."""
-        content = msgspec.json.encode(body) if body is not None else None
-        headers = {"Content-Type": "application/json"} if content is not None else {}
+        method, path = HTTP_ROUTES[tool].split()
+        headers: dict[str, str] = {}
+        content = None
+        if tool not in (LIST_MODELS, UNLOAD_MODELS):  # the routes without a body
+            content = msgspec.json.encode(arguments)
+            headers["Content-Type"] = "application/json"
         tracing.inject(headers)
         try:
             response = await self._client.request(method, path, content=content, headers=headers)

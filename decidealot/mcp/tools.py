@@ -23,12 +23,12 @@ SYSTEM_ONE_BATCH = "system_one_batch"
 LIST_MODELS = "list_models"
 UNLOAD_MODELS = "unload_models"
 
-HTTP_ROUTES = (
-    (SYSTEM_ONE_BATCH, "POST /v1/systemone/batch"),
-    (SYSTEM_ONE, "POST /v1/systemone"),
-    (UNLOAD_MODELS, "POST /v1/models/unload"),
-    (LIST_MODELS, "GET /v1/models"),
-)
+HTTP_ROUTES = {
+    SYSTEM_ONE_BATCH: "POST /v1/systemone/batch",
+    SYSTEM_ONE: "POST /v1/systemone",
+    UNLOAD_MODELS: "POST /v1/models/unload",
+    LIST_MODELS: "GET /v1/models",
+}
 """The HTTP operation each tool is, longest route first (one route may start another)."""
 
 INSTRUCTIONS = (
