@@ -28,7 +28,6 @@ from mcp.shared.dispatcher import coerce_request_id
 from mcp.shared.jsonrpc_dispatcher import cancelled_request_id_from_params
 from mcp.shared.message import SessionMessage
 from mcp_types import (
-    ErrorData,
     JSONRPCError,
     JSONRPCMessage,
     JSONRPCNotification,
@@ -41,8 +40,13 @@ from decidealot import logs, tracing
 from decidealot.config import ConfigError, Settings
 from decidealot.mcp.forward import ForwardingBackend
 from decidealot.mcp.server import Backend, ServiceBackend, build_server
-from decidealot.mcp.strict import JsonRpcRefusal, checked
-from decidealot.mcp.versions import SERVED_VERSIONS, modern_version, unsupported_version
+from decidealot.mcp.strict import (
+    SERVED_VERSIONS,
+    JsonRpcRefusal,
+    checked,
+    modern_version,
+    unsupported_version,
+)
 from decidealot.registry import from_env
 from decidealot.service import Service
 
@@ -107,15 +111,26 @@ def _base_url(raw: str) -> str:
 
 
 async def _serve(settings: Settings, url: str | None) -> None:
-    """Serve until the client closes stdin; SIGINT or SIGTERM end the process, exit status 0."""
+    """Serve until the client closes stdin; SIGINT or SIGTERM end the process, exit status 0.
+
+    On a signal the session is cancelled but not awaited to the end: the SDK reads stdin on a
+    worker thread blocked in read(), which nothing but a line or EOF wakes, and the session
+    waits for it (see `_leave_now`)."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
     async with _backend(settings, url) as backend:
-        signalled = await _run(backend, stop)
-    if signalled:
-        _leave_now()
+        session = asyncio.create_task(_session(backend))
+        stopping = asyncio.create_task(stop.wait())
+        await asyncio.wait((session, stopping), return_when=asyncio.FIRST_COMPLETED)
+        if session.done():
+            stopping.cancel()
+            session.result()  # a failure of the session is this process's failure
+            return
+        session.cancel()
+        await asyncio.wait((session,), timeout=_UNWIND_SECONDS)
+    _leave_now()
 
 
 @contextlib.asynccontextmanager
@@ -123,7 +138,9 @@ async def _backend(settings: Settings, url: str | None) -> AsyncIterator[Backend
     """The tools' backend, closed on the way out (provider workers stopped)."""
     if url is not None:
         key = settings.api_key[0] if settings.api_key else None  # the first of several
-        forwarding = ForwardingBackend(url, key, _forward_timeout(settings))
+        # long enough for the server to start a provider and answer; it bounds both itself
+        answer = settings.provider_start_timeout_seconds + settings.provider_timeout_seconds
+        forwarding = ForwardingBackend(url, key, httpx.Timeout(answer, connect=_CONNECT_SECONDS))
         log.info("MCP over stdio, forwarding to %s", url)
         try:
             yield forwarding
@@ -140,25 +157,6 @@ async def _backend(settings: Settings, url: str | None) -> AsyncIterator[Backend
         await service.close()
 
 
-async def _run(backend: Backend, stop: asyncio.Event) -> bool:
-    """Serve until the client closes stdin (False) or `stop` is set (True).
-
-    On `stop` the session is cancelled but not awaited to the end: the SDK reads stdin on a
-    worker thread blocked in read(), which nothing but a line or EOF wakes, and the session
-    waits for it (see `_leave_now`).
-    """
-    session = asyncio.create_task(_session(backend))
-    stopping = asyncio.create_task(stop.wait())
-    await asyncio.wait((session, stopping), return_when=asyncio.FIRST_COMPLETED)
-    if session.done():
-        stopping.cancel()
-        session.result()  # a failure of the session is this process's failure
-        return False
-    session.cancel()
-    await asyncio.wait((session,), timeout=_UNWIND_SECONDS)
-    return True
-
-
 async def _session(
     backend: Backend, wire: AsyncIterable[bytes] | None = None, stdout: Any = None
 ) -> None:
@@ -168,12 +166,12 @@ async def _session(
     Every line read is answered before the session ends. At end of file the SDK cancels the
     requests it is still running (a tool call was answered "Connection closed", a `tools/list`
     not at all) and a refusal not yet written was lost, so the SDK sees the end of its input
-    only once everything owed has been written (`_ScreenedStdin`, `_Owed`)."""
+    only once everything owed has been written (`_screened`, `_Owed`)."""
     server = build_server(backend)
     owed = _Owed()
     to_client, from_server = anyio.create_memory_object_stream[SessionMessage](0)
     lines = _claim_stdin() if wire is None else wire
-    stdin: Any = _ScreenedStdin(lines, to_client.clone(), owed)  # the SDK only iterates it
+    stdin: Any = _screened(lines, to_client.clone(), owed)  # the SDK only iterates it
     async with (
         stdio_server(stdin=stdin, stdout=stdout) as (read_stream, write_stream),
         anyio.create_task_group() as relaying,
@@ -216,8 +214,8 @@ async def _relay(
     to_client: MemoryObjectSendStream[SessionMessage],
     owed: _Owed,
 ) -> None:
-    """The SDK's messages and `_ScreenedStdin`'s refusals to the SDK's stdout writer (which
-    writes and flushes each before it ends), each answer settling its request."""
+    """The SDK's messages and `_screened`'s refusals to the SDK's stdout writer (which writes
+    and flushes each before it ends), each answer settling its request."""
     async with from_server, to_client:
         async for message in from_server:
             await to_client.send(message)
@@ -237,7 +235,9 @@ def _claim_stdin() -> anyio.AsyncFile[bytes]:
     return anyio.wrap_file(wire)
 
 
-class _ScreenedStdin:
+async def _screened(
+    wire: AsyncIterable[bytes], to_client: MemoryObjectSendStream[SessionMessage], owed: _Owed
+) -> AsyncIterator[str]:
     """stdin as the SDK reads it (UTF-8 lines, undecodable bytes replaced), each line screened
     by the HTTP API's strict parser first and held to the SDK's schema
     (`decidealot.mcp.strict.checked`): a line that is not one JSON-RPC message (not JSON, a
@@ -247,43 +247,24 @@ class _ScreenedStdin:
 
     Each request passed on is `owed` an answer; at end of file the SDK sees the end only once
     every one has been written (a `notifications/cancelled` settles the request it names)."""
-
-    def __init__(
-        self,
-        wire: AsyncIterable[bytes],
-        to_client: MemoryObjectSendStream[SessionMessage],
-        owed: _Owed,
-    ) -> None:
-        self._wire = wire
-        self._to_client = to_client
-        self._owed = owed
-
-    async def __aiter__(self) -> AsyncIterator[str]:
-        async with self._to_client:
-            async for line in self._wire:
-                if not line.strip():
-                    continue
-                try:
-                    screened, message = await asyncio.to_thread(checked, line)  # off the loop
-                    version = modern_version(message)
-                    if version is not None and version not in SERVED_VERSIONS:
-                        raise unsupported_version(str(version), getattr(message, "id", None))
-                except JsonRpcRefusal as refusal:
-                    await self._to_client.send(SessionMessage(_error(refusal)))
-                    continue
-                if isinstance(message, JSONRPCRequest):
-                    self._owed.owe(message.id)
-                elif (cancelled := _cancelled(message)) is not None:
-                    self._owed.settle(cancelled)
-                yield screened.decode("utf-8", errors="replace")
-            await self._owed.paid()
-
-
-def _error(refusal: JsonRpcRefusal) -> JSONRPCError:
-    error = ErrorData(code=refusal.code, message=refusal.message)
-    if refusal.data is not None:
-        error.data = refusal.data
-    return JSONRPCError(jsonrpc="2.0", id=refusal.request_id, error=error)
+    async with to_client:
+        async for line in wire:
+            if not line.strip():
+                continue
+            try:
+                screened, message = await asyncio.to_thread(checked, line)  # off the loop
+                version = modern_version(message)
+                if version is not None and version not in SERVED_VERSIONS:
+                    raise unsupported_version(str(version), getattr(message, "id", None))
+            except JsonRpcRefusal as refusal:
+                await to_client.send(SessionMessage(refusal.answer))
+                continue
+            if isinstance(message, JSONRPCRequest):
+                owed.owe(message.id)
+            elif (cancelled := _cancelled(message)) is not None:
+                owed.settle(cancelled)
+            yield screened.decode("utf-8", errors="replace")
+        await owed.paid()
 
 
 def _cancelled(message: JSONRPCMessage) -> RequestId | None:
@@ -307,9 +288,3 @@ def _leave_now() -> NoReturn:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
-
-
-def _forward_timeout(settings: Settings) -> httpx.Timeout:
-    """Long enough for the server to start a provider and answer; it bounds both itself."""
-    answer = settings.provider_start_timeout_seconds + settings.provider_timeout_seconds
-    return httpx.Timeout(answer, connect=_CONNECT_SECONDS)
