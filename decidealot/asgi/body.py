@@ -1,10 +1,16 @@
-"""Request bodies: media type, size limit while reading, and bounded decompression.
+"""What arrives through a request's `receive`: its body, read under the media type, a size
+limit and bounded decompression, and the client's hanging up.
 
 The limit applies to the bytes on the wire (Content-Length is refused up front, chunked bodies
 as soon as they pass it) and again to the decoded bytes, which are produced in bounded pieces,
 so neither a huge upload nor a zip bomb is ever held in memory. A zstd frame may also declare
 the window its decoder must hold (up to 128 MiB by zstd's default); the window is bounded by the
 body limit too, so decoding memory never depends on what a frame declares.
+
+Once a body has been read, `receive` has nothing more to say until the client disconnects: a
+decision route races its work against that (`unless_gone`), so the work is cancelled at once
+(the executor withdraws its waits and its worker job) and the route answers 499, which only the
+access log and the metrics see.
 """
 
 from __future__ import annotations
@@ -13,7 +19,8 @@ import asyncio
 import contextlib
 import io
 import zlib
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 import zstandard
 from litestar.types import Message, Receive
@@ -26,6 +33,11 @@ from decidealot.errors import (
     UnsupportedEncoding,
     UnsupportedMediaType,
 )
+
+T = TypeVar("T")
+
+CLIENT_GONE = 499
+"""The status the access log records for a request whose client went away (as nginx does)."""
 
 _PIECE = 64 * 1024
 _ZSTD_MIN_WINDOW = 1 << 10
@@ -199,3 +211,29 @@ def _window_refusal(data: bytes, window: int) -> RequestTooLarge:
         f"the zstd frame declares a window over {window} bytes, more than the size limit "
         "allows: compress the body in one piece or at a lower level"
     )
+
+
+class ClientGone(Exception):
+    """The client disconnected before its answer was ready."""
+
+
+async def unless_gone(receive: Receive, work: Awaitable[T]) -> T:
+    """`work`'s result, or `ClientGone` (with `work` cancelled) once the client disconnects."""
+
+    async def disconnected() -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+
+    job = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(disconnected())
+    try:
+        await asyncio.wait({job, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        if not job.done():
+            job.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await job
+            if watcher.done():
+                raise ClientGone
+        watcher.cancel()
+    return job.result()

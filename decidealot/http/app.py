@@ -10,8 +10,7 @@ from litestar import Litestar, Request, Response, get, post
 from litestar.exceptions import HTTPException
 
 from decidealot import logs, metrics
-from decidealot.asgi.body import read_body
-from decidealot.asgi.disconnect import CLIENT_GONE, ClientGone, unless_gone
+from decidealot.asgi.body import CLIENT_GONE, ClientGone, read_body, unless_gone
 from decidealot.asgi.edge import Cors, RootPath
 from decidealot.asgi.middleware import ASGIApp, Gateway, envelope_of
 from decidealot.contract import TRUNCATED_HEADER, Cut, ErrorBody, truncated_header

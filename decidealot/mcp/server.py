@@ -1,13 +1,11 @@
-"""The MCP server: the HTTP API's four operations as tools, over any `Backend`.
+"""The MCP server: the HTTP API's four operations as tools, over a `Backend` (`ServiceBackend`
+runs them in this process, `decidealot.mcp.stdio.ForwardingBackend` on a running Decidealot).
 
 A tool call returns exactly what the HTTP API returns, as structured content (plus the same
 JSON as text for clients that read only text). A failure is a tool error (`isError`) whose one
 text block is the HTTP API's envelope as JSON, its messages naming tools where they name HTTP
 routes; it has no structured content, since that would have to match the tool's output schema
-(the TypeScript SDK and the Inspector check it even on errors; docs/mcp.md). Arguments reach the
-tools only after the HTTP API's strict JSON parse (`decidealot.mcp.strict`, applied by both
-transports). `ServiceBackend` runs decisions in this process, and
-`decidealot.mcp.forward.ForwardingBackend` sends them to a running Decidealot.
+(the TypeScript SDK and the Inspector check it even on errors; docs/mcp.md).
 """
 
 from __future__ import annotations
@@ -225,16 +223,11 @@ def build_server(backend: Backend) -> Server[Any]:
 
 def _extra_arguments(arguments: Arguments) -> ToolFailure:
     """Tools without parameters reject any, as the validator rejects unknown body fields."""
-    return failure_of(
-        RequestInvalid(
-            [
-                ValidationIssue(
-                    ["body", name], "Extra inputs are not permitted", "extra_forbidden", value
-                )
-                for name, value in arguments.items()
-            ]
-        )
-    )
+    issues = [
+        ValidationIssue(["body", name], "Extra inputs are not permitted", "extra_forbidden", value)
+        for name, value in arguments.items()
+    ]
+    return failure_of(RequestInvalid(issues))
 
 
 def _names(models: Json) -> list[str] | None:

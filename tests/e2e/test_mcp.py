@@ -24,10 +24,9 @@ from mcp.shared.exceptions import MCPError
 
 from decidealot import registry
 from decidealot.http.app import create_app
-from decidealot.mcp.forward import ForwardingBackend
 from decidealot.mcp.http import transport_security
 from decidealot.mcp.server import ServiceBackend, ToolFailure
-from decidealot.mcp.stdio import main
+from decidealot.mcp.stdio import ForwardingBackend, main
 from decidealot.mcp.tools import TOOLS
 from decidealot.service import Service
 from tests.support.fake_typesafe import FakeTypeSafe, serve
