@@ -1,16 +1,11 @@
-"""What arrives through a request's `receive`: its body, read under the media type, a size
-limit and bounded decompression, and the client's hanging up.
+"""What arrives through a request's `receive`: its body, and the client's hanging up.
 
-The limit applies to the bytes on the wire (Content-Length is refused up front, chunked bodies
-as soon as they pass it) and again to the decoded bytes, which are produced in bounded pieces,
-so neither a huge upload nor a zip bomb is ever held in memory. A zstd frame may also declare
-the window its decoder must hold (up to 128 MiB by zstd's default); the window is bounded by the
-body limit too, so decoding memory never depends on what a frame declares.
-
-Once a body has been read, `receive` has nothing more to say until the client disconnects: a
-decision route races its work against that (`unless_gone`), so the work is cancelled at once
-(the executor withdraws its waits and its worker job) and the route answers 499, which only the
-access log and the metrics see.
+A body is held to the size limit on the wire (Content-Length refused up front, a chunked body as
+soon as it passes it) and again decoded, in bounded pieces, so neither a huge upload nor a zip
+bomb is ever held in memory; a zstd frame's window is bounded by the limit too, so decoding
+memory never depends on what a frame declares. A decision route races its work against the
+client's disconnect (`unless_gone`): the work is cancelled at once and the route answers 499,
+which only the access log and the metrics see.
 """
 
 from __future__ import annotations
@@ -172,11 +167,9 @@ def _gunzip(data: bytes, limit: int) -> bytes:
 
 def zstd_window_limit(limit: int) -> int:
     """The largest window a zstd frame may declare: the body limit rounded up to a power of two.
-
     A frame of known size (one-shot compression, as the TypeSafe SDK sends) declares a window of
     at most its content size, so every body within the limit fits; a streamed frame's window
-    comes from its compression level and may not.
-    """
+    comes from its compression level and may not."""
     return max(_ZSTD_MIN_WINDOW, 1 << (limit - 1).bit_length())
 
 

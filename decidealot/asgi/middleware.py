@@ -19,7 +19,7 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 
 import msgspec
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
@@ -35,12 +35,10 @@ log = logging.getLogger("decidealot.http")
 
 PUBLIC_PATHS = frozenset({"/health", "/docs", "/docs/", "/openapi.json"})
 PUBLIC_PREFIXES = ("/docs/assets/", "/.well-known/")
-"""The Swagger page, its static assets and the document it loads (no secret in any): a
-browser cannot send a bearer token to open them; Swagger's Authorize button takes the token
-for the calls the page makes (decidealot.http.docs). And the well-known paths OAuth clients
-probe after a 401 (`oauth-protected-resource`, `oauth-authorization-server`, ...): there is no
-OAuth here, and their 404 without a key tells a client so, where a 401 sends it on through
-discovery and registration to a dead end."""
+"""The Swagger page, its assets and the document it loads hold no secret, and a browser cannot
+send a bearer token to open them (decidealot.http.docs). OAuth clients probe the well-known
+paths after a 401: there is no OAuth here, and their 404 without a key tells a client so, where
+a 401 sends it on through discovery and registration to a dead end (docs/mcp.md)."""
 UNADMITTED_PATHS = frozenset({"/metrics"})
 """Behind auth, but answered while draining too: a scrape can watch the drain."""
 _METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
@@ -66,16 +64,19 @@ def envelope_of(error: DecidealotError) -> ErrorBody | ValidationErrorBody:
     return ErrorBody(error.code, error.message, error.details)
 
 
-async def send_error(send: Send, error: DecidealotError, extra: list[tuple[bytes, bytes]]) -> None:
-    body = msgspec.json.encode(envelope_of(error))
-    headers = [
-        (b"content-type", b"application/json"),
-        (b"content-length", str(len(body)).encode()),
-        *((name.lower().encode(), value.encode()) for name, value in error.headers.items()),
-        *extra,
-    ]
-    await send({"type": "http.response.start", "status": error.status, "headers": headers})
+async def send_json(
+    send: Send, status: int, body: bytes, extra: Sequence[tuple[bytes, bytes]] = ()
+) -> None:
+    """A whole JSON answer, given outside Litestar's routes."""
+    length = str(len(body)).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", length), *extra]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
+
+
+async def send_error(send: Send, error: DecidealotError, extra: list[tuple[bytes, bytes]]) -> None:
+    headers = [(name.lower().encode(), value.encode()) for name, value in error.headers.items()]
+    await send_json(send, error.status, msgspec.json.encode(envelope_of(error)), headers + extra)
 
 
 class BearerKeys:

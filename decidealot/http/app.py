@@ -57,11 +57,6 @@ def create_app(service: Service) -> ASGIApp:
     settings = service.settings
     mcp = McpEndpoint(service)
 
-    async def body_of(request: Request[Any, Any, Any]) -> Any:
-        """The body, parsed; what an early refusal leaves unread the gateway drops."""
-        headers = dict(request.scope["headers"])
-        return parse_json(await read_body(request.receive, headers, settings))
-
     @get("/health", sync_to_thread=False)
     def health() -> Response[bytes]:
         if service.ledger.draining:
@@ -77,29 +72,32 @@ def create_app(service: Service) -> ASGIApp:
     async def models() -> Response[bytes]:
         return _json(await service.models())
 
-    @post("/v1/systemone")
-    async def systemone(request: Request[Any, Any, Any]) -> Response[bytes]:
-        try:  # answered here, not raised: rejections are the hot path under bad clients
-            validated = await validate_request(await body_of(request), service.catalog)
-            answered = await unless_gone(request.receive, service.executor.decide(validated))
+    async def decide(request: Request[Any, Any, Any], batch: bool) -> Response[bytes]:
+        """Rejections are answered here, not raised: they are the hot path under bad clients.
+        What an early refusal leaves of the body unread, the gateway drops."""
+        try:
+            headers = dict(request.scope["headers"])
+            body = parse_json(await read_body(request.receive, headers, settings))
+            if batch:
+                limit = settings.max_batch_requests
+                validated = await validate_batch(body, service.catalog, limit)
+                work = service.executor.decide_batch(validated)
+            else:
+                work = service.executor.decide(await validate_request(body, service.catalog))
+            answered = await unless_gone(request.receive, work)
             return _json(answered.body, headers=_truncated(answered.cuts))
         except DecidealotError as exc:
             return _on_error(request, exc)
         except ClientGone:
             return Response(b"", status_code=CLIENT_GONE)
 
+    @post("/v1/systemone")
+    async def systemone(request: Request[Any, Any, Any]) -> Response[bytes]:
+        return await decide(request, batch=False)
+
     @post("/v1/systemone/batch")
     async def systemone_batch(request: Request[Any, Any, Any]) -> Response[bytes]:
-        try:
-            batch = await validate_batch(
-                await body_of(request), service.catalog, settings.max_batch_requests
-            )
-            answered = await unless_gone(request.receive, service.executor.decide_batch(batch))
-            return _json(answered.body, headers=_truncated(answered.cuts))
-        except DecidealotError as exc:
-            return _on_error(request, exc)
-        except ClientGone:
-            return Response(b"", status_code=CLIENT_GONE)
+        return await decide(request, batch=True)
 
     @post("/v1/models/unload")
     async def unload() -> Response[bytes]:
@@ -140,11 +138,7 @@ def create_app(service: Service) -> ASGIApp:
     )
     routes = {route.path for route in app.routes if "{" not in route.path} - {MCP_PATH}
     served: ASGIApp = Gateway(
-        app,
-        service,
-        routes=routes,
-        mounts=[MCP_PATH, docs.ASSETS_PATH],
-        largest_body=mcp.body_limit,
+        app, service, routes, mounts=[MCP_PATH, docs.ASSETS_PATH], largest_body=mcp.body_limit
     )
     if settings.cors_origins:
         served = Cors(served, settings.cors_origins)

@@ -1,14 +1,8 @@
-"""MCP over streamable HTTP, mounted at `/mcp` in the Litestar app next to the REST API, behind
-the same gateway (bearer auth, request ids, admission). Sessions are stateless: every POST is
-served on its own, so replicas behind a load balancer need no session affinity (the tools never
-call back into the client).
-
-POST bodies are read under the REST API's rules before the SDK sees them (read timeout, size
-limit on the wire and decoded, gzip and zstd, JSON media type, here required), with the same
-error envelopes; other methods get the same envelope in a 405 that names POST in `Allow`. A
-body that is read but is not one JSON-RPC message gets a JSON-RPC error (`decidealot.mcp.strict`),
-as does a request whose protocol version the SDK would route wrongly (`_misrouted`). The SDK
-then gets the decoded JSON as a plain body, its tool-call arguments screened.
+"""MCP over streamable HTTP at `/mcp`, behind the same gateway as the REST API (bearer auth,
+request ids, admission), and stateless: every POST stands alone, so replicas need no session
+affinity (the tools never call back into the client). A POST body is read under the REST API's
+rules and envelopes (`read_body`, here with JSON required), then `checked` and its version
+routing settled (`_misrouted`) before the SDK gets it as plain JSON; other methods get a 405.
 """
 
 from __future__ import annotations
@@ -31,7 +25,7 @@ from mcp_types import UNSUPPORTED_PROTOCOL_VERSION, JSONRPCMessage, JSONRPCReque
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from decidealot.asgi.body import read_body
-from decidealot.asgi.middleware import send_error
+from decidealot.asgi.middleware import send_error, send_json
 from decidealot.errors import DecidealotError, UnsupportedMediaType
 from decidealot.ledger import ADMITTED
 from decidealot.mcp.server import ServiceBackend, build_server
@@ -68,14 +62,11 @@ class MethodNotAllowed(DecidealotError):
 def transport_security(
     allowed_hosts: tuple[str, ...], cors_origins: tuple[str, ...] = ()
 ) -> TransportSecuritySettings:
-    """DNS-rebinding protection: the Host (and any browser Origin) must name an allowed host,
-    or the Origin be one DECIDEALOT_CORS_ORIGINS lists (pages the operator let call the API).
-
-    An entry without a port allows any port; `*` turns the check off for deployments that
-    are reached under names they cannot list (the bearer key still guards them). A CORS `*`
-    is not carried over: letting any page read the API's answers is no reason to let any page
-    reach the tools through a rebound name.
-    """
+    """DNS-rebinding protection: the Host (and any browser Origin) must name an allowed host
+    (one without a port: on any port), or the Origin be one DECIDEALOT_CORS_ORIGINS lists. `*`
+    turns the check off for deployments reached under names they cannot list (the bearer key
+    still guards them). A CORS `*` is not carried over: letting any page read the API's answers
+    is no reason to let any page reach the tools through a rebound name."""
     hosts = allowed_hosts or LOOPBACK_HOSTS
     if "*" in hosts:
         return TransportSecuritySettings(enable_dns_rebinding_protection=False)
@@ -115,15 +106,10 @@ def _plain(scope: Scope, receive: Receive, body: bytes) -> tuple[Scope, Receive]
 
 
 def _misrouted(message: JSONRPCMessage, headers: dict[bytes, bytes]) -> JsonRpcRefusal | None:
-    """The SDK routes a POST by its MCP-Protocol-Version header alone: a 2025 version (or none)
-    to the handshake era, anything else to the 2026-07-28 entry. Two cases it gets wrong:
-
-    - a 2026-07-28 request (its `_meta` names a version) whose header is a 2025 version or
-      absent would be served as a legacy request; the 2026 ladder's verdict (400 HeaderMismatch,
-      -32020) is answered instead, as is any -32022 it gives, with every served version;
-    - any other message whose header names no version served is told -32022, not the 2026
-      entry's complaint about a missing `_meta`.
-    """
+    """The SDK routes a POST by its MCP-Protocol-Version header alone (a 2025 version, or none,
+    to the handshake era). So a 2026-07-28 request (its `_meta` names a version) under a 2025
+    header or none gets the 2026 ladder's verdict (-32020), not legacy service; and a header
+    naming no version served gets -32022, not a complaint about a missing `_meta` (docs/mcp.md)."""
     raw = headers.get(MCP_PROTOCOL_VERSION_HEADER.encode())
     header = raw.decode("latin-1") if raw is not None else None
     request_id = message.id if isinstance(message, JSONRPCRequest) else None
@@ -145,14 +131,6 @@ def _misrouted(message: JSONRPCMessage, headers: dict[bytes, bytes]) -> JsonRpcR
     if header is not None and header not in SERVED_VERSIONS:
         return unsupported_version(header, request_id)
     return None
-
-
-async def send_refusal(send: Send, refusal: JsonRpcRefusal) -> None:
-    body = refusal.answer.model_dump_json(by_alias=True, exclude_unset=True).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    status = ERROR_CODE_HTTP_STATUS.get(refusal.answer.error.code, 400)
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
 
 
 class McpEndpoint:
@@ -192,7 +170,9 @@ class McpEndpoint:
                 await send_error(send, error, [])  # the gateway drops what is left of the body
                 return
             except JsonRpcRefusal as refusal:
-                await send_refusal(send, refusal)
+                answer = refusal.answer
+                body = answer.model_dump_json(by_alias=True, exclude_unset=True).encode()
+                await send_json(send, ERROR_CODE_HTTP_STATUS.get(answer.error.code, 400), body)
                 return
             scope, receive = _plain(scope, receive, screened)
             token = ADMITTED.set(asyncio.current_task())  # the gateway admitted this task

@@ -1,11 +1,9 @@
 """The MCP server: the HTTP API's four operations as tools, over a `Backend` (`ServiceBackend`
 runs them in this process, `decidealot.mcp.stdio.ForwardingBackend` on a running Decidealot).
 
-A tool call returns exactly what the HTTP API returns, as structured content (plus the same
-JSON as text for clients that read only text). A failure is a tool error (`isError`) whose one
-text block is the HTTP API's envelope as JSON, its messages naming tools where they name HTTP
-routes; it has no structured content, since that would have to match the tool's output schema
-(the TypeScript SDK and the Inspector check it even on errors; docs/mcp.md).
+A result is the HTTP response body, as structured content and as text. A failure is a tool
+error whose text is the HTTP API's envelope in tool terms, with no structured content, which
+clients check against the output schema even on errors (docs/mcp.md).
 """
 
 from __future__ import annotations

@@ -1,19 +1,17 @@
-"""What both transports (streamable HTTP and stdio) check each incoming JSON-RPC message against
-before the SDK parses it, and what a message they refuse is told.
+"""What both transports check each incoming JSON-RPC message against before the SDK parses it,
+and what a message they refuse is told.
 
-The SDK parses each message itself, leniently: a duplicate key keeps its last value, `10**30`
-and `NaN` are numbers, a lone surrogate is a string. So every message passes through `screen`
-first: a `tools/call` whose raw `arguments` fail `decidealot.validation.strict_json.parse_json`
-gets them replaced by a marker holding the HTTP API's 422 envelope, and the tool handler answers
-the marker (`rejection`) with that envelope as a tool error: the same issues, at the same
-positions, as the same bytes sent as an HTTP body. Arguments that pass are left byte for byte
-as the client sent them. `checked` then holds the whole message to the SDK's schema, strictly:
-one that is not JSON gets a JSON-RPC parse error (-32700), a batch or anything else outside the
-schema an invalid-request error (-32600).
+The SDK parses leniently: a duplicate key keeps its last value, `10**30` and `NaN` are numbers, a
+lone surrogate is a string. So `screen` replaces the raw `arguments` of a `tools/call` that the
+HTTP API's strict parser refuses by a marker holding its 422 envelope, which the tool handler
+answers (`rejection`) as a tool error: the same issues, at the same positions, as the same bytes
+sent as an HTTP body; arguments that pass are left byte for byte. `checked` then holds the whole
+message to the SDK's schema, strictly: not JSON is a parse error (-32700), a batch or anything
+else outside the schema an invalid request (-32600).
 
-Versions: 2024-11-05 to 2025-11-25 are served through `initialize`, 2026-07-28 per request
-(`params._meta`). The SDK names only the 2026 one in `server/discover` and in its -32022 errors;
-both transports and `server/discover` name all five instead (`SERVED_VERSIONS`, docs/mcp.md).
+Versions: the SDK names only 2026-07-28 in `server/discover` and its -32022 errors; both
+transports name every version served (`SERVED_VERSIONS`: 2024-11-05 to 2025-11-25 through
+`initialize`, 2026-07-28 per request; docs/mcp.md).
 """
 
 from __future__ import annotations
@@ -43,6 +41,7 @@ from decidealot.errors import RequestInvalid
 from decidealot.validation.strict_json import parse_json
 
 SERVED_VERSIONS = (*HANDSHAKE_PROTOCOL_VERSIONS, *MODERN_PROTOCOL_VERSIONS)
+
 _MARKER = f"decidealot.rejected.{secrets.token_hex(16)}"
 """The one key of a marker: drawn per process, so no client can send a rejection itself."""
 
@@ -118,9 +117,8 @@ def refusal_of(message: bytes) -> JsonRpcRefusal:
 
 def checked(raw: bytes) -> tuple[bytes, JSONRPCMessage]:
     """`raw` screened, and as the SDK will read it, if it is one JSON-RPC message exactly as
-    the SDK's schema (in the OpenAPI document) states it; else the `JsonRpcRefusal` to answer.
-    The SDK's own parse is lax (`"code": true` passes as an integer) and, on stdio, answers
-    nothing to a line it cannot read."""
+    the SDK's schema states it (its own parse is lax: `"code": true` passes as an integer, and
+    on stdio a line it cannot read is answered nothing); else the `JsonRpcRefusal` to answer."""
     screened = screen(raw)
     try:
         message = jsonrpc_message_adapter.validate_json(screened, strict=True)
