@@ -31,7 +31,6 @@ from mcp.shared.jsonrpc_dispatcher import cancelled_request_id_from_params
 from mcp.shared.message import SessionMessage
 from mcp_types import (
     JSONRPCError,
-    JSONRPCMessage,
     JSONRPCNotification,
     JSONRPCRequest,
     JSONRPCResponse,
@@ -261,17 +260,14 @@ async def _screened(
                 continue
             if isinstance(message, JSONRPCRequest):
                 owed.owe(message.id)
-            elif (cancelled := _cancelled(message)) is not None:
+            elif (
+                isinstance(message, JSONRPCNotification)
+                and message.method == "notifications/cancelled"
+                and (cancelled := cancelled_request_id_from_params(message.params)) is not None
+            ):
                 owed.settle(cancelled)
             yield screened.decode("utf-8", errors="replace")
         await owed.paid()
-
-
-def _cancelled(message: JSONRPCMessage) -> RequestId | None:
-    """The request a `notifications/cancelled` withdraws; None for any other message."""
-    if not isinstance(message, JSONRPCNotification) or message.method != "notifications/cancelled":
-        return None
-    return cancelled_request_id_from_params(message.params)
 
 
 def _leave_now() -> NoReturn:
