@@ -83,7 +83,9 @@ class BearerKeys:
     """DECIDEALOT_API_KEY's keys: which one a request's bearer token is, or the challenge."""
 
     def __init__(self, keys: Collection[str]) -> None:
-        self._keys = {key.encode(): key_id(key) for key in keys}
+        # a key's id in the access line: the first 8 hex digits of its SHA-256, which say which
+        # key a client used without saying anything of a random key (`printf %s "$KEY" | sha256sum`)
+        self._keys = {key.encode(): hashlib.sha256(key.encode()).hexdigest()[:8] for key in keys}
 
     def match(self, headers: dict[bytes, bytes]) -> str:
         """` key <id>` of the key the request's bearer token matches; "" when none does."""
@@ -102,12 +104,6 @@ class BearerKeys:
         if b"authorization" not in headers:
             return b"Bearer"
         return b'Bearer error="invalid_token", error_description="the bearer token is not valid"'
-
-
-def key_id(key: str) -> str:
-    """A key's short name for logs: the first 8 hex digits of its SHA-256, which say which key
-    a client used without saying anything of a random key (`printf %s "$KEY" | sha256sum`)."""
-    return hashlib.sha256(key.encode()).hexdigest()[:8]
 
 
 class Gateway:

@@ -42,6 +42,12 @@ def _choice(probabilities: dict[str, float]) -> dict[str, Any]:
     }
 
 
+def _answered(model: str, input_tokens: int, **answers: Any) -> dict[str, Any]:
+    """A decision's body, as the contract shapes it."""
+    usage = {"input_tokens": input_tokens, "output_tokens": 0}
+    return {"model": model, "answers": answers, "usage": usage}
+
+
 _PRIORITIES = [
     "Routine, answer in the normal queue.",
     "Important, answer soon.",
@@ -65,11 +71,11 @@ CHOICE = Example(
             }
         },
     },
-    {
-        "model": "laya-multilingual",
-        "answers": {"handling": _choice({"allow": 0.02, "require_review": 0.94, "deny": 0.04})},
-        "usage": {"input_tokens": 91, "output_tokens": 0},
-    },
+    _answered(
+        "laya-multilingual",
+        91,
+        handling=_choice({"allow": 0.02, "require_review": 0.94, "deny": 0.04}),
+    ),
 )
 
 SCORE = Example(
@@ -85,19 +91,17 @@ SCORE = Example(
             }
         },
     },
-    {
-        "model": "laya-english",
-        "answers": {
-            "priority": {
-                "type": "score",
-                "score": 1.63,
-                "confidence": 0.81,
-                "legend": {str(level): text for level, text in enumerate(_PRIORITIES)},
-                "probabilities": {"0": 0.08, "1": 0.21, "2": 0.71},
-            }
+    _answered(
+        "laya-english",
+        62,
+        priority={
+            "type": "score",
+            "score": 1.63,
+            "confidence": 0.81,
+            "legend": {str(level): text for level, text in enumerate(_PRIORITIES)},
+            "probabilities": {"0": 0.08, "1": 0.21, "2": 0.71},
         },
-        "usage": {"input_tokens": 62, "output_tokens": 0},
-    },
+    ),
 )
 
 NOUL = Example(
@@ -119,11 +123,7 @@ NOUL = Example(
             }
         },
     },
-    {
-        "model": "laya-english",
-        "answers": {"needs_review": {"type": "noul", "noul": 0.97}},
-        "usage": {"input_tokens": 58, "output_tokens": 0},
-    },
+    _answered("laya-english", 58, needs_review={"type": "noul", "noul": 0.97}),
 )
 
 CLM = Example(
@@ -145,11 +145,7 @@ CLM = Example(
             }
         },
     },
-    {
-        "model": "clm-0.1-8b",
-        "answers": {"queue": _choice({"billing": 0.9, "technical": 0.1})},
-        "usage": {"input_tokens": 41, "output_tokens": 0},
-    },
+    _answered("clm-0.1-8b", 41, queue=_choice({"billing": 0.9, "technical": 0.1})),
 )
 
 BATCH = Example(
@@ -177,16 +173,8 @@ BATCH = Example(
     },
     {
         "results": [
-            {
-                "model": "laya-english",
-                "answers": {"review": {"type": "noul", "noul": 0.92}},
-                "usage": {"input_tokens": 21, "output_tokens": 0},
-            },
-            {
-                "model": "von-1.1",
-                "answers": {"queue": _choice({"standard": 0.2, "review": 0.8})},
-                "usage": {"input_tokens": 23, "output_tokens": 0},
-            },
+            _answered("laya-english", 21, review={"type": "noul", "noul": 0.92}),
+            _answered("von-1.1", 23, queue=_choice({"standard": 0.2, "review": 0.8})),
         ]
     },
 )
