@@ -1,15 +1,11 @@
-"""Request bodies: media type, size limit while reading, and bounded decompression.
+"""What arrives through a request's `receive`: its body, and the client's hanging up.
 
-The limit applies to the bytes on the wire (Content-Length is refused up front, chunked bodies
-as soon as they pass it) and again to the decoded bytes, which are produced in bounded pieces,
-so neither a huge upload nor a zip bomb is ever held in memory. A zstd frame may also declare
-the window its decoder must hold (up to 128 MiB by zstd's default); the window is bounded by the
-body limit too, so decoding memory never depends on what a frame declares.
-
-An answer given before the body has all arrived (401, 413 up front, 415) is followed by reading
-and dropping the rest (`Incoming.discard`, bounded; the gateway in `decidealot.asgi.middleware`
-does it for every route): a client that writes its whole body before it reads, as httpx does,
-would otherwise find the connection reset and may lose the answer.
+A body is held to the size limit on the wire (Content-Length refused up front, a chunked body as
+soon as it passes it) and again decoded, in bounded pieces, so neither a huge upload nor a zip
+bomb is ever held in memory; a zstd frame's window is bounded by the limit too, so decoding
+memory never depends on what a frame declares. A decision route races its work against the
+client's disconnect (`unless_gone`): the work is cancelled at once and the route answers 499,
+which only the access log and the metrics see.
 """
 
 from __future__ import annotations
@@ -18,6 +14,8 @@ import asyncio
 import contextlib
 import io
 import zlib
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 import zstandard
 from litestar.types import Message, Receive
@@ -30,6 +28,11 @@ from decidealot.errors import (
     UnsupportedEncoding,
     UnsupportedMediaType,
 )
+
+T = TypeVar("T")
+
+CLIENT_GONE = 499
+"""The status the access log records for a request whose client went away (as nginx does)."""
 
 _PIECE = 64 * 1024
 _ZSTD_MIN_WINDOW = 1 << 10
@@ -44,11 +47,14 @@ _DISCARD_LIMITS = 8
 
 
 class Incoming:
-    """A request's `receive` that remembers whether the body has arrived to its end."""
+    """A request's `receive` that remembers whether the body has arrived to its end (at once
+    when the headers announce none)."""
 
-    def __init__(self, receive: Receive) -> None:
+    def __init__(self, receive: Receive, headers: Headers) -> None:
         self._receive = receive
-        self.complete = False
+        length = headers.get(b"content-length", b"").strip()
+        announced = b"transfer-encoding" in headers or (length.isdigit() and int(length) > 0)
+        self.complete = not announced
 
     async def __call__(self) -> Message:
         message = await self._receive()
@@ -56,19 +62,16 @@ class Incoming:
             self.complete = True
         return message
 
-    async def discard(self, settings: Settings) -> None:
+    async def discard(self, largest_body: int, settings: Settings) -> None:
         """After an early answer, read and drop what is left of the body (for at most the read
-        timeout and `_DISCARD_LIMITS` body limits), so the server does not close the connection
-        on unread bytes: the reset that would follow can destroy the answer before a client that
-        is still writing reads it."""
-        left = _DISCARD_LIMITS * settings.max_request_bytes
+        timeout and `_DISCARD_LIMITS` times `largest_body`), so the server does not close the
+        connection on unread bytes: the reset that would follow can destroy the answer before a
+        client that is still writing reads it."""
+        left = _DISCARD_LIMITS * largest_body
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(settings.request_read_timeout_seconds):
                 while not self.complete and left > 0:
                     left -= len((await self()).get("body", b""))
-
-
-_FORM = b"application/x-www-form-urlencoded"
 
 
 def check_media_type(headers: Headers) -> bool:
@@ -84,7 +87,7 @@ def check_media_type(headers: Headers) -> bool:
         media_type.startswith(b"application/") and media_type.endswith(b"+json")
     ):
         return False
-    if media_type == _FORM:
+    if media_type == b"application/x-www-form-urlencoded":
         return True
     if media_type == b"multipart/form-data":
         raise UnsupportedMediaType(
@@ -94,25 +97,22 @@ def check_media_type(headers: Headers) -> bool:
     raise UnsupportedMediaType()
 
 
-def _json_shaped(body: bytes) -> bool:
-    return body.lstrip(b" \t\r\n")[:1] in (b"{", b"[")
-
-
-def _encoding(headers: Headers) -> str | None:
-    raw = headers.get(b"content-encoding", b"").strip().lower()
-    if raw in (b"", b"identity"):
+def _decoder(headers: Headers) -> Callable[[bytes, int], bytes] | None:
+    """The Content-Encoding's decoder; None for identity."""
+    encoding = headers.get(b"content-encoding", b"").strip().lower()
+    if encoding in (b"", b"identity"):
         return None
-    if raw in (b"gzip", b"x-gzip"):
-        return "gzip"
-    if raw == b"zstd":
-        return "zstd"
+    if encoding in (b"gzip", b"x-gzip"):
+        return _gunzip
+    if encoding == b"zstd":
+        return _unzstd
     raise UnsupportedEncoding()
 
 
 async def read_body(receive: Receive, headers: Headers, settings: Settings) -> bytes:
     """The decoded body; raises 408, 413, 415 or 400."""
     form = check_media_type(headers)
-    encoding = _encoding(headers)
+    decode = _decoder(headers)
     limit = settings.max_request_bytes
     length = headers.get(b"content-length")
     if length is not None and length.strip().isdigit() and int(length) > limit:
@@ -122,11 +122,9 @@ async def read_body(receive: Receive, headers: Headers, settings: Settings) -> b
             raw = await _receive_all(receive, limit)
     except TimeoutError:
         raise RequestTimeout() from None
-    if encoding == "gzip":
-        raw = _gunzip(raw, limit)
-    elif encoding == "zstd":
-        raw = _unzstd(raw, limit)
-    if form and not _json_shaped(raw):
+    if decode is not None:
+        raw = decode(raw, limit)
+    if form and raw.lstrip(b" \t\r\n")[:1] not in (b"{", b"["):
         raise UnsupportedMediaType(
             "an application/x-www-form-urlencoded body is read only when it holds JSON; "
             "send the JSON request with Content-Type: application/json"
@@ -141,12 +139,10 @@ async def _receive_all(receive: Receive, limit: int) -> bytes:
         message = await receive()
         if message["type"] == "http.disconnect":
             raise MalformedBody("the client disconnected before sending the whole body")
-        chunk = message.get("body", b"")
-        if chunk:
-            total += len(chunk)
-            if total > limit:
-                raise RequestTooLarge()
-            chunks.append(chunk)
+        chunks.append(message.get("body", b""))
+        total += len(chunks[-1])
+        if total > limit:
+            raise RequestTooLarge()
         if not message.get("more_body", False):
             return b"".join(chunks)
 
@@ -171,11 +167,9 @@ def _gunzip(data: bytes, limit: int) -> bytes:
 
 def zstd_window_limit(limit: int) -> int:
     """The largest window a zstd frame may declare: the body limit rounded up to a power of two.
-
     A frame of known size (one-shot compression, as the TypeSafe SDK sends) declares a window of
     at most its content size, so every body within the limit fits; a streamed frame's window
-    comes from its compression level and may not.
-    """
+    comes from its compression level and may not."""
     return max(_ZSTD_MIN_WINDOW, 1 << (limit - 1).bit_length())
 
 
@@ -210,3 +204,29 @@ def _window_refusal(data: bytes, window: int) -> RequestTooLarge:
         f"the zstd frame declares a window over {window} bytes, more than the size limit "
         "allows: compress the body in one piece or at a lower level"
     )
+
+
+class ClientGone(Exception):
+    """The client disconnected before its answer was ready."""
+
+
+async def unless_gone(receive: Receive, work: Awaitable[T]) -> T:
+    """`work`'s result, or `ClientGone` (with `work` cancelled) once the client disconnects."""
+
+    async def disconnected() -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+
+    job = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(disconnected())
+    try:
+        await asyncio.wait({job, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        if not job.done():
+            job.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await job
+            if watcher.done():
+                raise ClientGone
+        watcher.cancel()
+    return job.result()

@@ -1,12 +1,9 @@
-"""What sits in front of `AuthAdmission` (decidealot.asgi.middleware) for callers that reach the
-service through others: a reverse proxy that serves it under a path prefix (`RootPath`,
-DECIDEALOT_ROOT_PATH) and browsers calling from other origins (`Cors`,
-DECIDEALOT_CORS_ORIGINS).
-
-Both wrap it rather than sit inside the Litestar app: the prefix must be gone before it
-decides what is public and which route a metric counts, and CORS headers must reach its own
-answers too (a 401, a drain's 503), or a browser could not read why it was refused. A
-preflight carries no credentials, so it is answered here, before auth.
+"""What sits in front of `Gateway` (decidealot.asgi.middleware): the path prefix a reverse proxy
+serves the service under (`RootPath`, DECIDEALOT_ROOT_PATH) and CORS for pages on other origins
+(`Cors`, DECIDEALOT_CORS_ORIGINS). In front, not inside the app: the prefix must be gone before
+the gateway decides what is public and which route a metric counts, CORS headers must reach its
+own answers too (a 401, a drain's 503), and a preflight, which carries no credentials, must be
+answered before auth.
 """
 
 from __future__ import annotations
@@ -64,10 +61,11 @@ class RootPath:
 
 
 class Cors:
-    """CORS for the listed origins only (Litestar's `CORSConfig` holds the rules): their
-    preflights get 204 with what they may send, their requests' answers the headers that let
-    the page read them. Requests from any other origin, and preflights asking for a method or
-    header not allowed, pass on as if CORS were off, so the browser refuses them."""
+    """CORS for the listed origins (the rules in Litestar's `CORSConfig`): their preflights get
+    204, their answers the headers that let the page read them. Any other origin, and a
+    preflight asking for a method or header not allowed, passes on as if CORS were off (a 401
+    without the key), so the browser refuses it; Litestar's own CORS middleware would answer
+    such a preflight 400, and from inside the app, behind auth."""
 
     def __init__(self, app: ASGIApp, origins: tuple[str, ...]) -> None:
         self._app = app
@@ -78,45 +76,37 @@ class Cors:
             expose_headers=list(EXPOSED_HEADERS),
         )
         # and the CORS-safelisted request headers every preflight may name
-        self._allowed_headers = {
-            h.lower() for h in (*ALLOWED_HEADERS, *DEFAULT_ALLOWED_CORS_HEADERS)
-        }
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self._app(scope, receive, send)
-            return
-        headers = dict(scope["headers"])
-        origin = headers.get(b"origin", b"").decode("latin-1")
-        if not origin or not self.config.is_origin_allowed(origin):
-            await self._app(scope, receive, send)
-            return
-        requested = headers.get(b"access-control-request-method")
-        if scope["method"] == "OPTIONS" and requested is not None:
-            if self._preflight_allowed(requested, headers.get(b"access-control-request-headers")):
-                await self._answer_preflight(origin, send)
-                return
-            await self._app(scope, receive, send)
-            return
-        await self._app(scope, receive, self._with_headers(send, origin))
-
-    def _preflight_allowed(self, method: bytes, asked: bytes | None) -> bool:
-        names = {h.strip().lower() for h in (asked or b"").decode("latin-1").split(",")}
-        return method.decode("latin-1") in ALLOWED_METHODS and names - {""} <= self._allowed_headers
-
-    def _origin_headers(self, origin: str) -> list[tuple[bytes, bytes]]:
-        allowed = "*" if self.config.is_allow_all_origins else origin
-        return [(b"access-control-allow-origin", allowed.encode()), (b"vary", b"Origin")]
-
-    async def _answer_preflight(self, origin: str, send: Send) -> None:
-        headers = [
+        self._allowed_headers = {h.lower() for h in DEFAULT_ALLOWED_CORS_HEADERS}
+        self._allowed_headers.update(self.config.allow_headers)
+        self._preflight = [
             (name.lower().encode(), value.encode())
             for name, value in self.config.preflight_headers.items()
             if name.lower() not in ("access-control-allow-origin", "vary")
         ]
-        headers += self._origin_headers(origin)
-        await send({"type": "http.response.start", "status": 204, "headers": headers})
-        await send({"type": "http.response.body", "body": b""})
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        headers = dict(scope["headers"]) if scope["type"] == "http" else {}
+        origin = headers.get(b"origin", b"").decode("latin-1")
+        if not origin or not self.config.is_origin_allowed(origin):
+            await self._app(scope, receive, send)
+        elif scope["method"] != "OPTIONS" or b"access-control-request-method" not in headers:
+            await self._app(scope, receive, self._with_headers(send, origin))
+        elif self._preflight_allowed(headers):
+            answer = [*self._preflight, *self._origin_headers(origin)]
+            await send({"type": "http.response.start", "status": 204, "headers": answer})
+            await send({"type": "http.response.body", "body": b""})
+        else:
+            await self._app(scope, receive, send)
+
+    def _preflight_allowed(self, headers: dict[bytes, bytes]) -> bool:
+        method = headers[b"access-control-request-method"].decode("latin-1")
+        asked = headers.get(b"access-control-request-headers", b"").decode("latin-1")
+        names = {h.strip().lower() for h in asked.split(",")} - {""}
+        return method in ALLOWED_METHODS and names <= self._allowed_headers
+
+    def _origin_headers(self, origin: str) -> list[tuple[bytes, bytes]]:
+        allowed = "*" if self.config.is_allow_all_origins else origin
+        return [(b"access-control-allow-origin", allowed.encode()), (b"vary", b"Origin")]
 
     def _with_headers(self, send: Send, origin: str) -> Send:
         exposed = (b"access-control-expose-headers", ", ".join(EXPOSED_HEADERS).encode())

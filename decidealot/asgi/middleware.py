@@ -1,6 +1,7 @@
 """The ASGI layer in front of every route (404s and mounted apps such as /mcp included):
-request ids, bearer auth, admission while draining, an access line, a last-resort 500, and the
-request's trace span (continuing the caller's `traceparent`). A request still running when the
+`Gateway` observes each request (its id, the access line, the HTTP metrics, a trace span
+continuing the caller's `traceparent`, a last-resort 500), checks its bearer token
+(`BearerKeys`) and admits it unless the service is draining. A request still running when the
 drain runs out is cancelled by it (`Service.drain`) and answered 503 here, never cut off.
 
 Whatever answered a request before its body had all arrived (a 401 here, a 503 while draining,
@@ -18,15 +19,15 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 
 import msgspec
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
 from decidealot import logs, metrics, tracing
 from decidealot.asgi.body import Incoming
-from decidealot.contract import ErrorBody
-from decidealot.errors import DecidealotError, ShuttingDown, Unauthorized
+from decidealot.contract import ErrorBody, ValidationErrorBody
+from decidealot.errors import DecidealotError, RequestInvalid, ShuttingDown, Unauthorized
 from decidealot.ledger import CUT_SHORT
 from decidealot.service import Service
 
@@ -34,12 +35,10 @@ log = logging.getLogger("decidealot.http")
 
 PUBLIC_PATHS = frozenset({"/health", "/docs", "/docs/", "/openapi.json"})
 PUBLIC_PREFIXES = ("/docs/assets/", "/.well-known/")
-"""The Swagger page, its static assets and the document it loads (no secret in any): a
-browser cannot send a bearer token to open them; Swagger's Authorize button takes the token
-for the calls the page makes (decidealot.http.docs). And the well-known paths OAuth clients
-probe after a 401 (`oauth-protected-resource`, `oauth-authorization-server`, ...): there is no
-OAuth here, and their 404 without a key tells a client so, where a 401 sends it on through
-discovery and registration to a dead end."""
+"""The Swagger page, its assets and the document it loads hold no secret, and a browser cannot
+send a bearer token to open them (decidealot.http.docs). OAuth clients probe the well-known
+paths after a 401: there is no OAuth here, and their 404 without a key tells a client so, where
+a 401 sends it on through discovery and registration to a dead end (docs/mcp.md)."""
 UNADMITTED_PATHS = frozenset({"/metrics"})
 """Behind auth, but answered while draining too: a scrape can watch the drain."""
 _METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
@@ -58,24 +57,57 @@ def request_id_from(value: bytes | None) -> str:
     return str(uuid.uuid4())
 
 
-def error_body(error: DecidealotError) -> bytes:
-    return msgspec.json.encode(ErrorBody(error.code, error.message, error.details))
+def envelope_of(error: DecidealotError) -> ErrorBody | ValidationErrorBody:
+    """The body the HTTP API answers `error` with."""
+    if isinstance(error, RequestInvalid):
+        return ValidationErrorBody(error.issues)
+    return ErrorBody(error.code, error.message, error.details)
 
 
-async def send_error(send: Send, error: DecidealotError, extra: list[tuple[bytes, bytes]]) -> None:
-    body = error_body(error)
-    headers = [
-        (b"content-type", b"application/json"),
-        (b"content-length", str(len(body)).encode()),
-        *((name.lower().encode(), value.encode()) for name, value in error.headers.items()),
-        *extra,
-    ]
-    await send({"type": "http.response.start", "status": error.status, "headers": headers})
+async def send_json(
+    send: Send, status: int, body: bytes, extra: Sequence[tuple[bytes, bytes]] = ()
+) -> None:
+    """A whole JSON answer, given outside Litestar's routes."""
+    length = str(len(body)).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", length), *extra]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
 
-class AuthAdmission:
-    """Wraps the Litestar app so that nothing (404s and /mcp included) bypasses these rules."""
+async def send_error(send: Send, error: DecidealotError, extra: list[tuple[bytes, bytes]]) -> None:
+    headers = [(name.lower().encode(), value.encode()) for name, value in error.headers.items()]
+    await send_json(send, error.status, msgspec.json.encode(envelope_of(error)), headers + extra)
+
+
+class BearerKeys:
+    """DECIDEALOT_API_KEY's keys: which one a request's bearer token is, or the challenge."""
+
+    def __init__(self, keys: Collection[str]) -> None:
+        # a key's id in the access line: the first 8 hex digits of its SHA-256, which say which
+        # key a client used without saying anything of a random key (`printf %s "$KEY" | sha256sum`)
+        self._keys = {key.encode(): hashlib.sha256(key.encode()).hexdigest()[:8] for key in keys}
+
+    def match(self, headers: dict[bytes, bytes]) -> str:
+        """` key <id>` of the key the request's bearer token matches; "" when none does."""
+        scheme, _, token = headers.get(b"authorization", b"").partition(b" ")
+        token = token.strip()
+        matched = ""
+        for key, ident in self._keys.items():  # every key, so the time does not tell which
+            # compare_digest runs in time independent of where the bytes differ
+            if hmac.compare_digest(token, key):
+                matched = f" key {ident}"
+        return matched if scheme.lower() == b"bearer" else ""
+
+    def challenge(self, headers: dict[bytes, bytes]) -> bytes:
+        """RFC 6750's: bare without credentials, `invalid_token` for a wrong one (or for
+        credentials in another scheme), so a client can tell a missing key from a wrong one."""
+        if b"authorization" not in headers:
+            return b"Bearer"
+        return b'Bearer error="invalid_token", error_description="the bearer token is not valid"'
+
+
+class Gateway:
+    """Wraps the Litestar app, so that no request bypasses the stages the module names."""
 
     def __init__(
         self,
@@ -86,17 +118,12 @@ class AuthAdmission:
         largest_body: int | None = None,
     ) -> None:
         """`routes` and `mounts` (path prefixes) are the metrics' `route` label values;
-        `largest_body` is the largest body any route takes (`/mcp` takes its JSON-RPC framing
-        above DECIDEALOT_MAX_REQUEST_BYTES), which bounds what is dropped after an early answer
-        (`Incoming.discard`)."""
+        `largest_body` (/mcp's, with its JSON-RPC framing) bounds what an early answer drops."""
         self._app = app
         self._service = service
-        settings = service.settings
-        self._discard = msgspec.structs.replace(
-            settings, max_request_bytes=largest_body or settings.max_request_bytes
-        )
         keys = service.settings.api_key
-        self._keys = None if keys is None else {key.encode(): key_id(key) for key in keys}
+        self._keys = None if keys is None else BearerKeys(keys)
+        self._largest_body = largest_body or service.settings.max_request_bytes
         self._routes = frozenset(routes)
         self._mounts = tuple(mounts)
 
@@ -114,7 +141,7 @@ class AuthAdmission:
             await self._app(scope, receive, send)
             return
         headers = dict(scope["headers"])
-        incoming = Incoming(receive)  # the app reads through it: `complete` is known here
+        incoming = Incoming(receive, headers)  # the app reads through it: `complete` is known
         request_id = request_id_from(headers.get(b"x-request-id"))
         token = logs.request_id.set(request_id)
         stamp = request_id.encode()
@@ -147,8 +174,8 @@ class AuthAdmission:
             try:
                 if path in PUBLIC_PATHS or path.startswith(PUBLIC_PREFIXES):
                     await self._app(scope, incoming, send_with_id)
-                elif self._keys is not None and not (by := self._authorized(headers)):
-                    challenge = _challenge(headers)
+                elif self._keys is not None and not (by := self._keys.match(headers)):
+                    challenge = self._keys.challenge(headers)
                     await send_error(
                         send_with_id, Unauthorized(), [(b"www-authenticate", challenge)]
                     )
@@ -183,37 +210,5 @@ class AuthAdmission:
                 metrics.HTTP_REQUESTS.inc(route=route, method=method, status=str(status))
                 metrics.HTTP_DURATION.observe(seconds, route=route)
                 logs.request_id.reset(token)
-        if answered and status != 408 and not incoming.complete and _has_body(headers):
-            await incoming.discard(self._discard)  # a 408's body is not waited for
-
-    def _authorized(self, headers: dict[bytes, bytes]) -> str:
-        """` key <id>` of the key the request's bearer token matches; "" when none does."""
-        assert self._keys is not None
-        scheme, _, token = headers.get(b"authorization", b"").partition(b" ")
-        token = token.strip()
-        matched = ""
-        for key, ident in self._keys.items():  # every key, so the time does not tell which
-            # compare_digest runs in time independent of where the bytes differ
-            if hmac.compare_digest(token, key):
-                matched = f" key {ident}"
-        return matched if scheme.lower() == b"bearer" else ""
-
-
-def _has_body(headers: dict[bytes, bytes]) -> bool:
-    """Whether the request says a body follows (a GET without one has nothing to drop)."""
-    length = headers.get(b"content-length", b"").strip()
-    return b"transfer-encoding" in headers or (length.isdigit() and int(length) > 0)
-
-
-def key_id(key: str) -> str:
-    """A key's short name for logs: the first 8 hex digits of its SHA-256, which say which key
-    a client used without saying anything of a random key (`printf %s "$KEY" | sha256sum`)."""
-    return hashlib.sha256(key.encode()).hexdigest()[:8]
-
-
-def _challenge(headers: dict[bytes, bytes]) -> bytes:
-    """RFC 6750's challenge: bare without credentials, `invalid_token` for a wrong one (or for
-    credentials in another scheme), so a client can tell a missing key from a wrong one."""
-    if b"authorization" not in headers:
-        return b"Bearer"
-    return b'Bearer error="invalid_token", error_description="the bearer token is not valid"'
+        if answered and status != 408 and not incoming.complete:  # a 408's body is not waited for
+            await incoming.discard(self._largest_body, self._service.settings)

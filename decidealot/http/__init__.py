@@ -1,5 +1,1 @@
-"""HTTP transport: the Litestar app and the granian server that runs it."""
-
-from decidealot.http.app import create_app
-
-__all__ = ["create_app"]
+"""HTTP transport: the Litestar app (`app`) and the granian server that runs it (`server`)."""

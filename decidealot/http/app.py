@@ -10,18 +10,11 @@ from litestar import Litestar, Request, Response, get, post
 from litestar.exceptions import HTTPException
 
 from decidealot import logs, metrics
-from decidealot.asgi.body import read_body
-from decidealot.asgi.disconnect import CLIENT_GONE, ClientGone, unless_gone
+from decidealot.asgi.body import CLIENT_GONE, ClientGone, read_body, unless_gone
 from decidealot.asgi.edge import Cors, RootPath
-from decidealot.asgi.middleware import ASGIApp, AuthAdmission, error_body
-from decidealot.contract import (
-    TRUNCATED_HEADER,
-    Cut,
-    ErrorBody,
-    ValidationErrorBody,
-    truncated_header,
-)
-from decidealot.errors import DecidealotError, RequestInvalid, ShuttingDown
+from decidealot.asgi.middleware import ASGIApp, Gateway, envelope_of
+from decidealot.contract import TRUNCATED_HEADER, Cut, ErrorBody, truncated_header
+from decidealot.errors import DecidealotError, ShuttingDown
 from decidealot.http import docs, openapi
 from decidealot.mcp.http import MCP_PATH, McpEndpoint
 from decidealot.service import Service
@@ -46,19 +39,15 @@ def _truncated(cuts: list[Cut]) -> dict[str, str] | None:
 
 
 def _on_error(_: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:
-    if isinstance(exc, RequestInvalid):
-        return _json(ValidationErrorBody(exc.issues), 422)
     if isinstance(exc, DecidealotError):
-        return Response(
-            error_body(exc), status_code=exc.status, media_type=_JSON, headers=exc.headers
-        )
+        return _json(envelope_of(exc), exc.status, exc.headers)
     if isinstance(exc, HTTPException):
         fallback = "BAD_REQUEST" if exc.status_code < 500 else "INTERNAL_ERROR"
         code = _HTTP_CODES.get(exc.status_code, fallback)
         # Litestar's 405 names the route's methods in `Allow`, as RFC 9110 asks
         return _json(ErrorBody(code, str(exc.detail)), exc.status_code, exc.headers)
     logs.log_failure(log, exc, "a route")
-    return Response(error_body(DecidealotError()), status_code=500, media_type=_JSON)
+    return _json(envelope_of(DecidealotError()), 500)
 
 
 def create_app(service: Service) -> ASGIApp:
@@ -67,11 +56,6 @@ def create_app(service: Service) -> ASGIApp:
     (DECIDEALOT_ROOT_PATH) and CORS (DECIDEALOT_CORS_ORIGINS), `decidealot.asgi.edge`."""
     settings = service.settings
     mcp = McpEndpoint(service)
-
-    async def body_of(request: Request[Any, Any, Any]) -> Any:
-        """The body, parsed; what an early refusal leaves unread the gateway drops."""
-        headers = dict(request.scope["headers"])
-        return parse_json(await read_body(request.receive, headers, settings))
 
     @get("/health", sync_to_thread=False)
     def health() -> Response[bytes]:
@@ -88,29 +72,32 @@ def create_app(service: Service) -> ASGIApp:
     async def models() -> Response[bytes]:
         return _json(await service.models())
 
-    @post("/v1/systemone")
-    async def systemone(request: Request[Any, Any, Any]) -> Response[bytes]:
-        try:  # answered here, not raised: rejections are the hot path under bad clients
-            validated = await validate_request(await body_of(request), service.catalog)
-            answered = await unless_gone(request.receive, service.executor.decide(validated))
+    async def decide(request: Request[Any, Any, Any], batch: bool) -> Response[bytes]:
+        """Rejections are answered here, not raised: they are the hot path under bad clients.
+        What an early refusal leaves of the body unread, the gateway drops."""
+        try:
+            headers = dict(request.scope["headers"])
+            body = parse_json(await read_body(request.receive, headers, settings))
+            if batch:
+                limit = settings.max_batch_requests
+                validated = await validate_batch(body, service.catalog, limit)
+                work = service.executor.decide_batch(validated)
+            else:
+                work = service.executor.decide(await validate_request(body, service.catalog))
+            answered = await unless_gone(request.receive, work)
             return _json(answered.body, headers=_truncated(answered.cuts))
         except DecidealotError as exc:
             return _on_error(request, exc)
         except ClientGone:
             return Response(b"", status_code=CLIENT_GONE)
 
+    @post("/v1/systemone")
+    async def systemone(request: Request[Any, Any, Any]) -> Response[bytes]:
+        return await decide(request, batch=False)
+
     @post("/v1/systemone/batch")
     async def systemone_batch(request: Request[Any, Any, Any]) -> Response[bytes]:
-        try:
-            batch = await validate_batch(
-                await body_of(request), service.catalog, settings.max_batch_requests
-            )
-            answered = await unless_gone(request.receive, service.executor.decide_batch(batch))
-            return _json(answered.body, headers=_truncated(answered.cuts))
-        except DecidealotError as exc:
-            return _on_error(request, exc)
-        except ClientGone:
-            return Response(b"", status_code=CLIENT_GONE)
+        return await decide(request, batch=True)
 
     @post("/v1/models/unload")
     async def unload() -> Response[bytes]:
@@ -150,12 +137,8 @@ def create_app(service: Service) -> ASGIApp:
         logging_config=None,
     )
     routes = {route.path for route in app.routes if "{" not in route.path} - {MCP_PATH}
-    served: ASGIApp = AuthAdmission(
-        app,
-        service,
-        routes=routes,
-        mounts=[MCP_PATH, docs.ASSETS_PATH],
-        largest_body=mcp.body_limit,
+    served: ASGIApp = Gateway(
+        app, service, routes, mounts=[MCP_PATH, docs.ASSETS_PATH], largest_body=mcp.body_limit
     )
     if settings.cors_origins:
         served = Cors(served, settings.cors_origins)

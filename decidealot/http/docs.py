@@ -1,12 +1,7 @@
-"""`GET /docs`: Swagger UI served by the service itself, so it works where no CDN is reachable.
-
-The assets come from the `swagger-ui-bundle-v2` package (Swagger UI 5, which reads OpenAPI
-3.1), read once when the app is built. The page, its assets and the document it loads
-(`/openapi.json`, which holds no secret) are public, like `/health`, so the page opens on the
-operations at once; when DECIDEALOT_API_KEY is set the document declares bearer security and
-Swagger's own Authorize button takes the token for every call the page makes (kept in the
-page's memory only: a reload forgets it). `/docs/` redirects to `/docs`, whose relative URLs
-then resolve.
+"""`GET /docs`: Swagger UI (the `swagger-ui-bundle-v2` package: Swagger UI 5, which reads OpenAPI
+3.1) served by the service itself, so it works where no CDN is reachable. The page, its assets
+and the document are public, like `/health`; with DECIDEALOT_API_KEY set the document declares
+bearer security, and Swagger's Authorize button takes the token for the calls the page makes.
 """
 
 from __future__ import annotations

@@ -1,20 +1,19 @@
-"""The OpenAPI document's named examples: the contract's own requests, each beside its answer.
-
-Swagger UI pre-fills a request body with its operation's first example and shows the response
-example of the same name beside it, so a person's first "Try it out" sends a request that gets
-a decision, not a body generated from the schema (which the validator refuses: a placeholder
-model, a temperature for a model that takes none). The requests are the contract's (docs/api.md
-points to it), with `model` set to `laya` for the choice, the score and the noul; the answers'
-numbers illustrate the shape only, as the contract says of its own; `model` names the checkpoint
-Laya's routing picks for each (docs/models.md), as a real answer does. An example is listed only
-while every model it names is enabled, so each one the document shows is accepted as it is
-(tests/e2e/test_docs_page.py sends every one to a real server).
+"""The OpenAPI document's named examples: the contract's own requests (docs/api.md points to
+it), with `model` set to `laya` for the choice, the score and the noul, each beside an answer
+whose numbers illustrate the shape only and whose `model` names the checkpoint Laya's routing
+picks (docs/models.md). Swagger UI pre-fills a request body with its operation's first example
+and shows the response example of the same name beside it, so a person's first "Try it out"
+gets a decision, not a body generated from the schema (which the validator refuses). An example
+is listed only while every model it names is enabled (tests/e2e/test_docs_page.py sends every
+one to a real server).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
+
+from decidealot.errors import Unauthorized
 
 
 @dataclass(frozen=True)
@@ -31,6 +30,29 @@ class Example:
         items = self.request.get("requests", [self.request])
         return {item["model"] for item in items}
 
+
+def _choice(probabilities: dict[str, float]) -> dict[str, Any]:
+    """A choice answer: the most probable label, and its probability as the confidence."""
+    best = max(probabilities, key=probabilities.__getitem__)
+    return {
+        "type": "choice",
+        "choice": best,
+        "confidence": probabilities[best],
+        "probabilities": probabilities,
+    }
+
+
+def _answered(model: str, input_tokens: int, **answers: Any) -> dict[str, Any]:
+    """A decision's body, as the contract shapes it."""
+    usage = {"input_tokens": input_tokens, "output_tokens": 0}
+    return {"model": model, "answers": answers, "usage": usage}
+
+
+_PRIORITIES = [
+    "Routine, answer in the normal queue.",
+    "Important, answer soon.",
+    "Urgent, interrupt the on-call queue.",
+]
 
 CHOICE = Example(
     "A choice on laya: one named label",
@@ -49,18 +71,11 @@ CHOICE = Example(
             }
         },
     },
-    {
-        "model": "laya-multilingual",
-        "answers": {
-            "handling": {
-                "type": "choice",
-                "choice": "require_review",
-                "confidence": 0.94,
-                "probabilities": {"allow": 0.02, "require_review": 0.94, "deny": 0.04},
-            }
-        },
-        "usage": {"input_tokens": 91, "output_tokens": 0},
-    },
+    _answered(
+        "laya-multilingual",
+        91,
+        handling=_choice({"allow": 0.02, "require_review": 0.94, "deny": 0.04}),
+    ),
 )
 
 SCORE = Example(
@@ -72,31 +87,21 @@ SCORE = Example(
             "priority": {
                 "type": "score",
                 "instructions": "Score the response priority.",
-                "criteria": [
-                    "Routine, answer in the normal queue.",
-                    "Important, answer soon.",
-                    "Urgent, interrupt the on-call queue.",
-                ],
+                "criteria": _PRIORITIES,
             }
         },
     },
-    {
-        "model": "laya-english",
-        "answers": {
-            "priority": {
-                "type": "score",
-                "score": 1.63,
-                "confidence": 0.81,
-                "legend": {
-                    "0": "Routine, answer in the normal queue.",
-                    "1": "Important, answer soon.",
-                    "2": "Urgent, interrupt the on-call queue.",
-                },
-                "probabilities": {"0": 0.08, "1": 0.21, "2": 0.71},
-            }
+    _answered(
+        "laya-english",
+        62,
+        priority={
+            "type": "score",
+            "score": 1.63,
+            "confidence": 0.81,
+            "legend": {str(level): text for level, text in enumerate(_PRIORITIES)},
+            "probabilities": {"0": 0.08, "1": 0.21, "2": 0.71},
         },
-        "usage": {"input_tokens": 62, "output_tokens": 0},
-    },
+    ),
 )
 
 NOUL = Example(
@@ -118,11 +123,7 @@ NOUL = Example(
             }
         },
     },
-    {
-        "model": "laya-english",
-        "answers": {"needs_review": {"type": "noul", "noul": 0.97}},
-        "usage": {"input_tokens": 58, "output_tokens": 0},
-    },
+    _answered("laya-english", 58, needs_review={"type": "noul", "noul": 0.97}),
 )
 
 CLM = Example(
@@ -144,18 +145,7 @@ CLM = Example(
             }
         },
     },
-    {
-        "model": "clm-0.1-8b",
-        "answers": {
-            "queue": {
-                "type": "choice",
-                "choice": "billing",
-                "confidence": 0.9,
-                "probabilities": {"billing": 0.9, "technical": 0.1},
-            }
-        },
-        "usage": {"input_tokens": 41, "output_tokens": 0},
-    },
+    _answered("clm-0.1-8b", 41, queue=_choice({"billing": 0.9, "technical": 0.1})),
 )
 
 BATCH = Example(
@@ -183,23 +173,8 @@ BATCH = Example(
     },
     {
         "results": [
-            {
-                "model": "laya-english",
-                "answers": {"review": {"type": "noul", "noul": 0.92}},
-                "usage": {"input_tokens": 21, "output_tokens": 0},
-            },
-            {
-                "model": "von-1.1",
-                "answers": {
-                    "queue": {
-                        "type": "choice",
-                        "choice": "review",
-                        "confidence": 0.8,
-                        "probabilities": {"standard": 0.2, "review": 0.8},
-                    }
-                },
-                "usage": {"input_tokens": 23, "output_tokens": 0},
-            },
+            _answered("laya-english", 21, review={"type": "noul", "noul": 0.92}),
+            _answered("von-1.1", 23, queue=_choice({"standard": 0.2, "review": 0.8})),
         ]
     },
 )
@@ -213,11 +188,7 @@ UNLOADED = {
     "status": "unloaded",
     "providers": [{"name": "laya", "wasLoaded": True}, {"name": "von", "wasLoaded": False}],
 }
-UNAUTHORIZED = {
-    "code": "UNAUTHORIZED",
-    "message": "a valid bearer token is required",
-    "details": {},
-}
+UNAUTHORIZED = {"code": Unauthorized.code, "message": Unauthorized.message, "details": {}}
 UNKNOWN_MODEL = {
     "detail": [
         {
@@ -231,8 +202,3 @@ UNKNOWN_MODEL = {
     ]
 }
 """The contract's error bodies, shown beside the answers."""
-
-
-def shown(examples: dict[str, Example], accepted: set[str]) -> dict[str, Example]:
-    """The examples whose every model is `accepted`."""
-    return {name: example for name, example in examples.items() if example.models <= accepted}

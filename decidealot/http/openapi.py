@@ -30,6 +30,7 @@ from decidealot.http import examples
 from decidealot.http.examples import Example
 
 _REF = "#/components/schemas/{name}"
+_JSON = "application/json"
 
 
 def _ref(name: str) -> dict[str, str]:
@@ -48,45 +49,51 @@ _TRUNCATED: dict[str, Any] = {
 }
 
 
-def _json(name: str, description: str, examples: dict[str, Any] | None = None) -> dict[str, Any]:
-    """A JSON response of schema `name`, with `examples` (name -> value) when given."""
-    media: dict[str, Any] = {"schema": _ref(name)}
-    if examples:
-        media["examples"] = _named(examples)
-    return {"description": description, "content": {"application/json": media}}
+def _content(
+    schema: str | dict[str, Any], named: dict[str, Any] | None = None, media: str = _JSON
+) -> dict[str, Any]:
+    """A body of `schema` (a component's name, or a schema itself), with its named examples."""
+    body: dict[str, Any] = {"schema": _ref(schema) if isinstance(schema, str) else schema}
+    if named:
+        body["examples"] = named
+    return {media: body}
 
 
-def _named(values: dict[str, Any]) -> dict[str, Any]:
-    """OpenAPI's named examples: an `Example` shows its summary, a plain value its name."""
+def _response(
+    schema: str | dict[str, Any], description: str, examples: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """A JSON response, with `examples` (name -> value) when given."""
+    return {"description": description, "content": _content(schema, _named(examples or {}))}
+
+
+def _named(values: dict[str, Any], answers: bool = False) -> dict[str, Any]:
+    """OpenAPI's named examples: an `Example`'s request with its summary (or its answer, under
+    the same name, so that Swagger UI shows the two together), a plain value under its name."""
     return {
-        name: {"summary": value.summary, "value": value.request}
+        name: {"summary": value.summary, "value": value.response if answers else value.request}
         if isinstance(value, Example)
         else {"value": value}
         for name, value in values.items()
     }
 
 
-def _answers(shown: dict[str, Example]) -> dict[str, Any]:
-    """Each request example's answer, under the request's name, so Swagger UI shows the two
-    together."""
-    return {name: {"summary": e.summary, "value": e.response} for name, e in shown.items()}
-
-
 _ERRORS = {
-    "401": _json(
+    "401": _response(
         "ErrorBody",
         "UNAUTHORIZED: DECIDEALOT_API_KEY is set and the token is wrong.",
         {"unauthorized": examples.UNAUTHORIZED},
     ),
-    "408": _json("ErrorBody", "REQUEST_TIMEOUT: the body did not arrive in time."),
-    "413": _json("ErrorBody", "REQUEST_TOO_LARGE: the (decoded) body exceeds the limit."),
-    "415": _json("ErrorBody", "Not JSON, multipart assets, or an unsupported Content-Encoding."),
-    "422": _json(
+    "408": _response("ErrorBody", "REQUEST_TIMEOUT: the body did not arrive in time."),
+    "413": _response("ErrorBody", "REQUEST_TOO_LARGE: the (decoded) body exceeds the limit."),
+    "415": _response(
+        "ErrorBody", "Not JSON, multipart assets, or an unsupported Content-Encoding."
+    ),
+    "422": _response(
         "ValidationErrorBody",
         "TypeSafe validation envelope; every issue, with loc.",
         {"unknown-model": examples.UNKNOWN_MODEL},
     ),
-    "503": _json("ErrorBody", "PROVIDER_UNAVAILABLE."),
+    "503": _response("ErrorBody", "PROVIDER_UNAVAILABLE."),
 }
 
 
@@ -124,10 +131,8 @@ def _schemas(settings: Settings) -> dict[str, Any]:
     )
     components |= schema.request_components(_REF, json_values=True)
     components |= copy.deepcopy(_JSON_RPC["$defs"])
-    if settings.max_batch_requests:
-        components["BatchRequest"]["properties"]["requests"]["maxItems"] = (
-            settings.max_batch_requests
-        )
+    if limit := settings.max_batch_requests:
+        components["BatchRequest"]["properties"]["requests"]["maxItems"] = limit
     return components
 
 
@@ -159,50 +164,41 @@ def _declare_models(request: dict[str, Any], models: dict[str, bool] | None) -> 
         request["anyOf"] = choices
 
 
-def _accepted(settings: Settings, models: dict[str, bool] | None) -> set[str]:
-    """The names an example may use: the catalog's, or (while a hosted catalog cannot be read)
-    every enabled local provider's, which never depend on it."""
-    if models is not None:
-        return set(models)
-    return {info.name for d in registry.enabled_local(settings) for info in d.selectors}
-
-
 def document(settings: Settings, models: dict[str, bool] | None = None) -> dict[str, Any]:
     """The document; `models` (from `accepted_models`) lists the names `model` accepts."""
     secured = settings.api_key is not None
     guarded = {"401": _ERRORS["401"]} if secured else {}
     body_errors = {k: _ERRORS[k] for k in ("408", "413", "415", "422", "503")}
-    accepted = _accepted(settings, models)
+    # the names an example may use: the catalog's, or (while a hosted catalog cannot be read)
+    # every enabled local provider's, which never depend on it
+    accepted = (
+        set(models)
+        if models is not None
+        else {info.name for d in registry.enabled_local(settings) for info in d.selectors}
+    )
 
     def decision(
         request: str, response: str, summary: str, named: dict[str, Example]
     ) -> dict[str, Any]:
-        shown = examples.shown(named, accepted)
-        body: dict[str, Any] = {"schema": _ref(request)}
-        answers = _json(response, "The answers.")
-        answers["headers"] = {"Decidealot-Truncated": _TRUNCATED}
-        if shown:
-            body["examples"] = _named(shown)
-            answers["content"]["application/json"]["examples"] = _answers(shown)
+        shown = {name: example for name, example in named.items() if example.models <= accepted}
+        answers = {
+            "description": "The answers.",
+            "content": _content(response, _named(shown, answers=True)),
+            "headers": {"Decidealot-Truncated": _TRUNCATED},
+        }
         return {
             "post": {
                 "summary": summary,
-                "requestBody": {"required": True, "content": {"application/json": body}},
+                "requestBody": {"required": True, "content": _content(request, _named(shown))},
                 "responses": {"200": answers, **guarded, **body_errors},
             }
         }
 
-    mcp_examples: dict[str, Any] = {
-        "tools-list": {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}
-    }
+    rpc = {"jsonrpc": "2.0"}
+    mcp_examples: dict[str, Any] = {"tools-list": {**rpc, "id": 1, "method": "tools/list"}}
     if examples.NOUL.models <= accepted:
         call = {"name": "system_one", "arguments": examples.NOUL.request}
-        mcp_examples["system-one"] = {
-            "jsonrpc": "2.0",
-            "id": 2,
-            "method": "tools/call",
-            "params": call,
-        }
+        mcp_examples["system-one"] = {**rpc, "id": 2, "method": "tools/call", "params": call}
 
     document: dict[str, Any] = {
         "openapi": "3.1.0",
@@ -213,8 +209,8 @@ def document(settings: Settings, models: dict[str, bool] | None = None) -> dict[
                     "summary": "Liveness and configured providers (never needs auth)",
                     "security": [],
                     "responses": {
-                        "200": _json("Health", "Serving."),
-                        "503": _json("ErrorBody", "PROVIDER_UNAVAILABLE: shutting down."),
+                        "200": _response("Health", "Serving."),
+                        "503": _response("ErrorBody", "PROVIDER_UNAVAILABLE: shutting down."),
                     },
                 }
             },
@@ -222,7 +218,7 @@ def document(settings: Settings, models: dict[str, bool] | None = None) -> dict[
                 "get": {
                     "summary": "What runs: providers, checkpoints, precision and why, slots",
                     "responses": {
-                        "200": _json("Status", "The service's state now."),
+                        "200": _response("Status", "The service's state now."),
                         **guarded,
                     },
                 }
@@ -231,9 +227,9 @@ def document(settings: Settings, models: dict[str, bool] | None = None) -> dict[
                 "get": {
                     "summary": "Every accepted model name",
                     "responses": {
-                        "200": _json("ModelList", "The catalog."),
+                        "200": _response("ModelList", "The catalog."),
                         **guarded,
-                        "503": _json("ErrorBody", "The hosted catalog is unavailable."),
+                        "503": _response("ErrorBody", "The hosted catalog is unavailable."),
                     },
                 }
             },
@@ -250,13 +246,13 @@ def document(settings: Settings, models: dict[str, bool] | None = None) -> dict[
                 "post": {
                     "summary": "Unload every loaded local provider (idempotent)",
                     "responses": {
-                        "200": _json(
+                        "200": _response(
                             "UnloadResponse",
                             "What was loaded before.",
                             {"unloaded": examples.UNLOADED},
                         ),
                         **guarded,
-                        "409": _json("ErrorBody", "PROVIDER_BUSY: a decision is running."),
+                        "409": _response("ErrorBody", "PROVIDER_BUSY: a decision is running."),
                     },
                 }
             },
@@ -265,17 +261,12 @@ def document(settings: Settings, models: dict[str, bool] | None = None) -> dict[
                     "summary": "MCP over streamable HTTP (stateless JSON-RPC); see docs/mcp.md",
                     "requestBody": {
                         "required": True,
-                        "content": {
-                            "application/json": {
-                                "schema": _JSON_RPC_MESSAGE,
-                                "examples": _named(mcp_examples),
-                            }
-                        },
+                        "content": _content(_JSON_RPC_MESSAGE, _named(mcp_examples)),
                     },
                     "responses": {
                         "200": {
                             "description": "The JSON-RPC response, as a server-sent event.",
-                            "content": {"text/event-stream": {"schema": _SSE_EVENT}},
+                            "content": _content(_SSE_EVENT, media="text/event-stream"),
                         },
                         "202": {"description": "A notification or response, accepted."},
                         "400": {
@@ -286,18 +277,15 @@ def document(settings: Settings, models: dict[str, bool] | None = None) -> dict[
                                 "served (-32022); or MALFORMED_BODY, a gzip/zstd body that "
                                 "cannot be decoded."
                             ),
-                            "content": {
-                                "application/json": {
-                                    "schema": {"anyOf": [_ref("JSONRPCError"), _ref("ErrorBody")]}
-                                }
-                            },
+                            "content": _content(
+                                {"anyOf": [_ref("JSONRPCError"), _ref("ErrorBody")]}
+                            ),
                         },
                         **guarded,
                         "403": _text("The SDK's DNS-rebinding check: an Origin not allowed."),
-                        "406": {
-                            "description": "Accept does not admit both JSON and event streams.",
-                            "content": {"application/json": {"schema": _ref("JSONRPCError")}},
-                        },
+                        "406": _response(
+                            "JSONRPCError", "Accept does not admit both JSON and event streams."
+                        ),
                         **{k: _ERRORS[k] for k in ("408", "413", "415", "503")},
                         "421": _text("The SDK's DNS-rebinding check: a Host not allowed."),
                     },

@@ -1,9 +1,5 @@
-"""Decidealot's MCP server: the HTTP API's operations as tools, over stdio and streamable HTTP.
-
-`tools` states what clients see, `server` answers tool calls through a `Backend` (this
-process's service, or `forward` to a running Decidealot), `http` mounts it at `/mcp`, and
-`stdio` is `decidealot mcp`.
-"""
+"""Decidealot's MCP server: the HTTP API's operations as tools (`tools`, `server`), over
+streamable HTTP at `/mcp` (`http`) and stdio (`stdio`, `decidealot mcp`)."""
 
 from __future__ import annotations
 

@@ -1,17 +1,8 @@
-"""MCP over streamable HTTP, mounted at `/mcp` in the Litestar app next to the REST API.
-
-`McpEndpoint` is the mount plus the SDK's session manager, whose lifetime the app ties to its
-own. The gateway in front of the app (bearer auth, request ids, admission) wraps the mount
-like any route. Sessions are stateless: every POST is served on its own, so replicas behind a
-load balancer need no session affinity (the tools never call back into the client).
-
-POST bodies are read under the REST API's rules before the SDK sees them (read timeout, size
-limit on the wire and decoded, gzip and zstd, JSON media type, here required), with the same
-error envelopes; other methods get the same envelope in a 405 that names POST in `Allow`. A
-body that is read but is not one JSON-RPC message (not JSON, a batch, outside the SDK's schema)
-gets a JSON-RPC error, as does a request whose protocol version the SDK would route wrongly
-(`_misrouted`). The SDK then gets the decoded JSON as a plain body, its tool-call arguments
-screened by the REST API's strict JSON parser (`decidealot.mcp.strict`).
+"""MCP over streamable HTTP at `/mcp`, behind the same gateway as the REST API (bearer auth,
+request ids, admission), and stateless: every POST stands alone, so replicas need no session
+affinity (the tools never call back into the client). A POST body is read under the REST API's
+rules and envelopes (`read_body`, here with JSON required), then `checked` and its version
+routing settled (`_misrouted`) before the SDK gets it as plain JSON; other methods get a 405.
 """
 
 from __future__ import annotations
@@ -34,13 +25,17 @@ from mcp_types import UNSUPPORTED_PROTOCOL_VERSION, JSONRPCMessage, JSONRPCReque
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from decidealot.asgi.body import read_body
-from decidealot.asgi.middleware import send_error
-from decidealot.config import Settings
+from decidealot.asgi.middleware import send_error, send_json
 from decidealot.errors import DecidealotError, UnsupportedMediaType
 from decidealot.ledger import ADMITTED
 from decidealot.mcp.server import ServiceBackend, build_server
-from decidealot.mcp.strict import JsonRpcRefusal, checked
-from decidealot.mcp.versions import SERVED_VERSIONS, modern_version, unsupported_version
+from decidealot.mcp.strict import (
+    SERVED_VERSIONS,
+    JsonRpcRefusal,
+    checked,
+    modern_version,
+    unsupported_version,
+)
 from decidealot.service import Service
 
 MCP_PATH = "/mcp"
@@ -67,51 +62,25 @@ class MethodNotAllowed(DecidealotError):
 def transport_security(
     allowed_hosts: tuple[str, ...], cors_origins: tuple[str, ...] = ()
 ) -> TransportSecuritySettings:
-    """DNS-rebinding protection: the Host (and any browser Origin) must name an allowed host,
-    or the Origin be one DECIDEALOT_CORS_ORIGINS lists (pages the operator let call the API).
-
-    An entry without a port allows any port; `*` turns the check off for deployments that
-    are reached under names they cannot list (the bearer key still guards them). A CORS `*`
-    is not carried over: letting any page read the API's answers is no reason to let any page
-    reach the tools through a rebound name.
-    """
+    """DNS-rebinding protection: the Host (and any browser Origin) must name an allowed host
+    (one without a port: on any port), or the Origin be one DECIDEALOT_CORS_ORIGINS lists. `*`
+    turns the check off for deployments reached under names they cannot list (the bearer key
+    still guards them). A CORS `*` is not carried over: letting any page read the API's answers
+    is no reason to let any page reach the tools through a rebound name."""
     hosts = allowed_hosts or LOOPBACK_HOSTS
     if "*" in hosts:
         return TransportSecuritySettings(enable_dns_rebinding_protection=False)
     host_patterns: list[str] = []
     origin_patterns: list[str] = []
     for host in hosts:
-        variants = [host] if _has_port(host) else [host, f"{host}:*"]
+        has_port = "]:" in host if host.startswith("[") else ":" in host  # [v6] or [v6]:port
+        variants = [host] if has_port else [host, f"{host}:*"]
         host_patterns += variants
         origin_patterns += [f"{scheme}://{v}" for scheme in ("http", "https") for v in variants]
     return TransportSecuritySettings(
         enable_dns_rebinding_protection=True,
         allowed_hosts=host_patterns,
         allowed_origins=origin_patterns + [o for o in cors_origins if o != "*"],
-    )
-
-
-def _has_port(host: str) -> bool:
-    if host.startswith("["):  # [v6] or [v6]:port
-        return "]:" in host
-    return ":" in host
-
-
-def _body_settings(settings: Settings) -> Settings:
-    """The settings `read_body` applies to /mcp: the REST API's, with room for the framing."""
-    return msgspec.structs.replace(
-        settings, max_request_bytes=settings.max_request_bytes + _FRAMING_BYTES
-    )
-
-
-def _session_manager(service: Service) -> StreamableHTTPSessionManager:
-    settings = service.settings
-    return StreamableHTTPSessionManager(
-        app=build_server(ServiceBackend(service, admits=False)),  # the gateway admits /mcp
-        stateless=True,
-        security_settings=transport_security(settings.mcp_allowed_hosts, settings.cors_origins),
-        max_request_body_size=_SCREENED_GROWTH * (settings.max_request_bytes + _FRAMING_BYTES)
-        + _FRAMING_BYTES,
     )
 
 
@@ -137,15 +106,10 @@ def _plain(scope: Scope, receive: Receive, body: bytes) -> tuple[Scope, Receive]
 
 
 def _misrouted(message: JSONRPCMessage, headers: dict[bytes, bytes]) -> JsonRpcRefusal | None:
-    """The SDK routes a POST by its MCP-Protocol-Version header alone: a 2025 version (or none)
-    to the handshake era, anything else to the 2026-07-28 entry. Two cases it gets wrong:
-
-    - a 2026-07-28 request (its `_meta` names a version) whose header is a 2025 version or
-      absent would be served as a legacy request; the 2026 ladder's verdict (400 HeaderMismatch,
-      -32020) is answered instead, as is any -32022 it gives, with every served version;
-    - any other message whose header names no version served is told -32022, not the 2026
-      entry's complaint about a missing `_meta`.
-    """
+    """The SDK routes a POST by its MCP-Protocol-Version header alone (a 2025 version, or none,
+    to the handshake era). So a 2026-07-28 request (its `_meta` names a version) under a 2025
+    header or none gets the 2026 ladder's verdict (-32020), not legacy service; and a header
+    naming no version served gets -32022, not a complaint about a missing `_meta` (docs/mcp.md)."""
     raw = headers.get(MCP_PROTOCOL_VERSION_HEADER.encode())
     header = raw.decode("latin-1") if raw is not None else None
     request_id = message.id if isinstance(message, JSONRPCRequest) else None
@@ -169,33 +133,25 @@ def _misrouted(message: JSONRPCMessage, headers: dict[bytes, bytes]) -> JsonRpcR
     return None
 
 
-async def send_refusal(send: Send, refusal: JsonRpcRefusal) -> None:
-    body = refusal.body()
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    status = ERROR_CODE_HTTP_STATUS.get(refusal.code, 400)
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
-
-
 class McpEndpoint:
-    """The `/mcp` mount for one service: `route` goes into the app, `running()` around it.
-
-    Wiring, in `decidealot.http.app.create_app`:
-
-        mcp = McpEndpoint(service)
-        Litestar(route_handlers=[mcp.route, ...], lifespan=[mcp.running()], ...)
-
-    Litestar enters lifespan managers before `on_startup` and leaves them before
-    `on_shutdown`, so MCP sessions stop before the service closes. `running()` can be
-    entered once; requests reach the route only while it is.
+    """The `/mcp` mount for one service: `route` goes into the app's handlers, `running()` into
+    its lifespan, which Litestar leaves before `on_shutdown`, so MCP sessions stop before the
+    service closes. `running()` can be entered once; requests reach the route only while it is.
     """
 
     def __init__(self, service: Service) -> None:
-        self._manager = _session_manager(service)
-        manager = self._manager
-        body_settings = _body_settings(service.settings)
+        settings = service.settings
+        body_settings = msgspec.structs.replace(
+            settings, max_request_bytes=settings.max_request_bytes + _FRAMING_BYTES
+        )
         self.body_limit = body_settings.max_request_bytes
         """The largest body /mcp reads: DECIDEALOT_MAX_REQUEST_BYTES and the framing."""
+        manager = self._manager = StreamableHTTPSessionManager(
+            app=build_server(ServiceBackend(service, admits=False)),  # the gateway admits /mcp
+            stateless=True,
+            security_settings=transport_security(settings.mcp_allowed_hosts, settings.cors_origins),
+            max_request_body_size=_SCREENED_GROWTH * self.body_limit + _FRAMING_BYTES,
+        )
 
         @asgi(MCP_PATH, is_mount=True, copy_scope=True)
         async def mcp_endpoint(scope: Scope, receive: Receive, send: Send) -> None:
@@ -214,7 +170,9 @@ class McpEndpoint:
                 await send_error(send, error, [])  # the gateway drops what is left of the body
                 return
             except JsonRpcRefusal as refusal:
-                await send_refusal(send, refusal)
+                answer = refusal.answer
+                body = answer.model_dump_json(by_alias=True, exclude_unset=True).encode()
+                await send_json(send, ERROR_CODE_HTTP_STATUS.get(answer.error.code, 400), body)
                 return
             scope, receive = _plain(scope, receive, screened)
             token = ADMITTED.set(asyncio.current_task())  # the gateway admitted this task

@@ -1,22 +1,16 @@
-"""The MCP server: the HTTP API's four operations as tools, over any `Backend`.
+"""The MCP server: the HTTP API's four operations as tools, over a `Backend` (`ServiceBackend`
+runs them in this process, `decidealot.mcp.stdio.ForwardingBackend` on a running Decidealot).
 
-A tool call returns exactly what the HTTP API returns, as structured content (plus the same
-JSON as text for clients that read only text). A failure is a tool error (`isError`) whose one
-text block is the HTTP API's envelope as JSON, `{"detail": [...]}` for 422, `{"code",
-"message", "details"}` for the rest, its messages naming tools where they name HTTP routes; it
-has no structured content, since that would have to match the tool's output schema (the
-TypeScript SDK and the Inspector check it even on errors; docs/mcp.md). Arguments reach the
-tools only after the HTTP API's strict JSON parse
-(`decidealot.mcp.strict`, applied by both transports). The server itself holds no state;
-`ServiceBackend` runs decisions in this process, and `decidealot.mcp.forward.ForwardingBackend`
-sends them to a running Decidealot.
+A result is the HTTP response body, as structured content and as text. A failure is a tool
+error whose text is the HTTP API's envelope in tool terms, with no structured content, which
+clients check against the output schema even on errors (docs/mcp.md).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import AbstractContextManager, asynccontextmanager, contextmanager, nullcontext
 from typing import Any, NamedTuple, Protocol
 
@@ -46,18 +40,16 @@ from decidealot.contract import (
 )
 from decidealot.errors import DecidealotError, RequestInvalid, RequestTooLarge, ShuttingDown
 from decidealot.ledger import ADMITTED, CUT_SHORT
-from decidealot.mcp.strict import rejection
+from decidealot.mcp.strict import SERVED_VERSIONS, rejection
 from decidealot.mcp.tools import (
     HTTP_ROUTES,
     INSTRUCTIONS,
     LIST_MODELS,
     SYSTEM_ONE,
-    SYSTEM_ONE_BATCH,
     TOOLS,
     UNLOAD_MODELS,
     listing,
 )
-from decidealot.mcp.versions import SERVED_VERSIONS
 from decidealot.service import Service
 from decidealot.validation.requests import validate_batch, validate_request
 
@@ -76,55 +68,28 @@ class ToolFailure(Exception):
 
 
 class Reply(NamedTuple):
-    """A decision tool's result: the HTTP response body, and the questions whose state the
-    model read only in part (the HTTP API's `Decidealot-Truncated`; the result's `_meta`)."""
+    """A tool's result: the HTTP response body, and the questions whose state the model read
+    only in part (the HTTP API's `Decidealot-Truncated`; the result's `_meta`)."""
 
     body: Json
     cuts: list[Cut]
 
 
 class Backend(Protocol):
-    """Where tool calls go. Each method returns the HTTP response (a decision's as a `Reply`)
-    or raises ToolFailure."""
+    """Where tool calls go: `call` answers as the tool's HTTP route does, or raises ToolFailure."""
 
-    async def system_one(self, arguments: Arguments) -> Reply: ...
-
-    async def system_one_batch(self, arguments: Arguments) -> Reply: ...
-
-    async def list_models(self) -> Json: ...
-
-    async def unload_models(self) -> Json: ...
+    async def call(self, tool: str, arguments: Arguments) -> Reply: ...
 
 
 def failure_of(error: DecidealotError) -> ToolFailure:
-    """The envelope the HTTP API answers `error` with."""
+    """The envelope the HTTP API answers `error` with (not `decidealot.asgi.middleware`'s, which
+    would bring Litestar into `decidealot mcp`)."""
     body: msgspec.Struct
     if isinstance(error, RequestInvalid):
         body = ValidationErrorBody(error.issues)
     else:
         body = ErrorBody(error.code, error.message, error.details)
     return ToolFailure(error.status, msgspec.to_builtins(body))
-
-
-def _reject_arguments(arguments: Arguments) -> None:
-    """Tools without parameters reject any, as the validator rejects unknown body fields."""
-    if arguments:
-        raise failure_of(
-            RequestInvalid(
-                [
-                    ValidationIssue(
-                        ["body", name], "Extra inputs are not permitted", "extra_forbidden", value
-                    )
-                    for name, value in arguments.items()
-                ]
-            )
-        )
-
-
-def _check_size(arguments: Arguments, limit: int) -> None:
-    """The HTTP body limit, applied to the arguments as the JSON body they stand for."""
-    if len(msgspec.json.encode(arguments)) > limit:
-        raise failure_of(RequestTooLarge())
 
 
 class ServiceBackend:
@@ -138,30 +103,24 @@ class ServiceBackend:
         self._service = service
         self._admits = admits
 
-    async def system_one(self, arguments: Arguments) -> Reply:
+    async def call(self, tool: str, arguments: Arguments) -> Reply:
+        service = self._service
         async with self._admitted():
-            _check_size(arguments, self._service.settings.max_request_bytes)
-            request = await validate_request(arguments, self._service.catalog)
-            answered = await self._service.executor.decide(request)
+            if tool == LIST_MODELS:
+                return Reply(msgspec.to_builtins(await service.models()), [])
+            if tool == UNLOAD_MODELS:
+                return Reply(msgspec.to_builtins(await service.executor.unload()), [])
+            # the HTTP body limit, applied to the arguments as the JSON body they stand for
+            if len(msgspec.json.encode(arguments)) > service.settings.max_request_bytes:
+                raise RequestTooLarge()
+            if tool == SYSTEM_ONE:
+                request = await validate_request(arguments, service.catalog)
+                answered = await service.executor.decide(request)
+            else:
+                limit = service.settings.max_batch_requests
+                batch = await validate_batch(arguments, service.catalog, limit)
+                answered = await service.executor.decide_batch(batch)
             return Reply(msgspec.to_builtins(answered.body), answered.cuts)
-
-    async def system_one_batch(self, arguments: Arguments) -> Reply:
-        async with self._admitted():
-            settings = self._service.settings
-            _check_size(arguments, settings.max_request_bytes)
-            batch = await validate_batch(
-                arguments, self._service.catalog, settings.max_batch_requests
-            )
-            answered = await self._service.executor.decide_batch(batch)
-            return Reply(msgspec.to_builtins(answered.body), answered.cuts)
-
-    async def list_models(self) -> Json:
-        async with self._admitted():
-            return msgspec.to_builtins(await self._service.models())
-
-    async def unload_models(self) -> Json:
-        async with self._admitted():
-            return msgspec.to_builtins(await self._service.executor.unload())
 
     @asynccontextmanager
     async def _admitted(self) -> AsyncIterator[None]:
@@ -203,19 +162,15 @@ class ServiceBackend:
 
 def build_server(backend: Backend) -> Server[Any]:
     """A low-level MCP server whose tools are `TOOLS`, answered by `backend`."""
-    _quiet_sdk_logs()
-    operations: dict[str, Callable[[Arguments], Awaitable[Reply]]] = {
-        SYSTEM_ONE: backend.system_one,
-        SYSTEM_ONE_BATCH: backend.system_one_batch,
-        LIST_MODELS: _without_arguments(backend.list_models),
-        UNLOAD_MODELS: _without_arguments(backend.unload_models),
-    }
+    if not logging.getLogger().isEnabledFor(logging.DEBUG):
+        # the SDK logs every stateless HTTP request at INFO: keep its lines for debug runs
+        logging.getLogger("mcp").setLevel(logging.WARNING)
 
     async def list_tools(
         ctx: ServerRequestContext[Any], params: PaginatedRequestParams | None
     ) -> ListToolsResult:
         try:
-            names = _names(await backend.list_models())
+            names = _names((await backend.call(LIST_MODELS, {})).body)
         except ToolFailure:  # a hosted catalog that cannot be read: `model` stays open
             names = None
         return ListToolsResult(tools=listing(names))
@@ -223,33 +178,31 @@ def build_server(backend: Backend) -> Server[Any]:
     async def call_tool(
         ctx: ServerRequestContext[Any], params: CallToolRequestParams
     ) -> CallToolResult:
-        operation = operations.get(params.name)
         if (request_id := logs.request_id.get()) != "-":  # over /mcp; stdio has none
             tracing.annotate(request_id=request_id)  # on the SDK's span for this message
-        if operation is None:
+        if params.name not in TOOLS:
             raise MCPError(code=INVALID_PARAMS, message=f"unknown tool {params.name!r}")
         arguments = params.arguments or {}
-        refused = rejection(arguments)
-        if refused is not None:  # the transport's strict parse refused the arguments
-            log.info("tool %s failed with status 422", params.name)
-            return _tool_result(refused, is_error=True)
         try:
-            body, cuts = await operation(arguments)
+            if (refused := rejection(arguments)) is not None:  # by the transport's strict parse
+                raise ToolFailure(422, refused)
+            if arguments and params.name in (LIST_MODELS, UNLOAD_MODELS):
+                raise _extra_arguments(arguments)
+            body, cuts = await backend.call(params.name, arguments)
         except ToolFailure as failure:
             log.info("tool %s failed with status %d", params.name, failure.status)
-            return _tool_result(failure.envelope, is_error=True)
-        return _tool_result(body, is_error=False, cuts=cuts)
-
-    def input_schema(name: str) -> dict[str, Any] | None:
-        tool = TOOLS.get(name)
-        return tool.input_schema if tool is not None else None
+            text = msgspec.json.encode(in_tool_terms(failure.envelope)).decode()
+            return CallToolResult(content=[TextContent(text=text)], is_error=True)
+        text = msgspec.json.encode(body).decode()
+        meta = {TRUNCATED_META: msgspec.to_builtins(cuts)} if cuts else None  # docs/mcp.md
+        return CallToolResult(content=[TextContent(text=text)], structured_content=body, meta=meta)
 
     server: Server[Any] = Server(
         "decidealot",
         version=__version__,
         title="Decidealot",
         instructions=INSTRUCTIONS,
-        get_tool_input_schema=input_schema,
+        get_tool_input_schema=lambda name: TOOLS[name].input_schema if name in TOOLS else None,
         on_list_tools=list_tools,
         on_call_tool=call_tool,
     )
@@ -266,20 +219,13 @@ def build_server(backend: Backend) -> Server[Any]:
     return server
 
 
-def _quiet_sdk_logs() -> None:
-    """The SDK logs every stateless HTTP request at INFO; keep its lines for debug runs."""
-    if not logging.getLogger().isEnabledFor(logging.DEBUG):
-        logging.getLogger("mcp").setLevel(logging.WARNING)
-
-
-def _without_arguments(
-    operation: Callable[[], Awaitable[Json]],
-) -> Callable[[Arguments], Awaitable[Reply]]:
-    async def call(arguments: Arguments) -> Reply:
-        _reject_arguments(arguments)
-        return Reply(await operation(), [])
-
-    return call
+def _extra_arguments(arguments: Arguments) -> ToolFailure:
+    """Tools without parameters reject any, as the validator rejects unknown body fields."""
+    issues = [
+        ValidationIssue(["body", name], "Extra inputs are not permitted", "extra_forbidden", value)
+        for name, value in arguments.items()
+    ]
+    return failure_of(RequestInvalid(issues))
 
 
 def _names(models: Json) -> list[str] | None:
@@ -288,17 +234,6 @@ def _names(models: Json) -> list[str] | None:
     if not isinstance(listed, list):
         return None
     return [m["name"] for m in listed if isinstance(m, dict) and isinstance(m.get("name"), str)]
-
-
-def _tool_result(body: Json, *, is_error: bool, cuts: list[Cut] | None = None) -> CallToolResult:
-    """A result, or an error without structured content: the envelope as text, in tool terms.
-    A result whose state was read only in part says so in `_meta` (docs/mcp.md)."""
-    if is_error:
-        text = msgspec.json.encode(in_tool_terms(body)).decode()
-        return CallToolResult(content=[TextContent(text=text)], is_error=True)
-    text = msgspec.json.encode(body).decode()
-    meta = {TRUNCATED_META: msgspec.to_builtins(cuts)} if cuts else None
-    return CallToolResult(content=[TextContent(text=text)], structured_content=body, meta=meta)
 
 
 def in_tool_terms(envelope: Json) -> Json:
@@ -321,6 +256,6 @@ def in_tool_terms(envelope: Json) -> Json:
 
 
 def _renamed(text: str) -> str:
-    for tool, route in HTTP_ROUTES:
+    for tool, route in HTTP_ROUTES.items():
         text = text.replace(route, tool)
     return text

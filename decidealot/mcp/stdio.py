@@ -4,7 +4,8 @@ Without `--url` this process is a Decidealot of its own: it runs `serve`'s start
 (device, checkpoints, bundles), starts the configured providers and runs decisions itself.
 With `--url` it forwards every tool call to a running Decidealot (its key from
 DECIDEALOT_API_KEY), so any number of IDE sessions share one server and one set of loaded
-models. stdout carries only MCP messages; logs go to stderr.
+models; arguments go upstream untouched, so errors are the server's own envelopes, byte for
+byte (`ForwardingBackend`). stdout carries only MCP messages; logs go to stderr.
 """
 
 from __future__ import annotations
@@ -22,15 +23,14 @@ from typing import Any, NoReturn
 
 import anyio
 import httpx
+import msgspec
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from mcp.server.stdio import stdio_server
 from mcp.shared.dispatcher import coerce_request_id
 from mcp.shared.jsonrpc_dispatcher import cancelled_request_id_from_params
 from mcp.shared.message import SessionMessage
 from mcp_types import (
-    ErrorData,
     JSONRPCError,
-    JSONRPCMessage,
     JSONRPCNotification,
     JSONRPCRequest,
     JSONRPCResponse,
@@ -39,10 +39,25 @@ from mcp_types import (
 
 from decidealot import logs, tracing
 from decidealot.config import ConfigError, Settings
-from decidealot.mcp.forward import ForwardingBackend
-from decidealot.mcp.server import Backend, ServiceBackend, build_server
-from decidealot.mcp.strict import JsonRpcRefusal, checked
-from decidealot.mcp.versions import SERVED_VERSIONS, modern_version, unsupported_version
+from decidealot.contract import TRUNCATED_HEADER, Json, read_truncated_header
+from decidealot.errors import ProviderUnavailable
+from decidealot.mcp.server import (
+    Arguments,
+    Backend,
+    Reply,
+    ServiceBackend,
+    ToolFailure,
+    build_server,
+    failure_of,
+)
+from decidealot.mcp.strict import (
+    SERVED_VERSIONS,
+    JsonRpcRefusal,
+    checked,
+    modern_version,
+    unsupported_version,
+)
+from decidealot.mcp.tools import HTTP_ROUTES, LIST_MODELS, UNLOAD_MODELS
 from decidealot.registry import from_env
 from decidealot.service import Service
 
@@ -82,8 +97,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="decidealot mcp",
-        description="Serve Decidealot's MCP tools over stdio.",
+        prog="decidealot mcp", description="Serve Decidealot's MCP tools over stdio."
     )
     parser.add_argument(
         "--url",
@@ -107,15 +121,23 @@ def _base_url(raw: str) -> str:
 
 
 async def _serve(settings: Settings, url: str | None) -> None:
-    """Serve until the client closes stdin; SIGINT or SIGTERM end the process, exit status 0."""
+    """Serve until the client closes stdin; SIGINT or SIGTERM end the process, exit status 0,
+    the session cancelled but not awaited to the end (see `_leave_now`)."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
     async with _backend(settings, url) as backend:
-        signalled = await _run(backend, stop)
-    if signalled:
-        _leave_now()
+        session = asyncio.create_task(_session(backend))
+        stopping = asyncio.create_task(stop.wait())
+        await asyncio.wait((session, stopping), return_when=asyncio.FIRST_COMPLETED)
+        if session.done():
+            stopping.cancel()
+            session.result()  # a failure of the session is this process's failure
+            return
+        session.cancel()
+        await asyncio.wait((session,), timeout=_UNWIND_SECONDS)
+    _leave_now()
 
 
 @contextlib.asynccontextmanager
@@ -123,7 +145,9 @@ async def _backend(settings: Settings, url: str | None) -> AsyncIterator[Backend
     """The tools' backend, closed on the way out (provider workers stopped)."""
     if url is not None:
         key = settings.api_key[0] if settings.api_key else None  # the first of several
-        forwarding = ForwardingBackend(url, key, _forward_timeout(settings))
+        # long enough for the server to start a provider and answer; it bounds both itself
+        answer = settings.provider_start_timeout_seconds + settings.provider_timeout_seconds
+        forwarding = ForwardingBackend(url, key, httpx.Timeout(answer, connect=_CONNECT_SECONDS))
         log.info("MCP over stdio, forwarding to %s", url)
         try:
             yield forwarding
@@ -140,40 +164,18 @@ async def _backend(settings: Settings, url: str | None) -> AsyncIterator[Backend
         await service.close()
 
 
-async def _run(backend: Backend, stop: asyncio.Event) -> bool:
-    """Serve until the client closes stdin (False) or `stop` is set (True).
-
-    On `stop` the session is cancelled but not awaited to the end: the SDK reads stdin on a
-    worker thread blocked in read(), which nothing but a line or EOF wakes, and the session
-    waits for it (see `_leave_now`).
-    """
-    session = asyncio.create_task(_session(backend))
-    stopping = asyncio.create_task(stop.wait())
-    await asyncio.wait((session, stopping), return_when=asyncio.FIRST_COMPLETED)
-    if session.done():
-        stopping.cancel()
-        session.result()  # a failure of the session is this process's failure
-        return False
-    session.cancel()
-    await asyncio.wait((session,), timeout=_UNWIND_SECONDS)
-    return True
-
-
 async def _session(
     backend: Backend, wire: AsyncIterable[bytes] | None = None, stdout: Any = None
 ) -> None:
     """One MCP session over `wire` (the client's lines; None: this process's stdin) and
-    `stdout` (None: this process's).
-
-    Every line read is answered before the session ends. At end of file the SDK cancels the
-    requests it is still running (a tool call was answered "Connection closed", a `tools/list`
-    not at all) and a refusal not yet written was lost, so the SDK sees the end of its input
-    only once everything owed has been written (`_ScreenedStdin`, `_Owed`)."""
+    `stdout` (None: this process's), which answers every line read before it ends: at end of
+    file the SDK cancels the requests it is still running and a refusal not yet written would
+    be lost, so the SDK sees the end of its input only once everything owed has been written."""
     server = build_server(backend)
     owed = _Owed()
     to_client, from_server = anyio.create_memory_object_stream[SessionMessage](0)
     lines = _claim_stdin() if wire is None else wire
-    stdin: Any = _ScreenedStdin(lines, to_client.clone(), owed)  # the SDK only iterates it
+    stdin: Any = _screened(lines, to_client.clone(), owed)  # the SDK only iterates it
     async with (
         stdio_server(stdin=stdin, stdout=stdout) as (read_stream, write_stream),
         anyio.create_task_group() as relaying,
@@ -196,8 +198,8 @@ class _Owed:
         self._none.clear()
 
     def settle(self, request_id: RequestId) -> None:
-        """`request_id` was answered, or the client cancelled it (a cancelled request is owed
-        nothing: the spec forbids answering it); an id not owed is ignored."""
+        """`request_id` was answered, or cancelled (the spec forbids answering a cancelled
+        request); an id not owed is ignored."""
         key = coerce_request_id(request_id)
         if self._ids[key] > 1:
             self._ids[key] -= 1
@@ -207,7 +209,6 @@ class _Owed:
             self._none.set()
 
     async def paid(self) -> None:
-        """Return once nothing is owed."""
         await self._none.wait()
 
 
@@ -216,8 +217,8 @@ async def _relay(
     to_client: MemoryObjectSendStream[SessionMessage],
     owed: _Owed,
 ) -> None:
-    """The SDK's messages and `_ScreenedStdin`'s refusals to the SDK's stdout writer (which
-    writes and flushes each before it ends), each answer settling its request."""
+    """The SDK's messages and `_screened`'s refusals to the SDK's stdout writer, each answer
+    settling its request."""
     async with from_server, to_client:
         async for message in from_server:
             await to_client.send(message)
@@ -237,70 +238,43 @@ def _claim_stdin() -> anyio.AsyncFile[bytes]:
     return anyio.wrap_file(wire)
 
 
-class _ScreenedStdin:
-    """stdin as the SDK reads it (UTF-8 lines, undecodable bytes replaced), each line screened
-    by the HTTP API's strict parser first and held to the SDK's schema
-    (`decidealot.mcp.strict.checked`): a line that is not one JSON-RPC message (not JSON, a
-    batch) never reaches the SDK, which would answer it nothing, and its refusal goes to the
-    client instead (`to_client`); so does a 2026-07-28 request naming a version not served,
-    whose -32022 names every version served (the SDK's names one). Blank lines are skipped.
-
-    Each request passed on is `owed` an answer; at end of file the SDK sees the end only once
-    every one has been written (a `notifications/cancelled` settles the request it names)."""
-
-    def __init__(
-        self,
-        wire: AsyncIterable[bytes],
-        to_client: MemoryObjectSendStream[SessionMessage],
-        owed: _Owed,
-    ) -> None:
-        self._wire = wire
-        self._to_client = to_client
-        self._owed = owed
-
-    async def __aiter__(self) -> AsyncIterator[str]:
-        async with self._to_client:
-            async for line in self._wire:
-                if not line.strip():
-                    continue
-                try:
-                    screened, message = await asyncio.to_thread(checked, line)  # off the loop
-                    version = modern_version(message)
-                    if version is not None and version not in SERVED_VERSIONS:
-                        raise unsupported_version(str(version), getattr(message, "id", None))
-                except JsonRpcRefusal as refusal:
-                    await self._to_client.send(SessionMessage(_error(refusal)))
-                    continue
-                if isinstance(message, JSONRPCRequest):
-                    self._owed.owe(message.id)
-                elif (cancelled := _cancelled(message)) is not None:
-                    self._owed.settle(cancelled)
-                yield screened.decode("utf-8", errors="replace")
-            await self._owed.paid()
-
-
-def _error(refusal: JsonRpcRefusal) -> JSONRPCError:
-    error = ErrorData(code=refusal.code, message=refusal.message)
-    if refusal.data is not None:
-        error.data = refusal.data
-    return JSONRPCError(jsonrpc="2.0", id=refusal.request_id, error=error)
-
-
-def _cancelled(message: JSONRPCMessage) -> RequestId | None:
-    """The request a `notifications/cancelled` withdraws; None for any other message."""
-    if not isinstance(message, JSONRPCNotification) or message.method != "notifications/cancelled":
-        return None
-    return cancelled_request_id_from_params(message.params)
+async def _screened(
+    wire: AsyncIterable[bytes], to_client: MemoryObjectSendStream[SessionMessage], owed: _Owed
+) -> AsyncIterator[str]:
+    """stdin as the SDK reads it (UTF-8 lines), each line `checked` first: a refused one never
+    reaches the SDK, which would answer it nothing, and its refusal goes `to_client` instead; so
+    does a 2026-07-28 request naming a version not served. Blank lines are skipped. Each request
+    passed on is `owed` an answer (a `notifications/cancelled` settles the one it names), and
+    the end of the wire is passed on only once nothing is owed."""
+    async with to_client:
+        async for line in wire:
+            if not line.strip():
+                continue
+            try:
+                screened, message = await asyncio.to_thread(checked, line)  # off the loop
+                version = modern_version(message)
+                if version is not None and version not in SERVED_VERSIONS:
+                    raise unsupported_version(str(version), getattr(message, "id", None))
+            except JsonRpcRefusal as refusal:
+                await to_client.send(SessionMessage(refusal.answer))
+                continue
+            if isinstance(message, JSONRPCRequest):
+                owed.owe(message.id)
+            elif (
+                isinstance(message, JSONRPCNotification)
+                and message.method == "notifications/cancelled"
+                and (cancelled := cancelled_request_id_from_params(message.params)) is not None
+            ):
+                owed.settle(cancelled)
+            yield screened.decode("utf-8", errors="replace")
+        await owed.paid()
 
 
 def _leave_now() -> NoReturn:
-    """End the process at once after a signal, the backend already closed.
-
-    The SDK's stdin reader is a non-daemon anyio worker thread blocked in read() while the
-    client keeps its end of the pipe open: the cancelled session waits for it, so would
-    asyncio.run and the interpreter's shutdown, forever. Nothing is left to clean up (MCP
-    messages are flushed as they are written), so os._exit, as `decidealot serve` does.
-    """
+    """End the process at once after a signal, the backend already closed: the SDK's stdin
+    reader is a non-daemon worker thread blocked in read() while the client keeps its end of the
+    pipe open, which asyncio.run and the interpreter's shutdown would wait for forever. MCP
+    messages are flushed as they are written, so nothing is left to clean up."""
     log.info("MCP over stdio stopped")
     tracing.shutdown()
     logging.shutdown()
@@ -309,7 +283,63 @@ def _leave_now() -> NoReturn:
     os._exit(0)
 
 
-def _forward_timeout(settings: Settings) -> httpx.Timeout:
-    """Long enough for the server to start a provider and answer; it bounds both itself."""
-    answer = settings.provider_start_timeout_seconds + settings.provider_timeout_seconds
-    return httpx.Timeout(answer, connect=_CONNECT_SECONDS)
+class ForwardingBackend:
+    """Calls each tool's route at `base_url`; `api_key` is sent as the bearer token when given."""
+
+    def __init__(self, base_url: str, api_key: str | None, timeout: httpx.Timeout) -> None:
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._client = httpx.AsyncClient(
+            base_url=base_url.rstrip("/"), headers=headers, timeout=timeout
+        )
+
+    async def close(self) -> None:
+        await self._client.aclose()
+
+    async def call(self, tool: str, arguments: Arguments) -> Reply:
+        """The server's answer, with the cuts its `Decidealot-Truncated` header names."""
+        method, path = HTTP_ROUTES[tool].split()
+        headers: dict[str, str] = {}
+        content = None
+        if tool not in (LIST_MODELS, UNLOAD_MODELS):  # the routes without a body
+            content = msgspec.json.encode(arguments)
+            headers["Content-Type"] = "application/json"
+        tracing.inject(headers)
+        try:
+            response = await self._client.request(method, path, content=content, headers=headers)
+        except httpx.HTTPError as exc:
+            log.warning("the --url server is unreachable: %s", type(exc).__name__)
+            raise _unreachable() from None
+        try:
+            answer = msgspec.json.decode(response.content)
+        except msgspec.DecodeError:
+            answer = None
+        if response.is_success and isinstance(answer, dict):
+            header = response.headers.get(TRUNCATED_HEADER)
+            cuts = read_truncated_header(header) if header is not None else []
+            if cuts is None:
+                log.warning(
+                    "the --url server sent a %s header that cannot be read", TRUNCATED_HEADER
+                )
+            return Reply(answer, cuts or [])
+        if not response.is_success and _is_envelope(answer):
+            raise ToolFailure(response.status_code, answer)
+        log.warning(
+            "the --url server answered %s %s with status %d and no Decidealot body",
+            method,
+            path,
+            response.status_code,
+        )
+        raise _unreachable()
+
+
+def _is_envelope(answer: Json) -> bool:
+    """The server's 422 `{"detail": [...]}` or its `{"code", "message", ...}` envelope."""
+    if not isinstance(answer, dict):
+        return False
+    if "detail" in answer:
+        return isinstance(answer["detail"], list)
+    return isinstance(answer.get("code"), str) and isinstance(answer.get("message"), str)
+
+
+def _unreachable() -> ToolFailure:
+    return failure_of(ProviderUnavailable("the Decidealot server is unreachable"))

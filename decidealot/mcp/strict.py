@@ -1,15 +1,17 @@
-"""Tool-call arguments under the HTTP API's strict JSON rules, before the SDK parses them; and
-every message under the SDK's own schema, strictly, with a JSON-RPC error for one outside it.
+"""What both transports check each incoming JSON-RPC message against before the SDK parses it,
+and what a message they refuse is told.
 
-The SDK parses each JSON-RPC message itself, leniently: a duplicate key keeps its last value,
-`10**30` and `NaN` are numbers, a lone surrogate is a string. Both transports (streamable HTTP and
-stdio) pass every incoming message through `screen` first. A `tools/call` whose raw `arguments` fail
-`decidealot.validation.strict_json.parse_json` gets them replaced by a marker holding the HTTP API's
-422 envelope, and the tool handler answers the marker (`rejection`) with that envelope as a tool
-error: the same issues, at the same positions, as the same bytes sent as an HTTP body. Arguments
-that pass are left byte for byte as the client sent them. `checked` then holds the whole message
-to the SDK's schema, strictly: one that is not JSON gets a JSON-RPC parse error (-32700), a batch
-or anything else outside the schema an invalid-request error (-32600), on both transports.
+The SDK parses leniently: a duplicate key keeps its last value, `10**30` and `NaN` are numbers, a
+lone surrogate is a string. So `screen` replaces the raw `arguments` of a `tools/call` that the
+HTTP API's strict parser refuses by a marker holding its 422 envelope, which the tool handler
+answers (`rejection`) as a tool error: the same issues, at the same positions, as the same bytes
+sent as an HTTP body; arguments that pass are left byte for byte. `checked` then holds the whole
+message to the SDK's schema, strictly: not JSON is a parse error (-32700), a batch or anything
+else outside the schema an invalid request (-32600).
+
+Versions: the SDK names only 2026-07-28 in `server/discover` and its -32022 errors; both
+transports name every version served (`SERVED_VERSIONS`: 2024-11-05 to 2025-11-25 through
+`initialize`, 2026-07-28 per request; docs/mcp.md).
 """
 
 from __future__ import annotations
@@ -19,11 +21,26 @@ import secrets
 from typing import Any
 
 import msgspec
-from mcp_types import INVALID_REQUEST, PARSE_ERROR, JSONRPCMessage, jsonrpc_message_adapter
+from mcp_types import (
+    INVALID_REQUEST,
+    PARSE_ERROR,
+    PROTOCOL_VERSION_META_KEY,
+    UNSUPPORTED_PROTOCOL_VERSION,
+    ErrorData,
+    JSONRPCError,
+    JSONRPCMessage,
+    JSONRPCRequest,
+    RequestId,
+    UnsupportedProtocolVersionErrorData,
+    jsonrpc_message_adapter,
+)
+from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, MODERN_PROTOCOL_VERSIONS
 
 from decidealot.contract import Json, ValidationErrorBody
 from decidealot.errors import RequestInvalid
 from decidealot.validation.strict_json import parse_json
+
+SERVED_VERSIONS = (*HANDSHAKE_PROTOCOL_VERSIONS, *MODERN_PROTOCOL_VERSIONS)
 
 _MARKER = f"decidealot.rejected.{secrets.token_hex(16)}"
 """The one key of a marker: drawn per process, so no client can send a rejection itself."""
@@ -67,19 +84,16 @@ BATCH_REFUSED = (
 
 
 class JsonRpcRefusal(Exception):
-    """A message refused before the SDK sees it, answered as a JSON-RPC error."""
+    """A message refused before the SDK sees it: `answer` is the JSON-RPC error it is told."""
 
     def __init__(
-        self, code: int, message: str, data: Any = None, request_id: str | int | None = None
+        self, code: int, message: str, data: Any = None, request_id: RequestId | None = None
     ) -> None:
         super().__init__(message)
-        self.code, self.message, self.data, self.request_id = code, message, data, request_id
-
-    def body(self) -> bytes:
-        error: dict[str, Any] = {"code": self.code, "message": self.message}
-        if self.data is not None:
-            error["data"] = self.data
-        return msgspec.json.encode({"jsonrpc": "2.0", "id": self.request_id, "error": error})
+        error = ErrorData(code=code, message=message)
+        if data is not None:  # set only when given: an unset field is left out of the JSON
+            error.data = data
+        self.answer = JSONRPCError(jsonrpc="2.0", id=request_id, error=error)
 
 
 def refusal_of(message: bytes) -> JsonRpcRefusal:
@@ -103,15 +117,34 @@ def refusal_of(message: bytes) -> JsonRpcRefusal:
 
 def checked(raw: bytes) -> tuple[bytes, JSONRPCMessage]:
     """`raw` screened, and as the SDK will read it, if it is one JSON-RPC message exactly as
-    the SDK's schema (in the OpenAPI document) states it; else the `JsonRpcRefusal` to answer.
-    The SDK's own parse is lax (`"code": true` passes as an integer) and, on stdio, answers
-    nothing to a line it cannot read."""
+    the SDK's schema states it (its own parse is lax: `"code": true` passes as an integer, and
+    on stdio a line it cannot read is answered nothing); else the `JsonRpcRefusal` to answer."""
     screened = screen(raw)
     try:
         message = jsonrpc_message_adapter.validate_json(screened, strict=True)
     except ValueError:  # pydantic's ValidationError, and invalid JSON
         raise refusal_of(screened) from None
     return screened, message
+
+
+def modern_version(message: JSONRPCMessage) -> object | None:
+    """The version a 2026-07-28 request names in `params._meta`; None for any other message."""
+    if not isinstance(message, JSONRPCRequest) or not message.params:
+        return None
+    meta = message.params.get("_meta")
+    return meta.get(PROTOCOL_VERSION_META_KEY) if isinstance(meta, dict) else None
+
+
+def unsupported_version(requested: str, request_id: RequestId | None) -> JsonRpcRefusal:
+    """-32022, naming every version served."""
+    data = UnsupportedProtocolVersionErrorData(supported=list(SERVED_VERSIONS), requested=requested)
+    return JsonRpcRefusal(
+        UNSUPPORTED_PROTOCOL_VERSION,
+        f"Unsupported protocol version {requested!r}: this server speaks "
+        f"{', '.join(SERVED_VERSIONS)}",
+        data.model_dump(mode="json"),
+        request_id,
+    )
 
 
 def rejection(arguments: dict[str, Json]) -> Json:

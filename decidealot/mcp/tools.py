@@ -1,10 +1,7 @@
-"""The four MCP tools as clients see them: names, descriptions, annotations and JSON schemas.
-
-Schemas are derived from the wire types in `decidealot.contract`, so the `system_one` input is
-exactly the `POST /v1/systemone` body and every output schema is exactly the HTTP response
-type; nothing here is written by hand that the contract already states. The input schemas
-carry the validator's bounds from `decidealot.schema`, the same source as the OpenAPI
-document's.
+"""The four MCP tools as clients see them: names, descriptions, annotations and JSON schemas,
+derived from the wire types in `decidealot.contract` (the `system_one` input is exactly the `POST
+/v1/systemone` body, every output schema exactly the HTTP response type) with the validator's
+bounds from `decidealot.schema`, the OpenAPI document's source too.
 """
 
 from __future__ import annotations
@@ -23,12 +20,12 @@ SYSTEM_ONE_BATCH = "system_one_batch"
 LIST_MODELS = "list_models"
 UNLOAD_MODELS = "unload_models"
 
-HTTP_ROUTES = (
-    (SYSTEM_ONE_BATCH, "POST /v1/systemone/batch"),
-    (SYSTEM_ONE, "POST /v1/systemone"),
-    (UNLOAD_MODELS, "POST /v1/models/unload"),
-    (LIST_MODELS, "GET /v1/models"),
-)
+HTTP_ROUTES = {
+    SYSTEM_ONE_BATCH: "POST /v1/systemone/batch",
+    SYSTEM_ONE: "POST /v1/systemone",
+    UNLOAD_MODELS: "POST /v1/models/unload",
+    LIST_MODELS: "GET /v1/models",
+}
 """The HTTP operation each tool is, longest route first (one route may start another)."""
 
 INSTRUCTIONS = (
@@ -103,8 +100,7 @@ _DEFS = "#/$defs/{name}"
 
 
 def _object_schema(root: type[msgspec.Struct]) -> dict[str, Any]:
-    """An MCP tool output schema: the struct's schema at the root (`type: object`), refs in
-    $defs."""
+    """An MCP tool output schema: the struct's at the root (`type: object`), refs in $defs."""
     (_,), components = msgspec.json.schema_components([root], ref_template=_DEFS)
     return _rooted(root.__name__, components)
 
@@ -136,8 +132,7 @@ def _described(request: dict[str, Any]) -> None:
 
 
 def _system_one_input() -> dict[str, Any]:
-    """The `POST /v1/systemone` body with the validator's bounds (decidealot.schema), which
-    the OpenAPI document states too."""
+    """The `POST /v1/systemone` body with the validator's bounds, as the OpenAPI document's."""
     components = request_components(_DEFS)
     del components["BatchRequest"]
     schema = _rooted("SystemOneRequest", components)

@@ -16,7 +16,7 @@ import pytest
 import zstandard
 
 from decidealot import registry
-from decidealot.asgi.middleware import AuthAdmission
+from decidealot.asgi.middleware import Gateway
 from decidealot.service import Service
 from tests.support.servers import ALL_FAKES, RunningServer, health_once_signalled, wait_until
 
@@ -188,7 +188,7 @@ async def test_unexpected_errors_are_a_safe_500() -> None:
     async def send(message: dict[str, Any]) -> None:
         sent.append(message)
 
-    app = AuthAdmission(broken, Service(registry.settings(), providers=[]))
+    app = Gateway(broken, Service(registry.settings(), providers=[]))
     scope = {"type": "http", "method": "GET", "path": "/v1/models", "headers": []}
     await app(scope, None, send)  # type: ignore[arg-type]
     assert sent[0]["status"] == 500

@@ -24,10 +24,9 @@ from mcp.shared.exceptions import MCPError
 
 from decidealot import registry
 from decidealot.http.app import create_app
-from decidealot.mcp.forward import ForwardingBackend
 from decidealot.mcp.http import transport_security
 from decidealot.mcp.server import ServiceBackend, ToolFailure
-from decidealot.mcp.stdio import main
+from decidealot.mcp.stdio import ForwardingBackend, main
 from decidealot.mcp.tools import TOOLS
 from decidealot.service import Service
 from tests.support.fake_typesafe import FakeTypeSafe, serve
@@ -346,7 +345,7 @@ async def test_unknown_tool_and_extra_arguments(gateway: RunningServer) -> None:
 async def test_oversized_arguments_are_413() -> None:
     backend = ServiceBackend(Service(registry.settings(max_request_bytes=1024), providers=[]))
     with pytest.raises(ToolFailure) as failure:
-        await backend.system_one({**REQUESTS[0], "state": "x" * 2000})
+        await backend.call("system_one", {**REQUESTS[0], "state": "x" * 2000})
     assert failure.value.status == 413
     assert failure.value.envelope["code"] == "REQUEST_TOO_LARGE"
 
@@ -449,7 +448,7 @@ async def test_forwarding_to_nothing_is_unavailable() -> None:
     backend = ForwardingBackend(url, API_KEY, httpx.Timeout(5))
     try:
         with pytest.raises(ToolFailure) as failure:
-            await backend.system_one(REQUESTS[0])
+            await backend.call("system_one", REQUESTS[0])
     finally:
         await backend.close()
     assert failure.value.status == 503

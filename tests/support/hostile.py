@@ -349,7 +349,7 @@ def answers_due(lines: list[bytes]) -> list[object]:
         try:
             _, message = checked(line)
         except JsonRpcRefusal as refusal:
-            ids.append(refusal.request_id)
+            ids.append(refusal.answer.id)
             continue
         if isinstance(message, JSONRPCRequest):
             ids.append(message.id)

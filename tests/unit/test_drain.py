@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from decidealot import registry
-from decidealot.asgi.middleware import AuthAdmission
+from decidealot.asgi.middleware import Gateway
 from decidealot.service import Service
 
 
@@ -36,7 +36,7 @@ async def slow(scope: Any, receive: Any, send: Any) -> None:
     await send({"type": "http.response.body", "body": b"{}"})
 
 
-async def call(gateway: AuthAdmission, seconds: float) -> list[dict[str, Any]]:
+async def call(gateway: Gateway, seconds: float) -> list[dict[str, Any]]:
     sent: list[dict[str, Any]] = []
 
     async def send(message: dict[str, Any]) -> None:
@@ -58,7 +58,7 @@ async def until(condition: Callable[[], bool], what: str) -> None:
 
 async def test_the_drain_answers_what_finishes_and_cuts_the_rest_with_a_503() -> None:
     service = Service(registry.settings(), providers=[])
-    gateway = AuthAdmission(slow, service)
+    gateway = Gateway(slow, service)
     BEGAN.clear()
     quick, long, streaming = (asyncio.create_task(call(gateway, s)) for s in (0.05, 10, -1))
     await until(lambda: len(BEGAN) == 3, "all three admitted")

@@ -93,11 +93,11 @@ class _UntilEof(ServiceBackend):
         super().__init__(service)
         self._ended = ended
 
-    async def system_one(self, arguments: Arguments) -> Any:
+    async def call(self, tool: str, arguments: Arguments) -> Any:
         state = arguments.get("state")
         if isinstance(state, dict) and state.get("fake", {}).get("tag") == "at eof":
             await self._ended.wait()
-        return await super().system_one(arguments)
+        return await super().call(tool, arguments)
 
 
 def session(lines: list[bytes]) -> _Out:
