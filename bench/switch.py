@@ -115,6 +115,16 @@ class Tree:
         rest = os.environ.get("PYTHONPATH", "")
         return {"PYTHONPATH": os.pathsep.join(filter(None, [str(self.path), rest]))}
 
+    def worker(self) -> str:
+        """The module holding `build_engine` in this tree (BEFORE's: providers/worker/host.py)."""
+        providers = (
+            ROOT / "providers" if self.path is None else self.path / "decidealot" / "providers"
+        )
+        for module in ("engine/proc", "worker/process", "worker/host"):
+            if (providers / f"{module}.py").exists():
+                return "decidealot.providers." + module.replace("/", ".")
+        raise RuntimeError(f"{self.name}: no worker module under {providers}")
+
 
 def serve_env(paths: dict[str, Path], port: int, tree: Tree) -> dict[str, str]:
     return {
@@ -341,18 +351,22 @@ def peak():
 _LOAD_SCRIPT = (
     _PEAK
     + """
-import json, sys, time
+import importlib, json, sys, time
 import torch
 torch.set_num_threads(1)
 from decidealot.jobs import EngineSpec
-from decidealot.providers.engine.proc import build_engine
-from decidealot.providers.engine.protocol import ignore_load
-factory, key, path = sys.argv[1:4]
+factory, key, path, worker = sys.argv[1:5]
+worker = importlib.import_module(worker)
+def build_engine(spec):
+    if worker.__name__ != "decidealot.providers.engine.proc":
+        return worker.build_engine(spec)  # a tree before providers/engine
+    from decidealot.providers.engine.protocol import ignore_load
+    return worker.build_engine(spec, ignore_load)
 spec = EngineSpec(factory, {key: path}, [key], torch_threads=1)
 # the imports, outside the clock
-build_engine(EngineSpec(factory, {key: path}, [], torch_threads=1), ignore_load)
+build_engine(EngineSpec(factory, {key: path}, [], torch_threads=1))
 started = time.perf_counter()
-build_engine(spec, ignore_load)
+build_engine(spec)
 print(json.dumps({"seconds": time.perf_counter() - started,
                   "peak": peak()}))
 """
@@ -369,7 +383,7 @@ def load_time(tree: Tree, paths: dict[str, Path], model: str) -> dict[str, float
     imported everything (page cache warm)."""
     factory, key, folder = ENGINES[model]
     out = subprocess.run(
-        [python(), "-P", "-c", _LOAD_SCRIPT, factory, key, str(paths[folder])],
+        [python(), "-P", "-c", _LOAD_SCRIPT, factory, key, str(paths[folder]), tree.worker()],
         env={**os.environ, **tree.env(), "OMP_NUM_THREADS": "1"},
         capture_output=True,
         text=True,
@@ -399,10 +413,9 @@ def base_switches(srv: Server, switches: int) -> dict[str, dict[str, list[float]
 _IMPORT_SCRIPT = (
     _PEAK
     + """
-import json, sys, time
+import importlib, json, sys, time
 wall, cpu = time.perf_counter(), time.process_time()
-import decidealot.providers.engine.proc
-import importlib
+importlib.import_module(sys.argv[2])
 importlib.import_module(sys.argv[1])
 print(json.dumps({"wall": time.perf_counter() - wall, "cpu": time.process_time() - cpu,
                   "rss": peak(), "transformers": "transformers" in sys.modules}))
@@ -471,7 +484,8 @@ def candidates(trees: list[Tree], base: dict[str, Path] | None, rounds: int) -> 
     for tree in trees:
         for model, (factory, _, _) in ENGINES.items():
             runs = [
-                run_json(_IMPORT_SCRIPT, factory.split(":")[0], tree=tree) for _ in range(rounds)
+                run_json(_IMPORT_SCRIPT, factory.split(":")[0], tree.worker(), tree=tree)
+                for _ in range(rounds)
             ]
             lines.append(
                 f"| {tree.name} | {model} | {med(r['wall'] for r in runs):.2f} | "
