@@ -26,10 +26,10 @@ from typing import Any, Generic, TypeVar
 from decidealot.contract import ChoiceAnswer, Labelled, NoulAnswer, ScoreAnswer
 from decidealot.errors import RequestInvalid
 from decidealot.jobs import Decision, EngineSpec, Job
-from decidealot.providers import reliability_png
 from decidealot.providers.engine.planner import run_together
 from decidealot.providers.engine.proc import build_engine
 from decidealot.providers.engine.protocol import Engine, PassShape, PreparedJob, ignore_load
+from decidealot.providers.plots import line_plot
 
 CHUNK_ROWS = 64
 """Label rows run together (one planner's worth of passes), and how often progress is told."""
@@ -250,8 +250,7 @@ def plot(path: Path, outcome: Outcome) -> None:
     """A reliability diagram of the held-out rows, before and after, as a PNG."""
     series = []
     for name, probs in (("before", outcome.before), ("after", outcome.after)):
-        points = [(c, a) for n, c, a in reliability(probs, outcome.gold) if n]
-        series.append(
-            (f"{name} (ECE {expected_calibration_error(probs, outcome.gold):.3f})", points)
-        )
-    reliability_png.draw(path, series)
+        bins = [(c, a) for n, c, a in reliability(probs, outcome.gold) if n]
+        ece = expected_calibration_error(probs, outcome.gold)
+        series.append((f"{name} (ECE {ece:.3f})", [c for c, _ in bins], [a for _, a in bins]))
+    line_plot(path, series, xlabel="confidence", ylabel="accuracy", diagonal="perfect calibration")
