@@ -9,7 +9,7 @@ from decidealot.config import Section, Settings, boolean, directory, file, setti
 from decidealot.contract import ModelInfo
 from decidealot.protocols import Provider
 from decidealot.providers.gateway.checkpoint_provider import CheckpointProvider
-from decidealot.providers.laya import calibration
+from decidealot.providers.laya import CHECKPOINTS, calibration
 from decidealot.providers.laya.gateway.router import DIRECT_SELECTORS, checkpoint_for
 from decidealot.registry import (
     Bundle,
@@ -38,9 +38,6 @@ SELECTORS = (
         RELEASE,
     ),
 )
-
-CHECKPOINTS = ("english", "multilingual", "typed-decisions")
-"""The worker's checkpoint keys; each is bundle `laya-<key>`, replaced by its setting."""
 
 FILES = (
     "rl_agent_config.json",

@@ -17,9 +17,8 @@ from safetensors.torch import save_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import ModernBertConfig, ModernBertModel, PreTrainedTokenizerFast
 
+from decidealot.providers.laya import CHECKPOINTS as VARIANTS
 from decidealot.providers.tiny import MODERNBERT_BASE, MODERNBERT_VOCAB_SIZE, modernbert_config
-
-VARIANTS = ("english", "multilingual", "typed-decisions")
 
 _CORPUS = [
     "The customer requests a refund for a duplicate payment.",

@@ -13,6 +13,7 @@ import asyncio
 from collections.abc import Iterable
 
 from decidealot.contract import State, SystemOneRequest
+from decidealot.providers.laya import CHECKPOINTS
 from decidealot.providers.laya.gateway import lang
 
 FALLBACK = "multilingual"
@@ -23,11 +24,7 @@ event loop. Detection there costs at most 2.6 ms (English in an array, about 1.3
 character; `bench/routing.py`, docs/performance.md), under the interpreter's 5 ms switch
 interval: a thread would hold the GIL, and so the loop, as long, and its round trip alone costs
 40-70 us, more than detection of a short state (about 0.2 ms at 500 characters)."""
-DIRECT_SELECTORS = {
-    "laya-english": "english",
-    "laya-multilingual": "multilingual",
-    "laya-typed-decisions": "typed-decisions",
-}
+DIRECT_SELECTORS = {f"laya-{key}": key for key in CHECKPOINTS}
 
 TYPED_DECISION_WORKFLOWS = {
     "agent_trace_observability": frozenset(

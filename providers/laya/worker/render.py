@@ -14,8 +14,9 @@ from dataclasses import dataclass
 
 from decidealot.contract import ChoiceQuestion, Json, NoulQuestion, Question, ScoreQuestion, State
 from decidealot.errors import RequestInvalid
+from decidealot.providers.laya.calibration import QTYPE_NAMES
 
-QTYPES = {"choice": 0, "score": 1, "noul": 2}
+QTYPES = {name: i for i, name in enumerate(QTYPE_NAMES)}
 OPTION_TOKEN_CAP = 48
 """Upstream keeps the first 48 tokens of each option text (before its marker is prepended)."""
 
@@ -124,30 +125,6 @@ def question_type(question: Question) -> str:
     if isinstance(question, ScoreQuestion):
         return "score"
     return "noul"
-
-
-def render_rows(
-    state: State,
-    questions: dict[str, Question],
-    encode: Encode,
-    specials: Specials,
-    budget: Budget,
-    encode_texts: Encode | None = None,
-) -> list[LayaRow]:
-    """One row per question, in `questions` order (upstream `build_sequence`); the state is
-    tokenised once, by `encode`, the questions' texts by `encode_texts` (default `encode`; the
-    engine's keeps them, as they recur from request to request). Each text is tokenised alone,
-    so which call does it does not change its ids.
-
-    Raises `RequestInvalid` naming the question when its option markers cannot all fit in
-    `max_len`: options are never dropped silently.
-    """
-    if not questions:
-        return []
-    heads = render_heads(questions, encode_texts or encode, specials, budget)
-    ids = state_ids(state, encode, specials)
-    keep_tail = isinstance(state, list)  # a conversation keeps its newest turns
-    return [fill(head, ids, keep_tail, specials, budget) for head in heads]
 
 
 def state_ids(state: State, encode: Encode, specials: Specials) -> list[int]:
