@@ -22,7 +22,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from decidealot.providers.worker import modernbert
 from decidealot.providers.worker.memory import release_freed
 
 BF16 = torch.bfloat16
@@ -74,7 +73,7 @@ PACKED = "bf16_parameters"
 input to their dtype (Laya's head attention: `in_proj_weight`, `in_proj_bias`)."""
 
 
-def _sites(encoder: modernbert.ModernBert, others: tuple[nn.Module, ...]) -> list[Site]:
+def _sites(encoder: nn.Module, others: tuple[nn.Module, ...]) -> list[Site]:
     """Every linear layer and packed projection under `encoder` and `others`, and the
     encoder's token embeddings."""
     sites: list[Site] = [(encoder.embeddings, "tok_embeddings", encoder.embeddings.tok_embeddings)]
@@ -98,7 +97,7 @@ def _lowered(held: nn.Module | nn.Parameter) -> nn.Module | nn.Parameter:
 
 
 def lower_guarded(
-    encoder: modernbert.ModernBert,
+    encoder: nn.Module,
     probe: Callable[[], torch.Tensor],
     others: tuple[nn.Module, ...] = (),
 ) -> Lowered:

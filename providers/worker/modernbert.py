@@ -14,16 +14,20 @@ them: no weight is allocated, randomly initialised or copied before it is loaded
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from decidealot.providers.json_files import read_json_object
+from decidealot.providers.worker.bf16 import Lowered, lower_guarded
+from decidealot.providers.worker.int8 import Quantised, quantize_guarded, unquantised
+from decidealot.providers.worker.precision import AUTOCAST
 
 FULL = "full_attention"
 SLIDING = "sliding_attention"
@@ -54,7 +58,8 @@ class Config:
     rope_theta: tuple[tuple[str, float], ...] = ()
     """(layer type, RoPE theta) per layer type."""
     hidden_activation: str = "gelu"
-    model_type: str = "modernbert"
+    model_type: str = ""
+    """Must be `modernbert` (`of` refuses a config without it)."""
 
     @property
     def sliding_window(self) -> int:
@@ -75,34 +80,24 @@ class Config:
         return cls.of(read_json_object(path, ModernBertConfigError))
 
     @classmethod
-    def of(cls, raw: Mapping[str, object]) -> Config:
-        defaults = cls()
+    def of(cls, raw: Mapping[str, Any]) -> Config:
         try:
-            layers = int(raw.get("num_hidden_layers", 22))  # type: ignore[call-overload]
-            every = int(raw.get("global_attn_every_n_layers", 3))  # type: ignore[call-overload]
+            layers = int(raw.get("num_hidden_layers", 22))
+            every = int(raw.get("global_attn_every_n_layers", 3))
             types = raw.get("layer_types")
             if types is None:
                 types = [SLIDING if i % every else FULL for i in range(layers)]
+            scalars = {  # every int, float, bool and str field, as transformers casts it
+                f.name: _CASTS[f.type](raw.get(f.name, f.default))
+                for f in fields(cls)
+                if f.type in _CASTS
+            }
             config = cls(
-                vocab_size=int(raw.get("vocab_size", defaults.vocab_size)),  # type: ignore[call-overload]
-                hidden_size=int(raw.get("hidden_size", defaults.hidden_size)),  # type: ignore[call-overload]
-                intermediate_size=int(raw.get("intermediate_size", defaults.intermediate_size)),  # type: ignore[call-overload]
-                num_attention_heads=int(
-                    raw.get("num_attention_heads", defaults.num_attention_heads)
-                ),  # type: ignore[call-overload]
-                layer_types=tuple(str(t) for t in types),  # type: ignore[union-attr]
-                norm_eps=float(raw.get("norm_eps", defaults.norm_eps)),  # type: ignore[arg-type]
-                norm_bias=bool(raw.get("norm_bias", defaults.norm_bias)),
-                attention_bias=bool(raw.get("attention_bias", defaults.attention_bias)),
-                mlp_bias=bool(raw.get("mlp_bias", defaults.mlp_bias)),
-                local_attention=int(raw.get("local_attention", defaults.local_attention)),  # type: ignore[call-overload]
-                rope_theta=_rope_theta(raw),
-                hidden_activation=str(raw.get("hidden_activation", defaults.hidden_activation)),
-                model_type=str(raw.get("model_type", "")),
+                **scalars, layer_types=tuple(str(t) for t in types), rope_theta=_rope_theta(raw)
             )
+        except ModernBertConfigError:
+            raise
         except (TypeError, ValueError, AttributeError, KeyError) as exc:
-            if isinstance(exc, ModernBertConfigError):
-                raise
             raise ModernBertConfigError(
                 f"malformed ModernBERT config ({type(exc).__name__})"
             ) from exc
@@ -119,6 +114,11 @@ class Config:
                 f"unsupported hidden_activation {config.hidden_activation!r}"
             )
         return config
+
+
+_CASTS = {"int": int, "float": float, "bool": bool, "str": str}
+"""A `Config` field's annotation (a string, under `from __future__ import annotations`) -> how
+`Config.of` reads it."""
 
 
 def _rope_theta(raw: Mapping[str, object]) -> tuple[tuple[str, float], ...]:
@@ -351,3 +351,40 @@ def load(module: nn.Module, state: Mapping[str, torch.Tensor]) -> None:
     """Assign `state`'s tensors to `module` (strictly: every key, no extras, same shapes); the
     tensors become the parameters, so they are never copied."""
     module.load_state_dict(state, strict=True, assign=True)
+
+
+class Precision(NamedTuple):
+    """What loading an encoder in a precision did (`at_precision`)."""
+
+    amp_dtype: torch.dtype
+    """The autocast dtype of a pass (`autocast`): CUDA's bf16 or fp16, else fp32 (none)."""
+    linears: Quantised
+    """How many of the encoder's linear layers run int8 (none outside `int8`)."""
+    lowered: Lowered | None
+    """Under bf16 on a CPU: whether the encoder kept its bf16 weights after the probe."""
+
+
+def at_precision(
+    encoder: ModernBert,
+    precision: str,
+    device: torch.device,
+    probe: Callable[[], torch.Tensor],
+    others: tuple[nn.Module, ...] = (),
+) -> Precision:
+    """Put a loaded `encoder` in `precision` (a resolved one, not `auto`), each change checked
+    on `probe` (option probabilities through it): int8 linear layers, or bf16 ones on a CPU
+    (`others`' too: Laya's head), where CUDA autocasts instead. What reads the encoder's output
+    (Laya's head otherwise, the scorers) stays fp32."""
+    cpu_bf16 = precision == "bf16" and device.type == "cpu"
+    return Precision(
+        torch.float32 if cpu_bf16 else AUTOCAST.get(precision, torch.float32),
+        quantize_guarded(encoder, probe) if precision == "int8" else unquantised(encoder),
+        lower_guarded(encoder, probe, others) if cpu_bf16 else None,
+    )
+
+
+def autocast(device: torch.device, dtype: torch.dtype) -> AbstractContextManager[object]:
+    """Autocast to `dtype` on `device` (CUDA's bf16, fp16); none for fp32."""
+    if dtype == torch.float32:
+        return nullcontext()
+    return torch.autocast(device_type=device.type, dtype=dtype)

@@ -21,12 +21,12 @@ from decidealot.contract import Cut, Question
 from decidealot.errors import RequestInvalid, state_too_long
 from decidealot.jobs import Decision, EngineSpec, Job
 from decidealot.providers.engine.protocol import PassShape, ReportLoad, ignore_load
+from decidealot.providers.laya import CHECKPOINTS
 from decidealot.providers.laya.worker import readout
 from decidealot.providers.laya.worker.model import PASS_INPUTS, Checkpoint, load_checkpoint
 from decidealot.providers.laya.worker.render import LayaRow, fill, render_heads, state_ids, windows
 from decidealot.providers.worker.precision import checkpoint_load, engine_precision
 
-CHECKPOINT_KEYS = ("english", "multilingual", "typed-decisions")
 PASS_TOKEN_LIMIT = 262_144
 """Padded tokens (rows x longest row) above which a turn is cut into several passes."""
 CPU_PASS_COST = 64
@@ -57,11 +57,11 @@ class LayaEngine:
     `prepare` and `forward` may be called from several threads at once."""
 
     def __init__(self, spec: EngineSpec, report: ReportLoad = ignore_load):
-        unknown = set(spec.checkpoints) - set(CHECKPOINT_KEYS)
+        unknown = set(spec.checkpoints) - set(CHECKPOINTS)
         if unknown:
             raise ValueError(f"unknown Laya checkpoint keys: {sorted(unknown)}")
         self._paths = dict(spec.checkpoints)
-        self._calibrations = calibrations(spec, CHECKPOINT_KEYS)
+        self._calibrations = calibrations(spec, CHECKPOINTS)
         self._long_states = spec.options.get("long_states", "cut")
         if self._long_states not in LONG_STATES:
             raise ValueError(f"Laya engine option long_states must be one of {LONG_STATES}")

@@ -9,7 +9,6 @@ the same as upstream's `nn.TransformerEncoderLayer`.
 from __future__ import annotations
 
 from collections.abc import Callable
-from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,16 +21,9 @@ from decidealot.providers.laya import calibration as calibration_file
 from decidealot.providers.laya.worker.readout import Temperatures
 from decidealot.providers.laya.worker.render import Budget, Specials
 from decidealot.providers.worker import modernbert
-from decidealot.providers.worker.bf16 import Lowered, lower_guarded
+from decidealot.providers.worker.bf16 import Lowered
 from decidealot.providers.worker.checkpoint_files import read_safetensors
-from decidealot.providers.worker.int8 import (
-    PROBE_LENGTH,
-    PROBE_ROWS,
-    Quantised,
-    quantize_guarded,
-    unquantised,
-)
-from decidealot.providers.worker.precision import AUTOCAST
+from decidealot.providers.worker.int8 import PROBE_LENGTH, PROBE_ROWS, Quantised
 from decidealot.providers.worker.tokenizer import CachedIds, FastTokenizer
 
 LAYER_NORM_EPS = 1e-5
@@ -140,9 +132,6 @@ class DecisionModel(nn.Module):
 PASS_INPUTS = ("input_ids", "attention_mask", "marker_pos", "marker_mask", "qtype")
 """`DecisionModel.forward`'s inputs, by name: what a pass is given."""
 
-ForwardFn = Callable[[dict[str, torch.Tensor]], torch.Tensor]
-"""One padded pass: `PASS_INPUTS` tensors on the model's device -> `[rows, K]` fp32 logits."""
-
 
 @dataclass(frozen=True, eq=False)
 class Checkpoint:
@@ -154,32 +143,19 @@ class Checkpoint:
     specials: Specials
     budget: Budget
     temperatures: Temperatures
-    amp_dtype: torch.dtype
+    device: torch.device
     pad_id: int
-    forward: ForwardFn
-    """The padded pass in the configured precision (`torch_pass`)."""
     texts: CachedIds
     """The questions' texts' token ids, kept across requests."""
+    amp_dtype: torch.dtype
     linears: Quantised
-    """How many of the encoder's linear layers run int8 (none outside `int8`)."""
     lowered: Lowered | None
-    """Under bf16 on a CPU: whether the encoder kept its bf16 weights after the probe."""
+    """`amp_dtype`, `linears`, `lowered`: `modernbert.at_precision`'s."""
 
-
-def torch_pass(model: DecisionModel, device: torch.device, amp_dtype: torch.dtype) -> ForwardFn:
-    """Eager torch with sdpa attention, under CUDA autocast when `amp_dtype` is not fp32 (bf16
-    on a CPU casts the encoder's weights at load instead: `bf16.lower_guarded`)."""
-
-    def forward(inputs: dict[str, torch.Tensor]) -> torch.Tensor:
-        autocast = (
-            torch.autocast(device_type=device.type, dtype=amp_dtype)
-            if amp_dtype != torch.float32
-            else nullcontext()
-        )
-        with torch.inference_mode(), autocast:
-            return model(**inputs).float()
-
-    return forward
+    def forward(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        """One padded pass: `PASS_INPUTS` tensors on the device -> `[rows, K]` fp32 logits."""
+        with torch.inference_mode(), modernbert.autocast(self.device, self.amp_dtype):
+            return self.model(**inputs).float()
 
 
 def probe(model: DecisionModel, specials: Specials, budget: Budget) -> Callable[[], torch.Tensor]:
@@ -202,10 +178,6 @@ def probe(model: DecisionModel, specials: Specials, budget: Budget) -> Callable[
     return lambda: model(**inputs).softmax(-1)
 
 
-_SPECIAL_ROLES = ("cls_token", "sep_token", "mask_token", "pad_token")
-"""The special tokens Laya's rows are built from (laya.md §1.4)."""
-
-
 def _require(path: Path, what: str) -> Path:
     if not path.exists():
         raise FileNotFoundError(f"Laya checkpoint is missing {what} ({path.name})")
@@ -220,14 +192,15 @@ def load_checkpoint(
 ) -> Checkpoint:
     """Build the model from `encoder/config.json` on the meta device, assign it the checkpoint's
     fp16 weights read as fp32 (strictly: every key, no extras), then apply `precision` (a
-    resolved one, not `auto`: `decidealot.config.PRECISION_DEVICES`). A `calibration` file
-    (laya's `save_calibration` payload) replaces the checkpoint's temperatures."""
+    resolved one, not `auto`). A `calibration` file (laya's `save_calibration` payload)
+    replaces the checkpoint's temperatures."""
     root = Path(directory)
     config = read_json_object(_require(root / "rl_agent_config.json", "its config"), ValueError)
     weights_path = _require(root / "model.safetensors", "its weights")
     encoder_dir = _require(root / "encoder", "its encoder config")
     tokenizer = FastTokenizer(
-        _require(root / "tokenizer", "its tokenizer"), required=_SPECIAL_ROLES
+        _require(root / "tokenizer", "its tokenizer"),
+        required=("cls_token", "sep_token", "mask_token", "pad_token"),  # laya.md §1.4
     )
     if "head_layers" not in config or "encoder" not in config:
         raise ValueError("rl_agent_config.json: 'encoder' and 'head_layers' are required")
@@ -250,9 +223,6 @@ def load_checkpoint(
         )
     modernbert.load(model, read_safetensors(weights_path, torch.float32))
     model.to(device).eval().requires_grad_(False)
-
-    cpu_bf16 = precision == "bf16" and device.type == "cpu"
-    amp = torch.float32 if cpu_bf16 else AUTOCAST.get(precision, torch.float32)
     specials = Specials(
         cls_id=tokenizer.cls_token_id,
         sep_id=tokenizer.sep_token_id,
@@ -263,24 +233,11 @@ def load_checkpoint(
         max_len=int(config.get("max_len", 512)),
         head_max_len=int(config.get("head_max_len", 192)),
     )
-    if precision == "int8":  # the head and scorer stay fp32
-        linears = quantize_guarded(model.encoder, probe(model, specials, budget))
-    else:
-        linears = unquantised(model.encoder)
-    lowered = None
-    if cpu_bf16:  # the encoder and the head's projections; norms, type_emb and scorer fp32
-        head = () if model.head is None else (model.head,)
-        lowered = lower_guarded(model.encoder, probe(model, specials, budget), head)
+    head = () if model.head is None else (model.head,)  # bf16 lowers its projections too
+    chosen = modernbert.at_precision(
+        model.encoder, precision, device, probe(model, specials, budget), head
+    )
+    pad_id, texts = tokenizer.pad_token_id, CachedIds(tokenizer)
     return Checkpoint(
-        model=model,
-        tokenizer=tokenizer,
-        specials=specials,
-        budget=budget,
-        temperatures=temperatures,
-        amp_dtype=amp,
-        pad_id=tokenizer.pad_token_id,
-        forward=torch_pass(model, device, amp),
-        texts=CachedIds(tokenizer),
-        linears=linears,
-        lowered=lowered,
+        model, tokenizer, specials, budget, temperatures, device, pad_id, texts, *chosen
     )

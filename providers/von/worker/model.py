@@ -13,7 +13,6 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,14 +22,7 @@ from torch import nn
 from decidealot.providers.json_files import read_json_object
 from decidealot.providers.von.calibration import CalibrationError, VonCalibration, parse
 from decidealot.providers.worker import modernbert
-from decidealot.providers.worker.bf16 import Lowered, lower_guarded
-from decidealot.providers.worker.int8 import (
-    PROBE_LENGTH,
-    PROBE_ROWS,
-    quantize_guarded,
-    unquantised,
-)
-from decidealot.providers.worker.precision import AUTOCAST
+from decidealot.providers.worker.int8 import PROBE_LENGTH, PROBE_ROWS
 from decidealot.providers.worker.tokenizer import FastTokenizer, TokenizerError
 
 WINDOW = 8192
@@ -157,18 +149,9 @@ class VonModel:
         """Guards `_shared_logits`: a worker may run several passes at once."""
         self.encoder.to(device).eval()
         self.scorer.to(device).eval()
-        cpu_bf16 = precision == "bf16" and device.type == "cpu"
-        self.amp_dtype = torch.float32 if cpu_bf16 else AUTOCAST.get(precision, torch.float32)
-        self.linears = (  # the scorer stays fp32
-            quantize_guarded(self.encoder, self._probe())
-            if precision == "int8"
-            else unquantised(self.encoder)
+        self.amp_dtype, self.linears, self.lowered = modernbert.at_precision(
+            self.encoder, precision, device, self._probe()
         )
-        """How many of the encoder's linear layers run int8 (none outside `int8`)."""
-        self.lowered: Lowered | None = (
-            lower_guarded(self.encoder, self._probe()) if cpu_bf16 else None
-        )
-        """Under bf16 on a CPU: whether the encoder kept its bf16 weights after the probe."""
 
     def _probe(self) -> Callable[[], torch.Tensor]:
         """Option probabilities of random rows with four markers each, through the encoder
@@ -242,17 +225,11 @@ class VonModel:
             ids[b, : len(row.ids)] = torch.tensor(row.ids, dtype=torch.long)
             valid[b, : len(row.ids)] = True
         ids, valid = ids.to(self.device), valid.to(self.device)
-        with self._autocast():
+        with modernbert.autocast(self.device, self.amp_dtype):
             hidden = self._encode(rows, ids, valid, length)
         states = hidden.float()
         markers = torch.cat([states[b, row.markers] for b, row in enumerate(rows)])
         return list(self.scorer(markers).split([len(row.markers) for row in rows]))
-
-    def _autocast(self) -> AbstractContextManager[object]:
-        """CUDA autocast under bf16/fp16; fp32 and int8 run as they are."""
-        if self.amp_dtype == torch.float32:
-            return nullcontext()
-        return torch.autocast(device_type=self.device.type, dtype=self.amp_dtype)
 
     def _encode(
         self, rows: Sequence[VonRow], ids: torch.Tensor, valid: torch.Tensor, length: int
