@@ -1,14 +1,11 @@
 """`decidealot calibrate`'s shared part: label rows through a worker engine, the report, the plot.
 
-Each local provider that takes a calibration file fits one in its upstream package's format
-with its upstream's method (`ProviderDescriptor.calibrator` names that function: Laya's in
-`decidealot.providers.laya.calibrate`, Von's in `decidealot.providers.von.calibrate`). Both run
-the rows the way a worker does: the provider's own engine, its pass planner
-(`decidealot.providers.engine.planner.run_together`), in this process and without a server; the
-engine's `finish` still answers each row (the probabilities before), and the provider reads the
-logits its temperature divides from the same pass. How sure the fitted file makes the model is
-scored on held-out rows: `folds` cross-fitted folds, each fitted on the other rows, so every
-used row is scored once by a fit that did not see it.
+Each provider's calibrator (`ProviderDescriptor.calibrator`) fits a file in its upstream's
+format by its upstream's method. The rows run as a worker runs them (the provider's engine and
+pass planner, in this process): the engine's `finish` answers each row (the probabilities
+before) and the provider reads the logits its temperature divides from the same pass. The fit
+is scored on held-out rows: `folds` cross-fitted folds, so every used row is scored once by a
+fit that did not see it.
 """
 
 from __future__ import annotations
@@ -18,9 +15,10 @@ import math
 import os
 import random
 import tempfile
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Generic, TypeVar
 
 from decidealot.contract import ChoiceAnswer, Labelled, NoulAnswer, ScoreAnswer
@@ -28,7 +26,7 @@ from decidealot.errors import RequestInvalid
 from decidealot.jobs import Decision, EngineSpec, Job
 from decidealot.providers.engine.planner import run_together
 from decidealot.providers.engine.proc import build_engine
-from decidealot.providers.engine.protocol import Engine, PassShape, PreparedJob, ignore_load
+from decidealot.providers.engine.protocol import Engine, PreparedJob, ignore_load
 from decidealot.providers.plots import line_plot
 
 CHUNK_ROWS = 64
@@ -85,6 +83,12 @@ class Outcome:
     gold: list[int] = field(default_factory=list)
     """Per used row, in contract order: probabilities now, cross-fitted ones, the answer."""
 
+    def held_out(self, rows: Sequence[LabelRow[Any]], after: Mapping[int, list[float]]) -> None:
+        """Score `rows` (the used ones) with `after`, each row's cross-fitted probabilities."""
+        self.before = [row.before for row in rows]
+        self.after = [after[i] for i in range(len(rows))]
+        self.gold = [row.label.gold for row in rows]
+
 
 def build(setup: Setup, factory: str) -> Engine:
     """The provider's engine on `setup`'s checkpoint, built as a worker builds it (its torch
@@ -101,24 +105,6 @@ def build(setup: Setup, factory: str) -> Engine:
     return build_engine(spec, ignore_load)
 
 
-class _ReadingEngine(Generic[R]):
-    """The engine, with `finish` also returning what `read` takes from the same outputs."""
-
-    def __init__(self, engine: Engine, read: Callable[[PreparedJob, Sequence[object]], R]):
-        self._engine = engine
-        self._read = read
-        self.shape: PassShape = engine.shape
-
-    def prepare(self, job: Job) -> PreparedJob:
-        return self._engine.prepare(job)
-
-    def forward(self, group: Hashable, rows: Sequence[Any]) -> Sequence[object]:
-        return self._engine.forward(group, rows)
-
-    def finish(self, prepared: PreparedJob, outputs: Sequence[object]) -> tuple[Decision, R]:
-        return self._engine.finish(prepared, outputs), self._read(prepared, outputs)
-
-
 QUESTION = "q"
 """The one question of a label row's job."""
 
@@ -131,7 +117,14 @@ def collect(
     """Every label row through `engine` as one-question jobs on `setup.key`, `CHUNK_ROWS` at a
     time. A row the engine refuses (`RequestInvalid`) is skipped with its reason; `ValueError`
     when no row is left."""
-    reading = _ReadingEngine(engine, read)
+    reading = SimpleNamespace(  # `engine` whose `finish` also returns what `read` takes
+        shape=engine.shape,
+        forward=engine.forward,
+        finish=lambda prepared, outputs: (
+            engine.finish(prepared, outputs),
+            read(prepared, outputs),
+        ),
+    )
     used: list[LabelRow[R]] = []
     skipped: list[tuple[int, str]] = []
     total = len(setup.labels)
@@ -141,7 +134,7 @@ def collect(
         for label in chunk:
             job = Job(setup.key, label.state, {QUESTION: label.question})
             try:
-                prepared.append(reading.prepare(job))
+                prepared.append(engine.prepare(job))
             except RequestInvalid as exc:
                 skipped.append((label.line, "; ".join(i.msg for i in exc.issues)))
                 continue

@@ -165,7 +165,5 @@ def fit(setup: calibrate.Setup) -> calibrate.Outcome:
                 record = records[i]
                 scale = temperatures.get(QTYPE_NAMES[record.qtype], len(record.logits))
                 after[i] = softmax(record.logits, scale)
-        outcome.before = [r.before for r in rows]
-        outcome.after = [after[i] for i in range(len(records))]
-        outcome.gold = [r.gold for r in records]
+        outcome.held_out(rows, after)
     return outcome

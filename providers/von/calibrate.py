@@ -273,7 +273,5 @@ def fit(setup: calibrate.Setup) -> calibrate.Outcome:
                 torch.tensor(record.logits) / max(_temp(params, record.feats), 1e-4), dim=-1
             ).tolist()
             after[i] = probs[::-1] if _von_order(row)[1] else probs
-    outcome.before = [r.before for r in rows]
-    outcome.after = [after[i] for i in range(len(records))]
-    outcome.gold = [r.label.gold for r in rows]
+    outcome.held_out(rows, after)
     return outcome
