@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 from tokenizers.processors import TemplateProcessing
-from transformers import ModernBertConfig, ModernBertModel, PreTrainedTokenizerFast
+from transformers import ModernBertModel, PreTrainedTokenizerFast
 
 from decidealot.providers.tiny import MODERNBERT_BASE, MODERNBERT_VOCAB_SIZE, modernbert_config
 
@@ -33,24 +33,22 @@ HIDDEN = 32
 LOCAL_ATTENTION = 16
 
 SIZES = ("tiny", "long", "small", "base")
+_TINY_SHAPE = {
+    "hidden_size": HIDDEN,
+    "intermediate_size": 48,
+    "num_hidden_layers": 3,
+    "num_attention_heads": 2,
+    "global_attn_every_n_layers": 3,
+    "local_attention": LOCAL_ATTENTION,
+    "initializer_range": 0.1,  # with the scorer's gain: probabilities spread, rarely saturate
+}
 _SHAPES: dict[str, dict[str, Any]] = {
-    "tiny": {
-        "hidden_size": HIDDEN,
-        "intermediate_size": 48,
-        "num_hidden_layers": 3,
-        "num_attention_heads": 2,
-        "global_attn_every_n_layers": 3,
-        "local_attention": LOCAL_ATTENTION,
-        "initializer_range": 0.1,  # with the scorer's gain: probabilities spread, rarely saturate
-    },
+    "tiny": _TINY_SHAPE,
     "long": {
-        "hidden_size": HIDDEN,
-        "intermediate_size": 48,
+        **_TINY_SHAPE,
         "num_hidden_layers": 1,
         "num_attention_heads": 1,
         "global_attn_every_n_layers": 1,
-        "local_attention": LOCAL_ATTENTION,
-        "initializer_range": 0.1,
     },
     "small": {
         "hidden_size": 384,
@@ -117,10 +115,6 @@ def _build_tokenizer(out: Path) -> PreTrainedTokenizerFast:
     return tok
 
 
-def _encoder_config(tok: PreTrainedTokenizerFast, size: str) -> ModernBertConfig:
-    return modernbert_config(tok, _SHAPES[size])
-
-
 def _scorer_weights(hidden: int) -> dict[str, torch.Tensor]:
     scorer = {
         "input_norm": torch.nn.LayerNorm(hidden),
@@ -159,7 +153,7 @@ def build_von_checkpoint(
         raise ValueError(f"unknown Von checkpoint size {size!r}; expected one of {SIZES}")
     path.mkdir(parents=True, exist_ok=True)
     tok = _build_tokenizer(path)
-    config = _encoder_config(tok, size)
+    config = modernbert_config(tok, _SHAPES[size])
     torch.manual_seed(seed)
     encoder = ModernBertModel(config)
     encoder.save_pretrained(str(path))
