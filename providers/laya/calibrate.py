@@ -94,21 +94,20 @@ def fit_temperatures(records: Sequence[Record]) -> Fit:
     for record in records:
         by_type[record.qtype].append(record)
         by_bucket.setdefault(record.bucket, []).append(record)
-    temperature = [1.0] * len(QTYPE_NAMES)
     clamped: dict[str, float] = {}
-    for qtype, rows in enumerate(by_type):
-        if len(rows) >= MIN_TYPE_N:
-            raw = _fit_unclamped(rows)
-            temperature[qtype] = calibration.clamp_temperature(raw)
-            if math.isfinite(raw) and temperature[qtype] != raw:
-                clamped[QTYPE_NAMES[qtype]] = raw
-    by_options = {}
-    for key, rows in by_bucket.items():
-        if len(rows) >= MIN_BUCKET_N:
-            raw = _fit_unclamped(rows)
-            by_options[key] = calibration.clamp_temperature(raw)
-            if math.isfinite(raw) and by_options[key] != raw:
-                clamped[key] = raw
+
+    def fitted(name: str, rows: list[Record]) -> float:
+        raw = _fit_unclamped(rows)
+        value = calibration.clamp_temperature(raw)
+        if math.isfinite(raw) and value != raw:
+            clamped[name] = raw
+        return value
+
+    temperature = [
+        fitted(QTYPE_NAMES[qtype], rows) if len(rows) >= MIN_TYPE_N else 1.0
+        for qtype, rows in enumerate(by_type)
+    ]
+    by_options = {k: fitted(k, rows) for k, rows in by_bucket.items() if len(rows) >= MIN_BUCKET_N}
     return Fit(temperature, by_options, clamped, [len(rows) for rows in by_type])
 
 

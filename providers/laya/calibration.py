@@ -1,13 +1,11 @@
 """Laya calibration files: the JSON payload laya 0.4.15's `Agent.save_calibration` writes.
 
-Read with upstream's own rules (`laya.calibrate.apply_calibration_payload`): the payload's shape
-is refused with a message naming the field (a `temperature` that is not a list of three, a
-`temperature_by_options` or `binning_map` that is not an object, a binning entry without an
-integer `bins` and that many values in [0, 1], a `version` that is not an integer), while a
-temperature that is not a number, or lies outside [0.5, 5], is forgiven and clamped at load as the
-checkpoint's own are. A version-2 file records the checkpoint it was fitted for; a mismatch warns
-and still loads. Written the same way (`payload`, `write`), so a file fitted here loads in laya.
-Pure Python: the gateway checks files with it before listening, the worker loads them with it.
+Read with upstream's own rules (`laya.calibrate.apply_calibration_payload`): a malformed shape
+is refused with a message naming the field, while a temperature that is not a number, or lies
+outside [0.5, 5], is clamped at load as the checkpoint's own are. A version-2 file records the
+checkpoint it was fitted for; a mismatch warns and still loads. `payload` writes the same
+format, so a file fitted here loads in laya. Pure Python: the gateway checks files with it
+before listening, the worker loads them with it.
 """
 
 from __future__ import annotations
@@ -219,18 +217,14 @@ def payload(
     *,
     model_id_or_path: str | None,
     config: Mapping[str, Any] | None,
-    subfolder: str | None = None,
-    binning_map: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The JSON body `Agent.save_calibration` writes (`laya.calibrate.calibration_payload`)."""
-    body: dict[str, Any] = {
+    """The JSON body a fresh agent's `Agent.save_calibration` writes (no subfolder, no binning
+    map: `laya.calibrate.calibration_payload`)."""
+    return {
         "version": VERSION,
         "temperature": [float(t) for t in temperature],
         "temperature_by_options": {str(k): float(v) for k, v in temperature_by_options.items()},
         "model_id_or_path": model_id_or_path,
-        "subfolder": subfolder,
+        "subfolder": None,
         "config": config_identity(config),
     }
-    if binning_map is not None:
-        body["binning_map"] = dict(binning_map)
-    return body

@@ -1,16 +1,12 @@
 """bf16 on a CPU with bf16 units (`DECIDEALOT_PRECISION=bf16`, or what `auto` chose there).
 
 Not autocast, which re-casts every weight on every pass, and not the whole model cast to bf16,
-whose bf16 norms moved the hidden states 50x more than autocast did (issue 27: max |d| 0.06
-against 0.0017). Here the encoder's linear layers and token embeddings, and the projections of
-Laya's head, are cast to bf16 once, at load, which halves their memory; every matrix product and
-the attention then run bf16, while the residual stream, every LayerNorm, RoPE's rotation and the
-readout (the scorers, the option logits' softmax) stay fp32: a bf16 layer output is added to
-the fp32 residual, and each norm reads and writes fp32.
-
-`lower_guarded` checks the result on a probe before serving it, as int8's load does: where bf16
-moves the probe's probabilities more than `PROBE_TOLERANCE`, the encoder goes back to the fp32
-weights it kept while the probe decided, and the engine reports why. Worker-side only.
+whose bf16 norms moved the hidden states 50x more than autocast did (max |d| 0.06 against
+0.0017). The encoder's linear layers and token embeddings, and the projections of Laya's head,
+are cast to bf16 once, at load, halving their memory: every matrix product and the attention
+run bf16, while the residual stream, every LayerNorm, RoPE's rotation and the readout stay fp32.
+`lower_guarded` checks the result on a probe before serving it, as int8's load does, and goes
+back to fp32 where bf16 moves it more than `PROBE_TOLERANCE`.
 """
 
 from __future__ import annotations
@@ -103,9 +99,8 @@ def lower_guarded(
 ) -> Lowered:
     """Cast `encoder`'s linear layers and token embeddings, and the linear layers and packed
     projections (`PACKED`) of `others` (Laya's head), to bf16, and keep them so where
-    `probe()` (probabilities computed through `encoder`) moves at most `PROBE_TOLERANCE`;
-    otherwise put the fp32 modules back. The modules not kept are freed and their pages
-    handed back to the system (`release_freed`)."""
+    `probe()` (probabilities through `encoder`) moves at most `PROBE_TOLERANCE`; otherwise put
+    the fp32 modules back. The modules not kept are freed (`release_freed`)."""
     sites = _sites(encoder, others)
     with torch.inference_mode():
         reference = probe()

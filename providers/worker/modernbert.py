@@ -1,15 +1,11 @@
 """ModernBERT's encoder in plain torch: what Laya and Von run, without importing transformers.
 
 transformers' `ModernBertModel` is about a hundred lines of arithmetic behind `modeling_utils`,
-whose import (torch._dynamo, distributed checkpointing, loss and quantisation integrations)
-cost a worker start more than torch itself (docs/performance.md, "Model switches"). This is the
-same arithmetic, op for op and in the same order (token embedding -> LayerNorm -> pre-norm
-layers, each RoPE plus sdpa attention over the whole row or a sliding window, then a GELU gated
-MLP -> final LayerNorm), with the same parameter names, so upstream's state dicts load
-strictly and a row's hidden states equal transformers' (tests/worker/test_modernbert.py).
-
-`build` makes the modules on the meta device and `load` assigns the checkpoint's tensors to
-them: no weight is allocated, randomly initialised or copied before it is loaded.
+whose import cost a worker start more than torch itself (docs/performance.md, "Model
+switches"). This is the same arithmetic, op for op and in the same order, with the same
+parameter names, so upstream's state dicts load strictly and a row's hidden states equal
+transformers' (tests/worker/test_modernbert.py). The modules are built on the meta device and
+`load` assigns them the checkpoint's tensors: no weight is allocated or copied before it loads.
 """
 
 from __future__ import annotations
@@ -295,11 +291,10 @@ class ModernBert(nn.Module):
     def _masks(
         self, padding: torch.Tensor | None, length: int, hidden: torch.Tensor
     ) -> dict[str, torch.Tensor | None]:
-        """transformers' sdpa masks, made additive once per pass (`additive`): a full layer's
-        `[rows, 1, 1, L]` (keys only: sdpa broadcasts it over the queries), a sliding layer's
-        `[rows, 1, L, L]`; None where nothing would be masked (no padding; for sliding layers,
-        rows shorter than the window too). A boolean mask costs sdpa a conversion on every
-        call, and an expanded one a pass over L x L more: together a fifth of a small pass."""
+        """transformers' sdpa masks, made additive once per pass: a full layer's `[rows, 1, 1,
+        L]` (sdpa broadcasts it over the queries), a sliding layer's `[rows, 1, L, L]`; None
+        where nothing is masked. A boolean mask costs sdpa a conversion on every call, and an
+        expanded one a pass over L x L more: together a fifth of a small pass."""
         device, dtype = hidden.device, self._attention_dtype(hidden)
         keys = None if padding is None else padding.to(device=device, dtype=torch.bool)
         unpadded = keys is None or bool(keys.all())

@@ -1,10 +1,9 @@
 """The Laya worker engine: jobs -> encoder rows -> shared padded forward passes -> answers.
 
-`prepare` tokenises one job (its state once, one row per question) on the worker's preparing
-thread; the worker's planner packs rows of concurrent jobs into passes cut by `shape`;
-`forward` runs one padded pass; `finish` reads a job's answers out of its rows' logits. Rows
-never see each other (padding is masked), so a job's answers do not depend on what it shared
-passes with.
+`prepare` tokenises one job (its state once, one row per question); the worker's planner packs
+rows of concurrent jobs into passes cut by `shape`; `forward` runs one padded pass; `finish`
+reads a job's answers out of its rows' logits. Padding is masked, so a job's answers do not
+depend on what it shared passes with.
 """
 
 from __future__ import annotations
@@ -181,15 +180,13 @@ def pass_inputs(rows: Sequence[LayaRow], pad_id: int) -> dict[str, torch.Tensor]
     """`rows` padded on the right into one pass's `PASS_INPUTS` tensors, on the CPU: each
     built from Python lists in one call (a tensor per row and a copy into the pass cost more
     than the lists)."""
-    length = max(len(row.ids) for row in rows)
-    width = max(len(row.markers) for row in rows)
+    lengths = [len(row.ids) for row in rows]
+    counts = [len(row.markers) for row in rows]
+    length, width = max(lengths), max(counts)
     input_ids = torch.tensor([[*row.ids, *[pad_id] * (length - len(row.ids))] for row in rows])
     marker_pos = torch.tensor([[*row.markers, *[0] * (width - len(row.markers))] for row in rows])
-    filled = torch.arange(length)[None, :] < torch.tensor([len(row.ids) for row in rows])[:, None]
-    attention = filled.long()
-    marker_mask = (
-        torch.arange(width)[None, :] < torch.tensor([len(r.markers) for r in rows])[:, None]
-    )
+    attention = (torch.arange(length)[None, :] < torch.tensor(lengths)[:, None]).long()
+    marker_mask = torch.arange(width)[None, :] < torch.tensor(counts)[:, None]
     qtype = torch.tensor([row.qtype for row in rows], dtype=torch.long)
     tensors = (input_ids, attention, marker_pos, marker_mask, qtype)
     return dict(zip(PASS_INPUTS, tensors, strict=True))
