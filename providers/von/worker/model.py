@@ -186,44 +186,29 @@ class VonModel:
     def logits(self, rows: Sequence[VonRow]) -> list[torch.Tensor]:
         """One logit vector per row: shared rows from the cache or a pass of their own, the
         others from one padded pass (the worker's planner sized it)."""
-        scored: dict[int, torch.Tensor] = {}
-        uncached: dict[tuple[int, ...], list[int]] = {}
-        with self._shared_lock:
-            for index, row in enumerate(rows):
-                if not row.shared:
-                    continue
-                key = tuple(row.ids)
-                if (cached := self._shared_logits.get(key)) is not None:
-                    self._shared_logits.move_to_end(key)
-                    scored[index] = cached
-                else:
-                    uncached.setdefault(key, []).append(index)
-        own = [index for index in range(len(rows)) if not rows[index].shared]
-        if own:
-            for index, logits in zip(own, self._pass([rows[i] for i in own]), strict=True):
-                scored[index] = logits
-        for key, indices in uncached.items():
-            (logits,) = self._pass([rows[indices[0]]])
-            self._remember(key, logits)
-            for index in indices:
-                scored[index] = logits
-        return [scored[index] for index in range(len(rows))]
+        own = [index for index, row in enumerate(rows) if not row.shared]
+        scored = dict(zip(own, self._pass([rows[i] for i in own]), strict=True)) if own else {}
+        return [scored[i] if i in scored else self._shared(row) for i, row in enumerate(rows)]
 
-    def _remember(self, key: tuple[int, ...], logits: torch.Tensor) -> None:
-        kept = logits.clone()
+    def _shared(self, row: VonRow) -> torch.Tensor:
+        key = tuple(row.ids)
         with self._shared_lock:
-            self._shared_logits[key] = kept
+            if (cached := self._shared_logits.get(key)) is not None:
+                self._shared_logits.move_to_end(key)
+                return cached
+        (logits,) = self._pass([row])
+        with self._shared_lock:
+            self._shared_logits[key] = logits.clone()
             if len(self._shared_logits) > SHARED_CACHE_ROWS:
                 self._shared_logits.popitem(last=False)
+        return logits
 
     def _pass(self, rows: Sequence[VonRow]) -> list[torch.Tensor]:
         """Score `rows` in one padded forward pass; one logit vector per row."""
-        length = max(len(row.ids) for row in rows)
-        ids = torch.full((len(rows), length), self.pad_id, dtype=torch.long)
-        valid = torch.zeros((len(rows), length), dtype=torch.bool)
-        for b, row in enumerate(rows):
-            ids[b, : len(row.ids)] = torch.tensor(row.ids, dtype=torch.long)
-            valid[b, : len(row.ids)] = True
+        lengths = [len(row.ids) for row in rows]
+        length = max(lengths)
+        ids = torch.tensor([[*row.ids, *[self.pad_id] * (length - len(row.ids))] for row in rows])
+        valid = torch.arange(length)[None, :] < torch.tensor(lengths)[:, None]
         ids, valid = ids.to(self.device), valid.to(self.device)
         with modernbert.autocast(self.device, self.amp_dtype):
             hidden = self._encode(rows, ids, valid, length)
