@@ -1,11 +1,9 @@
 """Von's checkpoint and forward pass (von.md §1, §3): ModernBERT plus the option-marker scorer.
 
-The encoder (`modernbert`, no transformers) is built from `config.json` on the meta device and
-assigned the tensors of `option_marker.pt` (the full state dict) as they are read, so no weight
-is initialised or copied twice; `model.safetensors` holds the same encoder and is not read.
-A pass's rows (the worker's planner sorts and sizes them) are padded on the right; each row
-keeps its own masks and position ids, so a row's logits do not depend on what it is batched
-with.
+The encoder is built from `config.json` on the meta device and assigned the tensors of
+`option_marker.pt` (the full state dict; `model.safetensors` holds the same encoder and is not
+read). A pass's rows are padded on the right and each keeps its own masks and position ids, so
+a row's logits do not depend on what it is batched with.
 """
 
 from __future__ import annotations
@@ -36,10 +34,9 @@ on padding, on [B, L, L] masks and on activations that no longer fit in cache (b
 2-3x slower per row). Elsewhere a pass is as large as the token budget allows."""
 
 SHARED_CACHE_ROWS = 4096
-"""State-free rows (the zero-shot noul's debias row) whose logits are kept, least recently
-used first out: they depend only on the question, so requests asking it again reuse them.
-Such a row is scored in a pass of its own, as upstream scores it, so its cached logits are the
-same whichever request, batch or compute thread scored it first."""
+"""State-free rows (the zero-shot noul's debias row) whose logits are kept, least recently used
+first out, for requests asking the same question again. Such a row is scored in a pass of its
+own, as upstream scores it, so its logits are the same whichever request scored it first."""
 
 
 class VonCheckpointError(ValueError):
@@ -47,11 +44,8 @@ class VonCheckpointError(ValueError):
 
 
 def load_calibration(path: Path) -> VonCalibration:
-    """Read the calibration file, refusing what upstream would silently reset.
-
-    Upstream falls back to plain attention when the file is missing or unreadable, which
-    answers 1.2+ weights in the wrong mode; a checkpoint without a usable file is refused.
-    """
+    """Read the calibration file. Upstream falls back to plain attention when it is missing or
+    unreadable, which answers 1.2+ weights in the wrong mode: here that checkpoint is refused."""
     data = read_json_object(path, lambda message: VonCheckpointError(f"Von checkpoint: {message}"))
     try:
         return parse(data)
@@ -89,10 +83,8 @@ class VonRow:
 
 
 def _independent_layout(row: VonRow, length: int) -> tuple[list[int], list[int]]:
-    """Option span of every token (-1 outside options) and position ids restarting per option.
-
-    The trailing `[SEP]` belongs to no option and keeps its raw position, as upstream's does.
-    """
+    """Option span of every token (-1 outside options) and position ids restarting per option;
+    the trailing `[SEP]` belongs to no option and keeps its raw position, as upstream's does."""
     spans = [-1] * length
     positions = list(range(length))
     last = len(row.ids) - 1
