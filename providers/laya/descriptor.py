@@ -48,11 +48,8 @@ FILES = (
 )
 """What the Laya engine reads from a checkpoint directory (docs/models.md lists them too)."""
 CHECKS = {
-    "rl_agent_config.json": json_object_problem,
-    "model.safetensors": safetensors_header,
-    "encoder/config.json": json_object_problem,
-    "tokenizer/tokenizer.json": json_object_problem,
-    "tokenizer/tokenizer_config.json": json_object_problem,
+    name: safetensors_header if name.endswith(".safetensors") else json_object_problem
+    for name in FILES
 }
 """How startup reads each of them (a file that would not parse stops `serve`)."""
 
@@ -68,10 +65,6 @@ class LayaSettings(Section, frozen=True, kw_only=True):
     """A payload of laya's `Agent.save_calibration` (or `decidealot calibrate`) replaces the
     checkpoint's temperatures."""
 
-    def checkpoint(self, key: str) -> Path | None:
-        path: Path | None = getattr(self, _setting(key))
-        return path
-
 
 def _setting(key: str, what: str = "checkpoint") -> str:
     return f"laya_{key.replace('-', '_')}_{what}"
@@ -84,7 +77,7 @@ def _build(settings: Settings, section: LayaSettings) -> Provider:
         "laya",
         SELECTORS,
         "decidealot.providers.laya.worker.engine:create",
-        {key: section.checkpoint(key) for key in CHECKPOINTS},
+        {key: getattr(section, _setting(key)) for key in CHECKPOINTS},
         settings,
         checkpoint_for,
         calibrations=DESCRIPTOR.calibration_files(section),
