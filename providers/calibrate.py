@@ -1,11 +1,10 @@
 """`decidealot calibrate`'s shared part: label rows through a worker engine, the report, the plot.
 
 Each provider's calibrator (`ProviderDescriptor.calibrator`) fits a file in its upstream's
-format by its upstream's method. The rows run as a worker runs them (the provider's engine and
-pass planner, in this process): the engine's `finish` answers each row (the probabilities
-before) and the provider reads the logits its temperature divides from the same pass. The fit
-is scored on held-out rows: `folds` cross-fitted folds, so every used row is scored once by a
-fit that did not see it.
+format by its upstream's method, on rows run as a worker runs them (its engine and planner, in
+this process): `finish` answers each row (the probabilities before) and the provider reads what
+it fits from the same pass. Every used row is then scored once by a cross-fitted fold's fit
+that did not see it.
 """
 
 from __future__ import annotations
@@ -42,9 +41,8 @@ class Setup:
     """What the command hands a provider's calibrator."""
 
     checkpoint: Path
-    """The checkpoint's directory."""
     key: str
-    """Its key in the provider's engine."""
+    """The checkpoint's key in the provider's engine."""
     current: Path | None
     """The calibration file the service runs it with (its setting), or None: its own."""
     labels: Sequence[Labelled]
@@ -72,7 +70,6 @@ class Outcome:
     """A fit: the file to write, what it says, and every used row's held-out probabilities."""
 
     body: dict[str, Any]
-    """The calibration file, in the upstream format."""
     summary: list[str]
     """Lines saying what was fitted (and what the upstream method left unfitted)."""
     rows: int
@@ -91,8 +88,8 @@ class Outcome:
 
 
 def build(setup: Setup, factory: str) -> Engine:
-    """The provider's engine on `setup`'s checkpoint, built as a worker builds it (its torch
-    threads, precision and device), with the calibration the service runs it with."""
+    """The provider's engine on `setup`'s checkpoint, built as a worker builds it, with the
+    calibration the service runs it with."""
     calibrations = {setup.key: str(setup.current)} if setup.current is not None else {}
     spec = EngineSpec(
         factory=factory,
@@ -117,14 +114,11 @@ def collect(
     """Every label row through `engine` as one-question jobs on `setup.key`, `CHUNK_ROWS` at a
     time. A row the engine refuses (`RequestInvalid`) is skipped with its reason; `ValueError`
     when no row is left."""
-    reading = SimpleNamespace(  # `engine` whose `finish` also returns what `read` takes
-        shape=engine.shape,
-        forward=engine.forward,
-        finish=lambda prepared, outputs: (
-            engine.finish(prepared, outputs),
-            read(prepared, outputs),
-        ),
-    )
+
+    def finish(prepared: PreparedJob, outputs: Sequence[object]) -> tuple[Decision, R]:
+        return engine.finish(prepared, outputs), read(prepared, outputs)
+
+    reading = SimpleNamespace(shape=engine.shape, forward=engine.forward, finish=finish)
     used: list[LabelRow[R]] = []
     skipped: list[tuple[int, str]] = []
     total = len(setup.labels)

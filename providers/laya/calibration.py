@@ -68,8 +68,7 @@ class Payload:
     temperature: list[Any]
     temperature_by_options: dict[str, Any]
     binning_map: dict[str, dict[str, Any]] | None
-    """Recalibrates laya's `answer_confidence` only, a field the contract does not carry (it
-    picks the window a windowed state's choice or score answers from)."""
+    """Recalibrates laya's `answer_confidence` only (`Temperatures.answer_confidence`)."""
     model_id_or_path: Any = None
     subfolder: Any = None
     config: Any = None
@@ -92,13 +91,9 @@ class Payload:
         ]
 
     def mismatch(self, checkpoint_config: Mapping[str, Any]) -> str | None:
-        """Why this file may be for another checkpoint, or None.
-
-        Upstream compares the recorded `model_id_or_path`, `subfolder` and config with the
-        agent's. Decidealot knows a checkpoint by its directory, not by the Hub id or path
-        laya loaded it from, so the config (everything but the temperatures) is what tells
-        checkpoints apart here; a version-1 file records nothing and is never questioned.
-        """
+        """Why this file may be for another checkpoint, or None. Upstream also compares the
+        recorded `model_id_or_path` and `subfolder`, which a checkpoint known by its directory
+        does not have: the config (but the temperatures) tells checkpoints apart here."""
         if self.version < VERSION or self.config == config_identity(checkpoint_config):
             return None
         return (
@@ -109,9 +104,7 @@ class Payload:
 
 
 def _version(payload: Mapping[str, Any]) -> int:
-    version = payload.get("version", 1)
-    if version is None:
-        version = 1
+    version = 1 if payload.get("version") is None else payload["version"]
     wrong = CalibrationError(f"version must be an integer, got {version!r}")
     if isinstance(version, bool) or not isinstance(version, int | float | str):
         raise wrong
@@ -159,8 +152,7 @@ def parse(payload: object) -> Payload:
     if not isinstance(temperature, list) or len(temperature) != len(QTYPE_NAMES):
         raise CalibrationError("temperature must be a list of 3 numbers")
     by_options = payload.get("temperature_by_options")
-    if by_options is None:
-        by_options = {}
+    by_options = {} if by_options is None else by_options
     if not isinstance(by_options, dict):
         raise CalibrationError(
             "temperature_by_options must be an object of bucket -> number, "
@@ -178,8 +170,7 @@ def parse(payload: object) -> Payload:
 
 
 def read_calibration(path: Path) -> Payload:
-    """The file at `path`, parsed as laya reads it (Python's `json`, so NaN literals load
-    and are then clamped, as upstream's)."""
+    """The file at `path`, parsed as laya reads it (NaN literals load, then are clamped)."""
     return parse(read_json_object(path, CalibrationError))
 
 
