@@ -1,13 +1,10 @@
 """Laya temperatures fitted on the user's labels, by laya 0.4.15's own method and in its format.
 
-laya's `records_from_labeled` + `Agent.fit_temperatures` + `Agent.save_calibration`: each row's
-option logits (the ones its temperature divides) and one-hot target; per question type a scalar
-temperature by NLL with LBFGS on log T (float32, rows grouped by option count), fitted once a type
-has `MIN_TYPE_N` rows and left at 1.0 below that; per option-count bucket a temperature once the
-bucket has `MIN_BUCKET_N` rows (fewer: the bucket is left out and the type's scalar covers it);
-every fit clamped to [0.5, 5]. As upstream's, the file replaces all of the checkpoint's
-temperatures: its shipped per-bucket ones are not carried over. No binning map is written (a
-fresh agent's `save_calibration` writes none).
+laya's `records_from_labeled` + `Agent.fit_temperatures` + `Agent.save_calibration`: per
+question type a scalar temperature by NLL with LBFGS on log T, fitted once a type has
+`MIN_TYPE_N` rows (else 1.0); per option-count bucket one once it has `MIN_BUCKET_N` rows (else
+the type's covers it); each clamped to [0.5, 5]. As upstream's, the file replaces all of the
+checkpoint's temperatures, and holds no binning map.
 """
 
 from __future__ import annotations

@@ -91,11 +91,9 @@ HEAD_LAYERS = 2
 N_ACT = 2
 
 SIZES = ("tiny", "tiny512", "base")
-"""`tiny512` is `tiny` with a third encoder layer and the shipped english budgets (512 / 192):
-rows as long as the real model's, compute still tiny, so a bench sees the work around a pass
-at the real row lengths. `base` has ModernBERT-base's encoder shape and embedding rows
-(50,368) while the tokenizer stays the tiny BPE, so only ids below ~400 occur: the compute per
-token is the real model's, the text-to-token ratio is not."""
+"""`tiny512`: `tiny` with a third layer and the shipped english budgets (512 / 192), so a bench
+sees the work around a pass at the real row lengths. `base`: ModernBERT-base's shape and
+embedding rows with the tiny tokenizer: the compute per token is the real model's."""
 _TINY_SHAPE = {
     "hidden_size": HIDDEN,
     "intermediate_size": 2 * HIDDEN,

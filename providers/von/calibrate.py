@@ -1,16 +1,11 @@
 """Von's temperature map refitted on the user's labels, by von-sdk 1.3.7's `von calibrate`.
 
-Each row's logits as the temperature divides them (a zero-shot noul's debiased) and the map's
-features come from the engine's own pass. A scalar temperature (a map of `bias` alone) and the
-full map are each fitted by NLL (float64: Adam, then an LBFGS polish, best of four seeded
-restarts, T clamped to [0.3, 12]); the one with the lower k-fold cross-validated NLL is written,
-so a few dozen labels give a safe scalar and a few hundred can earn the map. The file is the
-one the service runs with, the map and report fields replaced: its forward-pass flags and noul
-prior carry over.
-
-One difference from `von calibrate`, which replays an object or array state as JSON text: every
-row runs as the service formats it (`key: value` lines, as `von serve` does), so the map is
-fitted on the logits it will be applied to.
+A scalar temperature (a map of `bias` alone) and the full map are each fitted by NLL (float64:
+Adam, then an LBFGS polish, best of four seeded restarts, T clamped to [0.3, 12]) on the
+logits and features of the engine's own pass; the one with the lower k-fold cross-validated
+NLL is written into the file the service runs with (its flags and noul prior carry over). Unlike
+`von calibrate`, which replays an object or array state as JSON text, every row runs as the
+service formats it, so the map is fitted on the logits it will be applied to.
 """
 
 from __future__ import annotations

@@ -106,12 +106,9 @@ def warnings(path: Path, checkpoint: Path) -> list[str]:
 
 
 def mismatch(data: dict[str, Any], shipped: dict[str, Any]) -> str | None:
-    """Why a file may be for other weights than the checkpoint's own file describes, or None.
-
-    The flags say how the weights were trained to be run: a file that sets them otherwise
-    changes the answers, not only their confidence. `weights_id` (`model_id` in a shipped
-    file) names the weights.
-    """
+    """Why a file may be for other weights than the checkpoint's own file describes, or None:
+    flags set otherwise change the answers, not only their confidence; `weights_id`
+    (`model_id` in a shipped file) names the weights."""
     problems = [
         f"{flag}={data.get(flag, False)} where the checkpoint's own file has "
         f"{shipped.get(flag, False)}"

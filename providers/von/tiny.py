@@ -62,12 +62,9 @@ _SHAPES: dict[str, dict[str, Any]] = {
     "base": {**MODERNBERT_BASE, "vocab_size": MODERNBERT_VOCAB_SIZE},
 }
 """`tiny` is the test checkpoint; `long` is `tiny` cut to one global layer and one head, for
-states past the 8192-token window, where a pass costs what its masks cost (transformers builds
-them over the whole window), so fewer layers halve what both sides spend without changing what
-is compared; `small` (7.7M parameters, ModernBERT's layer pattern and window) is for
-benchmarks, where the forward pass should dominate a request; `base` has ModernBERT-base's
-shape and vocabulary size (the tokenizer stays tiny), for timing a checkpoint's load
-(bench/switch.py)."""
+states past the 8192-token window, where a pass costs what its masks cost; `small` (7.7M
+parameters, ModernBERT's layer pattern) is for benchmarks; `base` has ModernBERT-base's shape
+and vocabulary size (the tokenizer stays tiny), for timing a load (bench/switch.py)."""
 
 DEFAULT_CALIBRATION_MAP: dict[str, float] = {
     "bias": 1.2,
@@ -144,11 +141,8 @@ def build_von_checkpoint(
     size: str = "tiny",
 ) -> Path:
     """Write a random Von checkpoint of `size` (see `SIZES`) into `path` (created) and return
-    `path`.
-
-    `calibration_map=None` / `noul_prior=None` leave those keys out of
-    `marker_calibration.json`, so the scalar `temperature` and the 0.7 debias coefficient apply.
-    """
+    `path`. `calibration_map=None` / `noul_prior=None` leave those keys out of the calibration
+    file, so the scalar `temperature` and the 0.7 debias coefficient apply."""
     if size not in SIZES:
         raise ValueError(f"unknown Von checkpoint size {size!r}; expected one of {SIZES}")
     path.mkdir(parents=True, exist_ok=True)

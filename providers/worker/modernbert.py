@@ -113,8 +113,7 @@ class Config:
 
 
 _CASTS = {"int": int, "float": float, "bool": bool, "str": str}
-"""A `Config` field's annotation (a string, under `from __future__ import annotations`) -> how
-`Config.of` reads it."""
+"""A `Config` field's annotation (a string: `from __future__ import annotations`) -> its cast."""
 
 
 def _rope_theta(raw: Mapping[str, object]) -> tuple[tuple[str, float], ...]:
@@ -366,10 +365,9 @@ def at_precision(
     probe: Callable[[], torch.Tensor],
     others: tuple[nn.Module, ...] = (),
 ) -> Precision:
-    """Put a loaded `encoder` in `precision` (a resolved one, not `auto`), each change checked
-    on `probe` (option probabilities through it): int8 linear layers, or bf16 ones on a CPU
-    (`others`' too: Laya's head), where CUDA autocasts instead. What reads the encoder's output
-    (Laya's head otherwise, the scorers) stays fp32."""
+    """Put a loaded `encoder` in `precision` (resolved, not `auto`), checked on `probe` (option
+    probabilities through it): int8 linear layers, or bf16 ones on a CPU (`others`' too: Laya's
+    head), where CUDA autocasts instead. The scorers reading its output stay fp32."""
     cpu_bf16 = precision == "bf16" and device.type == "cpu"
     return Precision(
         torch.float32 if cpu_bf16 else AUTOCAST.get(precision, torch.float32),

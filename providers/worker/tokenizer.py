@@ -1,13 +1,9 @@
 """A checkpoint's `tokenizer.json` through the `tokenizers` library alone, as transformers'
-`PreTrainedTokenizerFast` encodes and decodes it.
-
-The engines use a sliver of a transformers tokenizer: encoding with or without the special
-tokens the post-processor adds, decoding, and the named special tokens. Loading one through
-transformers imported most of transformers (a second or more of a worker's start); this reads
-the same file with the same Rust tokenizer and applies what transformers does on load and per
-call that changes ids: no truncation, no padding, the special tokens named in
-`tokenizer_config.json` (or a legacy `special_tokens_map.json`), and, for non-BPE models,
-`clean_up_tokenization_spaces` on decode. tests/worker/test_modernbert.py compares both.
+`PreTrainedTokenizerFast` encodes and decodes it: loading that imported most of transformers (a
+second or more of a worker's start). What transformers does that changes ids is applied here
+too: no truncation, no padding, the special tokens `tokenizer_config.json` (or a legacy
+`special_tokens_map.json`) names, and, for non-BPE models, `clean_up_tokenization_spaces` on
+decode (tests/worker/test_modernbert.py compares both).
 """
 
 from __future__ import annotations
@@ -52,8 +48,7 @@ class FastTokenizer:
     pad_token_id: int | None
 
     def __init__(self, directory: Path, *, required: Sequence[str] = ()) -> None:
-        """Load `directory`; `required` roles (e.g. `"mask_token"`) must be named and in the
-        vocabulary."""
+        """Load `directory`; `required` roles (e.g. `"mask_token"`) must be named."""
         try:
             self._tokenizer = Tokenizer.from_file(str(directory / "tokenizer.json"))
         except Exception as exc:  # tokenizers raises its own Exception subclass
@@ -105,10 +100,9 @@ class FastTokenizer:
 
 
 class CachedIds:
-    """Token ids (no special tokens) of texts that recur from request to request, such as a
-    question's instructions and options, kept by text: tokenising a three-question request's
-    dozen short texts cost three times its state's tokenisation. Holds at most `size` texts
-    (emptied when full). The ids lists are shared: callers copy, never change them."""
+    """Token ids (no special tokens) of texts that recur from request to request (questions'
+    instructions and options: tokenising a three-question request's dozen texts cost three
+    times its state's), at most `size` texts (emptied when full). Callers never change them."""
 
     def __init__(self, tokenizer: FastTokenizer, size: int = 4096) -> None:
         self._tokenizer = tokenizer

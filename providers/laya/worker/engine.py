@@ -1,10 +1,5 @@
 """The Laya worker engine: jobs -> encoder rows -> shared padded forward passes -> answers.
-
-`prepare` tokenises one job (its state once, one row per question); the worker's planner packs
-rows of concurrent jobs into passes cut by `shape`; `forward` runs one padded pass; `finish`
-reads a job's answers out of its rows' logits. Padding is masked, so a job's answers do not
-depend on what it shared passes with.
-"""
+Padding is masked, so a job's answers do not depend on what it shared passes with."""
 
 from __future__ import annotations
 
@@ -36,10 +31,8 @@ is pure waste there: a turn is cut wherever that saves more padding than this.""
 
 @dataclass(frozen=True, slots=True)
 class LayaPreparedJob:
-    """A job's rendered rows plus what readout needs; its checkpoint, looked up once in
-    `prepare`, is its rows' group, so `forward` and `finish` have it at hand. The rows are
-    `windows` runs of one row per question in question order (1 unless the state is read in
-    windows)."""
+    """A job's rendered rows plus what readout needs; its checkpoint is its rows' group. The rows
+    are `windows` runs of one row per question, in question order."""
 
     group: Checkpoint
     key: str
@@ -177,9 +170,8 @@ def _cuts(names: list[str], rows: list[LayaRow], windows: int, total: int) -> li
 
 
 def pass_inputs(rows: Sequence[LayaRow], pad_id: int) -> dict[str, torch.Tensor]:
-    """`rows` padded on the right into one pass's `PASS_INPUTS` tensors, on the CPU: each
-    built from Python lists in one call (a tensor per row and a copy into the pass cost more
-    than the lists)."""
+    """`rows` padded on the right into one pass's `PASS_INPUTS` tensors, on the CPU, each from
+    Python lists in one call (a tensor per row, copied into the pass, cost more)."""
     lengths = [len(row.ids) for row in rows]
     counts = [len(row.markers) for row in rows]
     length, width = max(lengths), max(counts)
@@ -193,8 +185,7 @@ def pass_inputs(rows: Sequence[LayaRow], pad_id: int) -> dict[str, torch.Tensor]
 
 
 def calibrations(spec: EngineSpec, keys: Sequence[str]) -> dict[str, str]:
-    """`spec.options["calibrations"]`: checkpoint key -> the calibration file that replaces
-    its own temperatures (the descriptor's calibration settings)."""
+    """`spec.options["calibrations"]`: checkpoint key -> the file that replaces its temperatures."""
     given = spec.options.get("calibrations", {})
     if not isinstance(given, dict) or not all(
         key in keys and isinstance(path, str) for key, path in given.items()

@@ -1,9 +1,7 @@
 """The Laya network (laya.md §2, §4): ModernBERT encoder + typed decision head + scorer.
 
-Worker-side only (imports torch, never transformers: the encoder is `modernbert`'s, the
-tokenizer `tokenizer`'s). Parameter names match upstream's `model.safetensors` exactly so the
-checkpoint loads strictly; the head is our own functional pre-LN transformer layer, numerically
-the same as upstream's `nn.TransformerEncoderLayer`.
+Parameter names match upstream's `model.safetensors`, so the checkpoint loads strictly; the head
+is our own pre-LN transformer layer, numerically upstream's `nn.TransformerEncoderLayer`.
 """
 
 from __future__ import annotations
@@ -190,10 +188,8 @@ def load_checkpoint(
     precision: str = "fp32",
     calibration: str | Path | None = None,
 ) -> Checkpoint:
-    """Build the model from `encoder/config.json` on the meta device, assign it the checkpoint's
-    fp16 weights read as fp32 (strictly: every key, no extras), then apply `precision` (a
-    resolved one, not `auto`). A `calibration` file (laya's `save_calibration` payload)
-    replaces the checkpoint's temperatures."""
+    """The checkpoint in `directory`, its fp16 weights read as fp32, in `precision` (resolved);
+    a `calibration` file (laya's `save_calibration` payload) replaces its temperatures."""
     root = Path(directory)
     config = read_json_object(_require(root / "rl_agent_config.json", "its config"), ValueError)
     weights_path = _require(root / "model.safetensors", "its weights")

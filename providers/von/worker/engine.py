@@ -1,10 +1,5 @@
-"""The Von engine a worker hosts: jobs -> packed rows -> padded forward passes -> answers.
-
-`prepare` renders and tokenises a job's questions (one row each, plus a no-state row for each
-zero-shot noul); the worker's planner packs rows of concurrent jobs into passes cut by `shape`;
-`forward` scores one pass; `finish` reads a job's answers out of its own rows, so a job's
-answers are the same alone or batched.
-"""
+"""The Von engine a worker hosts: jobs -> packed rows (one per question, plus a no-state row per
+zero-shot noul) -> padded forward passes -> answers, the same alone or batched."""
 
 from __future__ import annotations
 
@@ -193,8 +188,7 @@ class VonEngine:
         self, prepared: VonPreparedJob, outputs: Sequence[object]
     ) -> dict[str, tuple[torch.Tensor, int]]:
         """Each scored question's logits as its temperature divides them (a zero-shot noul's
-        debiased) and its state's tokens (the map's length feature, counted even without a
-        map): what `von calibrate` records, for `decidealot calibrate`."""
+        debiased) and its state's tokens, even without a map: what `von calibrate` records."""
         model = self._model(prepared.checkpoint)
         logits: list[torch.Tensor] = list(outputs)  # type: ignore[arg-type]
         found = {}

@@ -28,10 +28,9 @@ WINDOW = 8192
 row may still end a few tokens past it, as upstream's does: RoPE has no position table)."""
 
 CPU_PASS_TOKENS = 1024
-"""Padded tokens per forward pass on CPU (the engine's `PassShape`). There, a row of a few
-hundred tokens already keeps the matrix units busy, while one large padded pass spends its time
-on padding, on [B, L, L] masks and on activations that no longer fit in cache (bench/von.py:
-2-3x slower per row). Elsewhere a pass is as large as the token budget allows."""
+"""Padded tokens per forward pass on CPU: a row of a few hundred tokens already keeps the matrix
+units busy, while a large pass spends its time on padding, [B, L, L] masks and activations out
+of cache (bench/von.py: 2-3x slower per row). Elsewhere the token budget sizes a pass."""
 
 SHARED_CACHE_ROWS = 4096
 """State-free rows (the zero-shot noul's debias row) whose logits are kept, least recently used
@@ -116,9 +115,8 @@ class VonModel:
         precision: str = "fp32",
         calibration: Path | None = None,
     ):
-        """Load `directory` onto `device` in `precision` (`DECIDEALOT_PRECISION`, resolved),
-        with its own `marker_calibration.json` or the `calibration` file that replaces it whole
-        (upstream's `VON_CALIBRATION`)."""
+        """Load `directory` onto `device` in `precision` (resolved), with its own calibration
+        file or `calibration`, which replaces it whole (upstream's `VON_CALIBRATION`)."""
         self.calibration = load_calibration(calibration or directory / "marker_calibration.json")
         try:
             config = modernbert.Config.read(directory / "config.json")
