@@ -223,9 +223,9 @@ def test_score_legend_keeps_original_levels(engine: LayaEngine) -> None:
 
 def test_checkpoints_load_lazily_and_preload(checkpoints: dict[str, Path]) -> None:
     engine = create(_spec(checkpoints, preload=["english"]))
-    assert engine.loaded == ("english",)
+    assert [load.checkpoint for load in engine.take_loaded()] == ["english"]
     engine.prepare(_job("typed-decisions", "x", {"n": {"type": "noul"}}))
-    assert engine.loaded == ("english", "typed-decisions")
+    assert [load.checkpoint for load in engine.take_loaded()] == ["typed-decisions"]
 
 
 def test_concurrent_runs_answer_as_sequential_runs(device_engine: LayaEngine) -> None:

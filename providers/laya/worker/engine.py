@@ -69,11 +69,6 @@ class LayaEngine:
         for key in spec.preload:
             self._checkpoint(key)
 
-    @property
-    def loaded(self) -> tuple[str, ...]:
-        """Keys of the checkpoints in memory, in load order."""
-        return tuple(self._loaded)
-
     def _checkpoint(self, key: str) -> Checkpoint:
         loaded = self._loaded.get(key)
         if loaded is not None:
