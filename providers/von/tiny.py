@@ -27,7 +27,7 @@ _CORPUS = [
     "summary: A request changes access for an account that holds protected records.",
     "The invoice dated 2026-09-22 lists 3 items at 19.99 each; order 84213 shipped.",
 ]
-_SPECIALS = ["[UNK]", "[CLS]", "[SEP]", "[PAD]", "[MASK]"]
+_ROLES = {f"{name}_token": f"[{name.upper()}]" for name in ("unk", "cls", "sep", "pad", "mask")}
 
 HIDDEN = 32
 LOCAL_ATTENTION = 16
@@ -83,7 +83,7 @@ def _build_tokenizer(out: Path) -> PreTrainedTokenizerFast:
     backend.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=300,
-        special_tokens=_SPECIALS,
+        special_tokens=list(_ROLES.values()),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
@@ -95,15 +95,7 @@ def _build_tokenizer(out: Path) -> PreTrainedTokenizerFast:
         pair="[CLS] $A [SEP] $B [SEP]",
         special_tokens=[("[CLS]", cls_id), ("[SEP]", sep_id)],
     )
-    tok = PreTrainedTokenizerFast(
-        tokenizer_object=backend,
-        unk_token="[UNK]",
-        cls_token="[CLS]",
-        sep_token="[SEP]",
-        pad_token="[PAD]",
-        mask_token="[MASK]",
-        model_max_length=8192,
-    )
+    tok = PreTrainedTokenizerFast(tokenizer_object=backend, **_ROLES, model_max_length=8192)
     tok.save_pretrained(str(out))
     config_path = out / "tokenizer_config.json"
     config = json.loads(config_path.read_text())

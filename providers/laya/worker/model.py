@@ -83,12 +83,6 @@ class HeadLayer(nn.Module):
         return h + self.linear2(F.relu(self.linear1(self.norm2(h))))
 
 
-class HeadStack(nn.Module):
-    def __init__(self, d: int, layers: int):
-        super().__init__()
-        self.layers = nn.ModuleList(HeadLayer(d) for _ in range(layers))
-
-
 class DecisionModel(nn.Module):
     """Encoder + head + scorer. `act_head` and `temperature` are loaded (strict load) but unused:
     the contract reports neither the act probability nor the training-time temperature buffer."""
@@ -97,7 +91,11 @@ class DecisionModel(nn.Module):
         super().__init__()
         d = encoder.config.hidden_size
         self.encoder = encoder
-        self.head = HeadStack(d, head_layers) if head_layers > 0 else None
+        self.head = None  # `head.layers.<j>` (upstream's names), when there is a head
+        if head_layers > 0:
+            self.head = nn.ModuleDict(
+                {"layers": nn.ModuleList(HeadLayer(d) for _ in range(head_layers))}
+            )
         self.type_emb = modernbert.embedding(3, d)
         self.scorer = nn.Sequential(nn.LayerNorm(d), nn.Linear(d, d), nn.GELU(), nn.Linear(d, 1))
         self.act_head = nn.Sequential(nn.Linear(d + 4, 256), nn.GELU(), nn.Linear(256, n_act))
