@@ -21,8 +21,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from decidealot.providers.json_files import read_json_object
+from decidealot.providers.worker import int8
 from decidealot.providers.worker.bf16 import Lowered, lower_guarded
-from decidealot.providers.worker.int8 import Quantised, quantize_guarded, unquantised
 from decidealot.providers.worker.precision import AUTOCAST
 
 FULL = "full_attention"
@@ -352,7 +352,7 @@ class Precision(NamedTuple):
 
     amp_dtype: torch.dtype
     """The autocast dtype of a pass (`autocast`): CUDA's bf16 or fp16, else fp32 (none)."""
-    linears: Quantised
+    linears: int8.Quantised
     """How many of the encoder's linear layers run int8 (none outside `int8`)."""
     lowered: Lowered | None
     """Under bf16 on a CPU: whether the encoder kept its bf16 weights after the probe."""
@@ -371,9 +371,19 @@ def at_precision(
     cpu_bf16 = precision == "bf16" and device.type == "cpu"
     return Precision(
         torch.float32 if cpu_bf16 else AUTOCAST.get(precision, torch.float32),
-        quantize_guarded(encoder, probe) if precision == "int8" else unquantised(encoder),
+        int8.quantize_guarded(encoder, probe) if precision == "int8" else int8.unquantised(encoder),
         lower_guarded(encoder, probe, others) if cpu_bf16 else None,
     )
+
+
+def probe_rows(
+    config: Config, length: int = int8.PROBE_LENGTH
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """An `at_precision` probe's input: `PROBE_ROWS` rows of `length` random ids (seeded, so
+    every load of a checkpoint decides alike) and four option-marker positions spread over them."""
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, config.vocab_size, (int8.PROBE_ROWS, length), generator=generator)
+    return ids, torch.linspace(1, length - 2, 4).long()
 
 
 def autocast(device: torch.device, dtype: torch.dtype) -> AbstractContextManager[object]:

@@ -21,7 +21,7 @@ from decidealot.providers.laya.worker.render import Budget, Specials
 from decidealot.providers.worker import modernbert
 from decidealot.providers.worker.bf16 import Lowered
 from decidealot.providers.worker.checkpoint_files import read_safetensors
-from decidealot.providers.worker.int8 import PROBE_LENGTH, PROBE_ROWS, Quantised
+from decidealot.providers.worker.int8 import PROBE_LENGTH, Quantised
 from decidealot.providers.worker.tokenizer import CachedIds, FastTokenizer
 
 LAYER_NORM_EPS = 1e-5
@@ -157,19 +157,16 @@ class Checkpoint:
 def probe(model: DecisionModel, specials: Specials, budget: Budget) -> Callable[[], torch.Tensor]:
     """Option probabilities of random rows with four markers each, through `model`: what the
     load checks int8 or bf16 against fp32 on."""
-    generator = torch.Generator().manual_seed(0)
-    rows, options = PROBE_ROWS, 4
-    length = min(budget.max_len, PROBE_LENGTH)
-    ids = torch.randint(0, model.encoder.config.vocab_size, (rows, length), generator=generator)
-    marker_pos = torch.linspace(1, length - 2, options).long().expand(rows, -1).contiguous()
+    ids, markers = modernbert.probe_rows(model.encoder.config, min(budget.max_len, PROBE_LENGTH))
+    marker_pos = markers.expand(len(ids), -1).contiguous()
     ids.scatter_(1, marker_pos, specials.mask_id)
     ids[:, 0] = specials.cls_id
     inputs = {
         "input_ids": ids,
-        "attention_mask": torch.ones(rows, length, dtype=torch.long),
+        "attention_mask": torch.ones_like(ids),
         "marker_pos": marker_pos,
-        "marker_mask": torch.ones(rows, options, dtype=torch.bool),
-        "qtype": torch.arange(rows) % 3,
+        "marker_mask": torch.ones_like(marker_pos, dtype=torch.bool),
+        "qtype": torch.arange(len(ids)) % 3,
     }
     return lambda: model(**inputs).softmax(-1)
 

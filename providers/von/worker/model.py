@@ -20,7 +20,6 @@ from torch import nn
 from decidealot.providers.json_files import read_json_object
 from decidealot.providers.von.calibration import CalibrationError, VonCalibration, parse
 from decidealot.providers.worker import modernbert
-from decidealot.providers.worker.int8 import PROBE_LENGTH, PROBE_ROWS
 from decidealot.providers.worker.tokenizer import FastTokenizer, TokenizerError
 
 WINDOW = 8192
@@ -146,15 +145,10 @@ class VonModel:
     def _probe(self) -> Callable[[], torch.Tensor]:
         """Option probabilities of random rows with four markers each, through the encoder
         and scorer: what the load checks int8 or bf16 against fp32 on."""
-        generator = torch.Generator().manual_seed(0)
-        rows, options = PROBE_ROWS, 4
-        length = PROBE_LENGTH
-        vocab = self.encoder.config.vocab_size
-        ids = torch.randint(0, vocab, (rows, length), generator=generator)
+        ids, markers = modernbert.probe_rows(self.encoder.config)
         ids[ids == self.mask_id] = self.pad_id
-        markers = torch.linspace(1, length - 2, options).long()
         ids[:, markers] = self.mask_id
-        valid = torch.ones(rows, length, dtype=torch.long)
+        valid = torch.ones_like(ids)
 
         def probe() -> torch.Tensor:
             states = self.encoder(input_ids=ids, attention_mask=valid).last_hidden_state
