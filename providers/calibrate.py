@@ -123,16 +123,15 @@ def collect(
     skipped: list[tuple[int, str]] = []
     total = len(setup.labels)
     for start in range(0, total, CHUNK_ROWS):
-        chunk = setup.labels[start : start + CHUNK_ROWS]
         prepared, kept = [], []
-        for label in chunk:
+        for label in setup.labels[start : start + CHUNK_ROWS]:
             job = Job(setup.key, label.state, {QUESTION: label.question})
             try:
                 prepared.append(engine.prepare(job))
             except RequestInvalid as exc:
                 skipped.append((label.line, "; ".join(i.msg for i in exc.issues)))
-                continue
-            kept.append(label)
+            else:
+                kept.append(label)
         finished: list[Any] = run_together(reading, prepared)  # type: ignore[arg-type]
         for label, (decision, record) in zip(kept, finished, strict=True):
             used.append(LabelRow(label, answer_probabilities(decision, QUESTION), record))
