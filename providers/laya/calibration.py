@@ -30,27 +30,27 @@ class CalibrationError(ValueError):
     """A calibration file laya itself would refuse to load; the message names the field."""
 
 
+def _number(value: object) -> float | None:
+    """`value` as upstream reads a temperature: a float, or None for a bool or a non-number."""
+    if isinstance(value, bool):
+        return None
+    try:
+        return float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+
+
 def clamp_temperature(value: object) -> float:
     """Upstream `clamp_temperature`: non-numbers (bools, NaN, inf) mean 1.0; else [0.5, 5]."""
-    if isinstance(value, bool):
-        return 1.0
-    try:
-        number = float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        return 1.0
-    if not math.isfinite(number):
+    number = _number(value)
+    if number is None or not math.isfinite(number):
         return 1.0
     return min(TEMPERATURE_MAX, max(TEMPERATURE_MIN, number))
 
 
 def rejected(raw: object, applied: float) -> bool:
     """Upstream `temperature_rejected`: `raw` is not the number that was applied."""
-    if isinstance(raw, bool):
-        return True
-    try:
-        return float(raw) != applied  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        return True
+    return _number(raw) != applied
 
 
 def config_identity(config: Mapping[str, Any] | None) -> dict[str, Any] | None:
