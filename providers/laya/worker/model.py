@@ -220,10 +220,7 @@ def load_checkpoint(
         mask_id=tokenizer.mask_token_id,
         mask_text=tokenizer.mask_token,
     )
-    budget = Budget(
-        max_len=int(config.get("max_len", 512)),
-        head_max_len=int(config.get("head_max_len", 192)),
-    )
+    budget = Budget(int(config.get("max_len", 512)), int(config.get("head_max_len", 192)))
     head = () if model.head is None else (model.head,)  # bf16 lowers its projections too
     chosen = modernbert.at_precision(
         model.encoder, precision, device, probe(model, specials, budget), head
