@@ -1,14 +1,10 @@
 """`decidealot calibrate`'s shared part: label rows through a worker engine, the report, the plot.
 
-Each local provider that takes a calibration file fits one in its upstream package's format
-with its upstream's method (`ProviderDescriptor.calibrator` names that function: Laya's in
-`decidealot.providers.laya.calibrate`, Von's in `decidealot.providers.von.calibrate`). Both run
-the rows the way a worker does: the provider's own engine, its pass planner
-(`decidealot.providers.engine.planner.run_together`), in this process and without a server; the
-engine's `finish` still answers each row (the probabilities before), and the provider reads the
-logits its temperature divides from the same pass. How sure the fitted file makes the model is
-scored on held-out rows: `folds` cross-fitted folds, each fitted on the other rows, so every
-used row is scored once by a fit that did not see it.
+Each provider's calibrator (`ProviderDescriptor.calibrator`) fits a file in its upstream's
+format by its upstream's method, on rows run as a worker runs them (its engine and planner, in
+this process): `finish` answers each row (the probabilities before) and the provider reads what
+it fits from the same pass. Every used row is then scored once by a cross-fitted fold's fit
+that did not see it.
 """
 
 from __future__ import annotations
@@ -18,18 +14,19 @@ import math
 import os
 import random
 import tempfile
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Generic, TypeVar
 
 from decidealot.contract import ChoiceAnswer, Labelled, NoulAnswer, ScoreAnswer
 from decidealot.errors import RequestInvalid
 from decidealot.jobs import Decision, EngineSpec, Job
-from decidealot.providers import reliability_png
 from decidealot.providers.engine.planner import run_together
 from decidealot.providers.engine.proc import build_engine
-from decidealot.providers.engine.protocol import Engine, PassShape, PreparedJob, ignore_load
+from decidealot.providers.engine.protocol import Engine, PreparedJob, ignore_load
+from decidealot.providers.plots import line_plot
 
 CHUNK_ROWS = 64
 """Label rows run together (one planner's worth of passes), and how often progress is told."""
@@ -44,9 +41,8 @@ class Setup:
     """What the command hands a provider's calibrator."""
 
     checkpoint: Path
-    """The checkpoint's directory."""
     key: str
-    """Its key in the provider's engine."""
+    """The checkpoint's key in the provider's engine."""
     current: Path | None
     """The calibration file the service runs it with (its setting), or None: its own."""
     labels: Sequence[Labelled]
@@ -74,7 +70,6 @@ class Outcome:
     """A fit: the file to write, what it says, and every used row's held-out probabilities."""
 
     body: dict[str, Any]
-    """The calibration file, in the upstream format."""
     summary: list[str]
     """Lines saying what was fitted (and what the upstream method left unfitted)."""
     rows: int
@@ -85,10 +80,16 @@ class Outcome:
     gold: list[int] = field(default_factory=list)
     """Per used row, in contract order: probabilities now, cross-fitted ones, the answer."""
 
+    def held_out(self, rows: Sequence[LabelRow[Any]], after: Mapping[int, list[float]]) -> None:
+        """Score `rows` (the used ones) with `after`, each row's cross-fitted probabilities."""
+        self.before = [row.before for row in rows]
+        self.after = [after[i] for i in range(len(rows))]
+        self.gold = [row.label.gold for row in rows]
+
 
 def build(setup: Setup, factory: str) -> Engine:
-    """The provider's engine on `setup`'s checkpoint, built as a worker builds it (its torch
-    threads, precision and device), with the calibration the service runs it with."""
+    """The provider's engine on `setup`'s checkpoint, built as a worker builds it, with the
+    calibration the service runs it with."""
     calibrations = {setup.key: str(setup.current)} if setup.current is not None else {}
     spec = EngineSpec(
         factory=factory,
@@ -99,24 +100,6 @@ def build(setup: Setup, factory: str) -> Engine:
         options={"precision": setup.precision, "calibrations": calibrations},
     )
     return build_engine(spec, ignore_load)
-
-
-class _ReadingEngine(Generic[R]):
-    """The engine, with `finish` also returning what `read` takes from the same outputs."""
-
-    def __init__(self, engine: Engine, read: Callable[[PreparedJob, Sequence[object]], R]):
-        self._engine = engine
-        self._read = read
-        self.shape: PassShape = engine.shape
-
-    def prepare(self, job: Job) -> PreparedJob:
-        return self._engine.prepare(job)
-
-    def forward(self, group: Hashable, rows: Sequence[Any]) -> Sequence[object]:
-        return self._engine.forward(group, rows)
-
-    def finish(self, prepared: PreparedJob, outputs: Sequence[object]) -> tuple[Decision, R]:
-        return self._engine.finish(prepared, outputs), self._read(prepared, outputs)
 
 
 QUESTION = "q"
@@ -131,21 +114,24 @@ def collect(
     """Every label row through `engine` as one-question jobs on `setup.key`, `CHUNK_ROWS` at a
     time. A row the engine refuses (`RequestInvalid`) is skipped with its reason; `ValueError`
     when no row is left."""
-    reading = _ReadingEngine(engine, read)
+
+    def finish(prepared: PreparedJob, outputs: Sequence[object]) -> tuple[Decision, R]:
+        return engine.finish(prepared, outputs), read(prepared, outputs)
+
+    reading = SimpleNamespace(shape=engine.shape, forward=engine.forward, finish=finish)
     used: list[LabelRow[R]] = []
     skipped: list[tuple[int, str]] = []
     total = len(setup.labels)
     for start in range(0, total, CHUNK_ROWS):
-        chunk = setup.labels[start : start + CHUNK_ROWS]
         prepared, kept = [], []
-        for label in chunk:
+        for label in setup.labels[start : start + CHUNK_ROWS]:
             job = Job(setup.key, label.state, {QUESTION: label.question})
             try:
-                prepared.append(reading.prepare(job))
+                prepared.append(engine.prepare(job))
             except RequestInvalid as exc:
                 skipped.append((label.line, "; ".join(i.msg for i in exc.issues)))
-                continue
-            kept.append(label)
+            else:
+                kept.append(label)
         finished: list[Any] = run_together(reading, prepared)  # type: ignore[arg-type]
         for label, (decision, record) in zip(kept, finished, strict=True):
             used.append(LabelRow(label, answer_probabilities(decision, QUESTION), record))
@@ -250,8 +236,7 @@ def plot(path: Path, outcome: Outcome) -> None:
     """A reliability diagram of the held-out rows, before and after, as a PNG."""
     series = []
     for name, probs in (("before", outcome.before), ("after", outcome.after)):
-        points = [(c, a) for n, c, a in reliability(probs, outcome.gold) if n]
-        series.append(
-            (f"{name} (ECE {expected_calibration_error(probs, outcome.gold):.3f})", points)
-        )
-    reliability_png.draw(path, series)
+        bins = [(c, a) for n, c, a in reliability(probs, outcome.gold) if n]
+        ece = expected_calibration_error(probs, outcome.gold)
+        series.append((f"{name} (ECE {ece:.3f})", [c for c, _ in bins], [a for _, a in bins]))
+    line_plot(path, series, xlabel="confidence", ylabel="accuracy", diagonal="perfect calibration")

@@ -1,13 +1,10 @@
 """Laya temperatures fitted on the user's labels, by laya 0.4.15's own method and in its format.
 
-laya's `records_from_labeled` + `Agent.fit_temperatures` + `Agent.save_calibration`: each row's
-option logits (the ones its temperature divides) and one-hot target; per question type a scalar
-temperature by NLL with LBFGS on log T (float32, rows grouped by option count), fitted once a type
-has `MIN_TYPE_N` rows and left at 1.0 below that; per option-count bucket a temperature once the
-bucket has `MIN_BUCKET_N` rows (fewer: the bucket is left out and the type's scalar covers it);
-every fit clamped to [0.5, 5]. As upstream's, the file replaces all of the checkpoint's
-temperatures: its shipped per-bucket ones are not carried over. No binning map is written (a
-fresh agent's `save_calibration` writes none).
+laya's `records_from_labeled` + `Agent.fit_temperatures` + `Agent.save_calibration`: per
+question type a scalar temperature by NLL with LBFGS on log T, fitted once a type has
+`MIN_TYPE_N` rows (else 1.0); per option-count bucket one once it has `MIN_BUCKET_N` rows (else
+the type's covers it); each clamped to [0.5, 5]. As upstream's, the file replaces all of the
+checkpoint's temperatures, and holds no binning map.
 """
 
 from __future__ import annotations
@@ -94,21 +91,20 @@ def fit_temperatures(records: Sequence[Record]) -> Fit:
     for record in records:
         by_type[record.qtype].append(record)
         by_bucket.setdefault(record.bucket, []).append(record)
-    temperature = [1.0] * len(QTYPE_NAMES)
     clamped: dict[str, float] = {}
-    for qtype, rows in enumerate(by_type):
-        if len(rows) >= MIN_TYPE_N:
-            raw = _fit_unclamped(rows)
-            temperature[qtype] = calibration.clamp_temperature(raw)
-            if math.isfinite(raw) and temperature[qtype] != raw:
-                clamped[QTYPE_NAMES[qtype]] = raw
-    by_options = {}
-    for key, rows in by_bucket.items():
-        if len(rows) >= MIN_BUCKET_N:
-            raw = _fit_unclamped(rows)
-            by_options[key] = calibration.clamp_temperature(raw)
-            if math.isfinite(raw) and by_options[key] != raw:
-                clamped[key] = raw
+
+    def fitted(name: str, rows: list[Record]) -> float:
+        raw = _fit_unclamped(rows)
+        value = calibration.clamp_temperature(raw)
+        if math.isfinite(raw) and value != raw:
+            clamped[name] = raw
+        return value
+
+    temperature = [
+        fitted(QTYPE_NAMES[qtype], rows) if len(rows) >= MIN_TYPE_N else 1.0
+        for qtype, rows in enumerate(by_type)
+    ]
+    by_options = {k: fitted(k, rows) for k, rows in by_bucket.items() if len(rows) >= MIN_BUCKET_N}
     return Fit(temperature, by_options, clamped, [len(rows) for rows in by_type])
 
 
@@ -165,7 +161,5 @@ def fit(setup: calibrate.Setup) -> calibrate.Outcome:
                 record = records[i]
                 scale = temperatures.get(QTYPE_NAMES[record.qtype], len(record.logits))
                 after[i] = softmax(record.logits, scale)
-        outcome.before = [r.before for r in rows]
-        outcome.after = [after[i] for i in range(len(records))]
-        outcome.gold = [r.gold for r in records]
+        outcome.held_out(rows, after)
     return outcome

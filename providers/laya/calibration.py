@@ -1,13 +1,11 @@
 """Laya calibration files: the JSON payload laya 0.4.15's `Agent.save_calibration` writes.
 
-Read with upstream's own rules (`laya.calibrate.apply_calibration_payload`): the payload's shape
-is refused with a message naming the field (a `temperature` that is not a list of three, a
-`temperature_by_options` or `binning_map` that is not an object, a binning entry without an
-integer `bins` and that many values in [0, 1], a `version` that is not an integer), while a
-temperature that is not a number, or lies outside [0.5, 5], is forgiven and clamped at load as the
-checkpoint's own are. A version-2 file records the checkpoint it was fitted for; a mismatch warns
-and still loads. Written the same way (`payload`, `write`), so a file fitted here loads in laya.
-Pure Python: the gateway checks files with it before listening, the worker loads them with it.
+Read with upstream's own rules (`laya.calibrate.apply_calibration_payload`): a malformed shape
+is refused with a message naming the field, while a temperature that is not a number, or lies
+outside [0.5, 5], is clamped at load as the checkpoint's own are. A version-2 file records the
+checkpoint it was fitted for; a mismatch warns and still loads. `payload` writes the same
+format, so a file fitted here loads in laya. Pure Python: the gateway checks files with it
+before listening, the worker loads them with it.
 """
 
 from __future__ import annotations
@@ -32,27 +30,27 @@ class CalibrationError(ValueError):
     """A calibration file laya itself would refuse to load; the message names the field."""
 
 
+def _number(value: object) -> float | None:
+    """`value` as upstream reads a temperature: a float, or None for a bool or a non-number."""
+    if isinstance(value, bool):
+        return None
+    try:
+        return float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+
+
 def clamp_temperature(value: object) -> float:
     """Upstream `clamp_temperature`: non-numbers (bools, NaN, inf) mean 1.0; else [0.5, 5]."""
-    if isinstance(value, bool):
-        return 1.0
-    try:
-        number = float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        return 1.0
-    if not math.isfinite(number):
+    number = _number(value)
+    if number is None or not math.isfinite(number):
         return 1.0
     return min(TEMPERATURE_MAX, max(TEMPERATURE_MIN, number))
 
 
 def rejected(raw: object, applied: float) -> bool:
     """Upstream `temperature_rejected`: `raw` is not the number that was applied."""
-    if isinstance(raw, bool):
-        return True
-    try:
-        return float(raw) != applied  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        return True
+    return _number(raw) != applied
 
 
 def config_identity(config: Mapping[str, Any] | None) -> dict[str, Any] | None:
@@ -70,8 +68,7 @@ class Payload:
     temperature: list[Any]
     temperature_by_options: dict[str, Any]
     binning_map: dict[str, dict[str, Any]] | None
-    """Recalibrates laya's `answer_confidence` only, a field the contract does not carry (it
-    picks the window a windowed state's choice or score answers from)."""
+    """Recalibrates laya's `answer_confidence` only (`Temperatures.answer_confidence`)."""
     model_id_or_path: Any = None
     subfolder: Any = None
     config: Any = None
@@ -94,13 +91,9 @@ class Payload:
         ]
 
     def mismatch(self, checkpoint_config: Mapping[str, Any]) -> str | None:
-        """Why this file may be for another checkpoint, or None.
-
-        Upstream compares the recorded `model_id_or_path`, `subfolder` and config with the
-        agent's. Decidealot knows a checkpoint by its directory, not by the Hub id or path
-        laya loaded it from, so the config (everything but the temperatures) is what tells
-        checkpoints apart here; a version-1 file records nothing and is never questioned.
-        """
+        """Why this file may be for another checkpoint, or None. Upstream also compares the
+        recorded `model_id_or_path` and `subfolder`, which a checkpoint known by its directory
+        does not have: the config (but the temperatures) tells checkpoints apart here."""
         if self.version < VERSION or self.config == config_identity(checkpoint_config):
             return None
         return (
@@ -111,9 +104,7 @@ class Payload:
 
 
 def _version(payload: Mapping[str, Any]) -> int:
-    version = payload.get("version", 1)
-    if version is None:
-        version = 1
+    version = 1 if payload.get("version") is None else payload["version"]
     wrong = CalibrationError(f"version must be an integer, got {version!r}")
     if isinstance(version, bool) or not isinstance(version, int | float | str):
         raise wrong
@@ -161,8 +152,7 @@ def parse(payload: object) -> Payload:
     if not isinstance(temperature, list) or len(temperature) != len(QTYPE_NAMES):
         raise CalibrationError("temperature must be a list of 3 numbers")
     by_options = payload.get("temperature_by_options")
-    if by_options is None:
-        by_options = {}
+    by_options = {} if by_options is None else by_options
     if not isinstance(by_options, dict):
         raise CalibrationError(
             "temperature_by_options must be an object of bucket -> number, "
@@ -180,8 +170,7 @@ def parse(payload: object) -> Payload:
 
 
 def read_calibration(path: Path) -> Payload:
-    """The file at `path`, parsed as laya reads it (Python's `json`, so NaN literals load
-    and are then clamped, as upstream's)."""
+    """The file at `path`, parsed as laya reads it (NaN literals load, then are clamped)."""
     return parse(read_json_object(path, CalibrationError))
 
 
@@ -219,18 +208,14 @@ def payload(
     *,
     model_id_or_path: str | None,
     config: Mapping[str, Any] | None,
-    subfolder: str | None = None,
-    binning_map: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The JSON body `Agent.save_calibration` writes (`laya.calibrate.calibration_payload`)."""
-    body: dict[str, Any] = {
+    """The JSON body a fresh agent's `Agent.save_calibration` writes (no subfolder, no binning
+    map: `laya.calibrate.calibration_payload`)."""
+    return {
         "version": VERSION,
         "temperature": [float(t) for t in temperature],
         "temperature_by_options": {str(k): float(v) for k, v in temperature_by_options.items()},
         "model_id_or_path": model_id_or_path,
-        "subfolder": subfolder,
+        "subfolder": None,
         "config": config_identity(config),
     }
-    if binning_map is not None:
-        body["binning_map"] = dict(binning_map)
-    return body

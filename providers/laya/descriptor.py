@@ -9,7 +9,7 @@ from decidealot.config import Section, Settings, boolean, directory, file, setti
 from decidealot.contract import ModelInfo
 from decidealot.protocols import Provider
 from decidealot.providers.gateway.checkpoint_provider import CheckpointProvider
-from decidealot.providers.laya import calibration
+from decidealot.providers.laya import CHECKPOINTS, calibration
 from decidealot.providers.laya.gateway.router import DIRECT_SELECTORS, checkpoint_for
 from decidealot.registry import (
     Bundle,
@@ -39,9 +39,6 @@ SELECTORS = (
     ),
 )
 
-CHECKPOINTS = ("english", "multilingual", "typed-decisions")
-"""The worker's checkpoint keys; each is bundle `laya-<key>`, replaced by its setting."""
-
 FILES = (
     "rl_agent_config.json",
     "model.safetensors",
@@ -51,11 +48,8 @@ FILES = (
 )
 """What the Laya engine reads from a checkpoint directory (docs/models.md lists them too)."""
 CHECKS = {
-    "rl_agent_config.json": json_object_problem,
-    "model.safetensors": safetensors_header,
-    "encoder/config.json": json_object_problem,
-    "tokenizer/tokenizer.json": json_object_problem,
-    "tokenizer/tokenizer_config.json": json_object_problem,
+    name: safetensors_header if name.endswith(".safetensors") else json_object_problem
+    for name in FILES
 }
 """How startup reads each of them (a file that would not parse stops `serve`)."""
 
@@ -71,10 +65,6 @@ class LayaSettings(Section, frozen=True, kw_only=True):
     """A payload of laya's `Agent.save_calibration` (or `decidealot calibrate`) replaces the
     checkpoint's temperatures."""
 
-    def checkpoint(self, key: str) -> Path | None:
-        path: Path | None = getattr(self, _setting(key))
-        return path
-
 
 def _setting(key: str, what: str = "checkpoint") -> str:
     return f"laya_{key.replace('-', '_')}_{what}"
@@ -87,7 +77,7 @@ def _build(settings: Settings, section: LayaSettings) -> Provider:
         "laya",
         SELECTORS,
         "decidealot.providers.laya.worker.engine:create",
-        {key: section.checkpoint(key) for key in CHECKPOINTS},
+        {key: getattr(section, _setting(key)) for key in CHECKPOINTS},
         settings,
         checkpoint_for,
         calibrations=DESCRIPTOR.calibration_files(section),

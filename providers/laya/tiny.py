@@ -17,9 +17,8 @@ from safetensors.torch import save_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import ModernBertConfig, ModernBertModel, PreTrainedTokenizerFast
 
+from decidealot.providers.laya import CHECKPOINTS as VARIANTS
 from decidealot.providers.tiny import MODERNBERT_BASE, MODERNBERT_VOCAB_SIZE, modernbert_config
-
-VARIANTS = ("english", "multilingual", "typed-decisions")
 
 _CORPUS = [
     "The customer requests a refund for a duplicate payment.",
@@ -33,8 +32,9 @@ _CORPUS = [
     "طلبي لم يصل. मेरा ऑर्डर नहीं आया। ההזמנה שלי לא הגיעה. Η παραγγελία μου δεν έφτασε.",
 ]
 
-# Per variant: special tokens in id order, their roles, RoPE thetas (full, sliding), budgets and
-# the shipped temperatures (laya.md §1.3), including the out-of-range `choice:11+` entry.
+# Per variant: special tokens by role (in id order, the first of each), RoPE thetas (full,
+# sliding), budgets and the shipped temperatures (laya.md §1.3), with the out-of-range
+# `choice:11+` entry.
 _SHIPPED_BY_OPTIONS = {
     "choice:2": 1.9063563346862793,
     "choice:3-5": 1.7601518630981445,
@@ -43,15 +43,9 @@ _SHIPPED_BY_OPTIONS = {
     "score:3-5": 1.2514300346374512,
     "noul:2": 1.983399510383606,
 }
-_BERT_SPECIALS = ["[UNK]", "[CLS]", "[SEP]", "[PAD]", "[MASK]"]
 _BERT_ROLES = {
-    "unk_token": "[UNK]",
-    "cls_token": "[CLS]",
-    "sep_token": "[SEP]",
-    "pad_token": "[PAD]",
-    "mask_token": "[MASK]",
+    f"{name}_token": f"[{name.upper()}]" for name in ("unk", "cls", "sep", "pad", "mask")
 }
-_GEMMA_SPECIALS = ["<pad>", "<eos>", "<bos>", "<unk>", "<mask>"]
 _GEMMA_ROLES = {
     "pad_token": "<pad>",
     "eos_token": "<eos>",
@@ -61,39 +55,34 @@ _GEMMA_ROLES = {
     "cls_token": "<bos>",
     "sep_token": "<eos>",
 }
-_VARIANT = {
-    "english": {
-        "specials": _BERT_SPECIALS,
-        "roles": _BERT_ROLES,
-        "rope": (160000.0, 10000.0),
-        "encoder": "answerdotai/ModernBERT-large",
-        "model_name": "rl-agent",
-        "max_len": 128,
-        "head_max_len": 48,
-        "temperature": [1.6369030475616455, 1.2514300346374512, 1.983399510383606],
-        "temperature_by_options": _SHIPPED_BY_OPTIONS,
-    },
+_ENGLISH = {
+    "roles": _BERT_ROLES,
+    "rope": (160000.0, 10000.0),
+    "encoder": "answerdotai/ModernBERT-large",
+    "model_name": "rl-agent",
+    "max_len": 128,
+    "head_max_len": 48,
+    "temperature": [1.6369030475616455, 1.2514300346374512, 1.983399510383606],
+    "temperature_by_options": _SHIPPED_BY_OPTIONS,
+}
+_VARIANT: dict[str, dict[str, Any]] = {
+    "english": _ENGLISH,
     "multilingual": {
-        "specials": _GEMMA_SPECIALS,
+        **_ENGLISH,
         "roles": _GEMMA_ROLES,
         "rope": (160000.0, 160000.0),
         "encoder": "jhu-clsp/mmBERT-base",
-        "model_name": "rl-agent",
         "max_len": 160,
         "head_max_len": 64,
         "temperature": [1.0, 1.0, 1.0],
         "temperature_by_options": {},
     },
     "typed-decisions": {
-        "specials": _BERT_SPECIALS,
-        "roles": _BERT_ROLES,
-        "rope": (160000.0, 10000.0),
-        "encoder": "answerdotai/ModernBERT-large",
+        **_ENGLISH,
         "model_name": "laya-typed-decisions",
         "max_len": 160,
         "head_max_len": 64,
         "temperature": [1.0148024559020996, 1.0374259948730469, 1.0575125217437744],
-        "temperature_by_options": _SHIPPED_BY_OPTIONS,
     },
 }
 
@@ -102,25 +91,29 @@ HEAD_LAYERS = 2
 N_ACT = 2
 
 SIZES = ("tiny", "tiny512", "base")
-"""`tiny512` is `tiny` with a third encoder layer and the shipped english budgets (512 / 192):
-rows as long as the real model's, compute still tiny, so a bench sees the work around a pass
-at the real row lengths."""
-_BASE = MODERNBERT_BASE
-"""ModernBERT-base's encoder shape, for benchmarks. Its embedding table has ModernBERT's real
-vocabulary size (50,368 rows) while the tokenizer stays the tiny BPE, so only ids below ~400 occur:
-the compute per token is the real model's, the text-to-token ratio is not."""
-BASE_VOCAB_SIZE = MODERNBERT_VOCAB_SIZE
+"""`tiny512`: `tiny` with a third layer and the shipped english budgets (512 / 192), so a bench
+sees the work around a pass at the real row lengths. `base`: ModernBERT-base's shape and
+embedding rows with the tiny tokenizer: the compute per token is the real model's."""
+_TINY_SHAPE = {
+    "hidden_size": HIDDEN,
+    "intermediate_size": 2 * HIDDEN,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "global_attn_every_n_layers": 2,
+    "local_attention": 32,
+    "initializer_range": 0.5,
+}
+_SHAPES = {"tiny": _TINY_SHAPE, "tiny512": {**_TINY_SHAPE, "num_hidden_layers": 3}}
 BASE_BUDGET = {"max_len": 512, "head_max_len": 192}
 
 
-def _build_tokenizer(variant: dict, out: Path) -> PreTrainedTokenizerFast:
-    roles = variant["roles"]
+def _build_tokenizer(roles: dict[str, str], out: Path) -> PreTrainedTokenizerFast:
     backend = Tokenizer(models.BPE(unk_token=roles["unk_token"]))
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     backend.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=400,
-        special_tokens=variant["specials"],
+        special_tokens=list(dict.fromkeys(roles.values())),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
@@ -134,38 +127,6 @@ def _build_tokenizer(variant: dict, out: Path) -> PreTrainedTokenizerFast:
     config.pop("is_local", None)
     config_path.write_text(json.dumps(config, indent=2))
     return tok
-
-
-def _encoder_config(
-    tok: PreTrainedTokenizerFast,
-    rope: tuple[float, float],
-    size: str,
-    overrides: Mapping[str, Any] | None = None,
-) -> ModernBertConfig:
-    full, sliding = rope
-    shape = {
-        "hidden_size": HIDDEN,
-        "intermediate_size": 2 * HIDDEN,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 2,
-        "global_attn_every_n_layers": 2,
-        "local_attention": 32,
-        "initializer_range": 0.5,
-    }
-    if size == "base":
-        shape = _BASE
-    elif size == "tiny512":
-        shape = {**shape, "num_hidden_layers": 3}
-    shape = {**shape, **(overrides or {})}
-    return modernbert_config(
-        tok,
-        shape,
-        vocab_size=BASE_VOCAB_SIZE if size == "base" else len(tok),
-        rope_parameters={
-            "full_attention": {"rope_type": "default", "rope_theta": full},
-            "sliding_attention": {"rope_type": "default", "rope_theta": sliding},
-        },
-    )
 
 
 def _random_weights(config: ModernBertConfig) -> dict[str, torch.Tensor]:
@@ -207,22 +168,27 @@ def build_laya_checkpoint(
     shape: Mapping[str, Any] | None = None,
     budget: Mapping[str, int] | None = None,
 ) -> Path:
-    """Write a random `variant` checkpoint into `path` (created) and return `path`.
-
-    `size` "tiny" is the test checkpoint; "tiny512" the same with three encoder layers and the
-    shipped english budgets (512 / 192); "base" has ModernBERT-base's encoder shape and those
-    budgets, for benchmarks only (about 330 MB on disk). `shape` overrides entries of the size's
-    encoder shape (`num_hidden_layers`, `initializer_range`, ...), `budget` its row budgets
-    (`max_len`, `head_max_len`)."""
+    """Write a random `variant` checkpoint of `size` (see `SIZES`; "base" is about 330 MB, for
+    benchmarks only) into `path` (created) and return `path`. `shape` overrides entries of the
+    size's encoder shape (`num_hidden_layers`, `initializer_range`, ...), `budget` its row
+    budgets (`max_len`, `head_max_len`)."""
     if variant not in _VARIANT:
         raise ValueError(f"unknown Laya variant {variant!r}; expected one of {VARIANTS}")
     if size not in SIZES:
         raise ValueError(f"unknown Laya checkpoint size {size!r}; expected one of {SIZES}")
-    spec = _VARIANT[variant] if size == "tiny" else {**_VARIANT[variant], **BASE_BUDGET}
-    spec = {**spec, **(budget or {})}
+    spec = _VARIANT[variant] | (BASE_BUDGET if size != "tiny" else {}) | dict(budget or {})
     path.mkdir(parents=True, exist_ok=True)
-    tok = _build_tokenizer(spec, path / "tokenizer")
-    config = _encoder_config(tok, spec["rope"], size, shape)
+    tok = _build_tokenizer(spec["roles"], path / "tokenizer")
+    full, sliding = spec["rope"]
+    config = modernbert_config(
+        tok,
+        {**_SHAPES.get(size, MODERNBERT_BASE), **(shape or {})},
+        vocab_size=MODERNBERT_VOCAB_SIZE if size == "base" else len(tok),
+        rope_parameters={
+            "full_attention": {"rope_type": "default", "rope_theta": full},
+            "sliding_attention": {"rope_type": "default", "rope_theta": sliding},
+        },
+    )
     config.save_pretrained(str(path / "encoder"))
     torch.manual_seed(seed)
     weights = _random_weights(config)

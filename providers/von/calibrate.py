@@ -1,19 +1,11 @@
 """Von's temperature map refitted on the user's labels, by von-sdk 1.3.7's `von calibrate`.
 
-Each row's logits as the temperature divides them (a zero-shot noul's debiased) and the map's
-features (bias, entropy of the raw softmax over ln K, log10 of the fitted state's tokens over 4,
-K over 8) are recorded from the engine's own pass, as `von calibrate` records them from its
-backend. A scalar temperature (a map of `bias` alone) and the full map are each fitted by NLL
-(torch, float64: Adam, then an LBFGS polish, best of four seeded restarts, T clamped to
-[0.3, 12]); the one with the lower k-fold cross-validated NLL is written, so a few dozen labels
-give a safe scalar and a few hundred can earn the map. The file is the checkpoint's
-`marker_calibration.json` (the one the service runs with) with the map and `von calibrate`'s
-report fields replaced, so its forward-pass flags and noul prior carry over.
-
-One difference from `von calibrate`: it replays an object or array state as its JSON text,
-which the backend then scores as text, while `von serve` (and Decidealot) format such a state as
-`key: value` lines; here every row runs as the service runs it, so the map is fitted on the
-logits it will be applied to.
+A scalar temperature (a map of `bias` alone) and the full map are each fitted by NLL (float64:
+Adam, then an LBFGS polish, best of four seeded restarts, T clamped to [0.3, 12]) on the
+logits and features of the engine's own pass; the one with the lower k-fold cross-validated
+NLL is written into the file the service runs with (its flags and noul prior carry over). Unlike
+`von calibrate`, which replays an object or array state as JSON text, every row runs as the
+service formats it, so the map is fitted on the logits it will be applied to.
 """
 
 from __future__ import annotations
@@ -89,11 +81,8 @@ def top_label_ece(
         buckets.setdefault(min(int(conf * bins), bins - 1), []).append((conf, top == r.gold))
     out = 0.0
     for b in buckets.values():
-        out += (
-            len(b)
-            / len(records)
-            * abs(sum(c for c, _ in b) / len(b) - sum(h for _, h in b) / len(b))
-        )
+        confidence, accuracy = sum(c for c, _ in b) / len(b), sum(h for _, h in b) / len(b)
+        out += len(b) / len(records) * abs(confidence - accuracy)
     return out
 
 
@@ -115,11 +104,8 @@ def _fit(records: Sequence[Record], keys: Sequence[str], seed: int = 0) -> dict[
     best_w, best_loss = None, float("inf")
     rng = random.Random(seed)
     for _ in range(RESTARTS):
-        w = torch.zeros(len(keys), dtype=torch.float64)
-        w[0] = rng.uniform(0.8, 3.0)
-        for j in range(1, len(keys)):
-            w[j] = rng.uniform(-1.0, 1.0)
-        final, w = _descend(loss_fn, w)
+        start = [rng.uniform(0.8, 3.0), *(rng.uniform(-1.0, 1.0) for _ in keys[1:])]
+        final, w = _descend(loss_fn, torch.tensor(start, dtype=torch.float64))
         if final < best_loss:
             best_loss, best_w = final, w
     assert best_w is not None
@@ -273,7 +259,5 @@ def fit(setup: calibrate.Setup) -> calibrate.Outcome:
                 torch.tensor(record.logits) / max(_temp(params, record.feats), 1e-4), dim=-1
             ).tolist()
             after[i] = probs[::-1] if _von_order(row)[1] else probs
-    outcome.before = [r.before for r in rows]
-    outcome.after = [after[i] for i in range(len(records))]
-    outcome.gold = [r.label.gold for r in rows]
+    outcome.held_out(rows, after)
     return outcome

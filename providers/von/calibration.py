@@ -1,13 +1,12 @@
 """Von calibration files: `marker_calibration.json`, as a checkpoint ships it or `von calibrate`
 writes it (von-sdk 1.3.7).
 
-The file holds the temperature rule (a scalar `temperature`, or an input-conditioned
-`calibration_map` clamped to [lo, hi]), the zero-shot noul prior, and two flags that set how the
-forward pass runs (`independent_options`, `digit_split`); `von calibrate` carries the shipped
-file's flags into the file it writes, and `VON_CALIBRATION` replaces the checkpoint's file whole,
-flags included. Maps and priors upstream cannot use are dropped as upstream drops them; a file
-that does not parse, a non-numeric temperature or a flag that is not a boolean is refused.
-Pure Python: the gateway checks files with it before listening, the worker loads them with it.
+The file holds the temperature rule (a scalar `temperature`, or a `calibration_map` clamped to
+[lo, hi]), the zero-shot noul prior, and two flags that set how the forward pass runs
+(`independent_options`, `digit_split`); `VON_CALIBRATION` replaces the checkpoint's file whole,
+flags included. Maps and priors upstream cannot use are dropped as upstream drops them; a
+non-numeric temperature or a flag that is not a boolean is refused. Pure Python: the gateway
+checks files with it before listening, the worker loads them with it.
 """
 
 from __future__ import annotations
@@ -41,11 +40,9 @@ class VonCalibration:
 
 def _calibration_map(raw: object) -> dict[str, float] | None:
     """Upstream's validation: unusable maps are dropped and the scalar temperature applies."""
-    if not isinstance(raw, dict):
-        return None
     try:
-        values = {str(key): float(value) for key, value in raw.items()}
-    except (TypeError, ValueError):
+        values = {str(key): float(value) for key, value in raw.items()}  # type: ignore[attr-defined]
+    except (AttributeError, TypeError, ValueError):  # not an object, or not numbers
         return None
     if not any(key in values for key in MAP_FEATURES):
         return None
@@ -55,11 +52,9 @@ def _calibration_map(raw: object) -> dict[str, float] | None:
 
 
 def _noul_prior(raw: object) -> tuple[float, float] | None:
-    if not isinstance(raw, dict):
-        return None
     try:
-        return float(raw["a"]), float(raw["b"])
-    except (KeyError, TypeError, ValueError):
+        return float(raw["a"]), float(raw["b"])  # type: ignore[index]
+    except (KeyError, TypeError, ValueError):  # not an object of two numbers
         return None
 
 
@@ -111,12 +106,9 @@ def warnings(path: Path, checkpoint: Path) -> list[str]:
 
 
 def mismatch(data: dict[str, Any], shipped: dict[str, Any]) -> str | None:
-    """Why a file may be for other weights than the checkpoint's own file describes, or None.
-
-    The flags say how the weights were trained to be run: a file that sets them otherwise
-    changes the answers, not only their confidence. `weights_id` (`model_id` in a shipped
-    file) names the weights.
-    """
+    """Why a file may be for other weights than the checkpoint's own file describes, or None:
+    flags set otherwise change the answers, not only their confidence; `weights_id`
+    (`model_id` in a shipped file) names the weights."""
     problems = [
         f"{flag}={data.get(flag, False)} where the checkpoint's own file has "
         f"{shipped.get(flag, False)}"

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 from tokenizers.processors import TemplateProcessing
-from transformers import ModernBertConfig, ModernBertModel, PreTrainedTokenizerFast
+from transformers import ModernBertModel, PreTrainedTokenizerFast
 
 from decidealot.providers.tiny import MODERNBERT_BASE, MODERNBERT_VOCAB_SIZE, modernbert_config
 
@@ -27,30 +27,28 @@ _CORPUS = [
     "summary: A request changes access for an account that holds protected records.",
     "The invoice dated 2026-09-22 lists 3 items at 19.99 each; order 84213 shipped.",
 ]
-_SPECIALS = ["[UNK]", "[CLS]", "[SEP]", "[PAD]", "[MASK]"]
+_ROLES = {f"{name}_token": f"[{name.upper()}]" for name in ("unk", "cls", "sep", "pad", "mask")}
 
 HIDDEN = 32
 LOCAL_ATTENTION = 16
 
 SIZES = ("tiny", "long", "small", "base")
+_TINY_SHAPE = {
+    "hidden_size": HIDDEN,
+    "intermediate_size": 48,
+    "num_hidden_layers": 3,
+    "num_attention_heads": 2,
+    "global_attn_every_n_layers": 3,
+    "local_attention": LOCAL_ATTENTION,
+    "initializer_range": 0.1,  # with the scorer's gain: probabilities spread, rarely saturate
+}
 _SHAPES: dict[str, dict[str, Any]] = {
-    "tiny": {
-        "hidden_size": HIDDEN,
-        "intermediate_size": 48,
-        "num_hidden_layers": 3,
-        "num_attention_heads": 2,
-        "global_attn_every_n_layers": 3,
-        "local_attention": LOCAL_ATTENTION,
-        "initializer_range": 0.1,  # with the scorer's gain: probabilities spread, rarely saturate
-    },
+    "tiny": _TINY_SHAPE,
     "long": {
-        "hidden_size": HIDDEN,
-        "intermediate_size": 48,
+        **_TINY_SHAPE,
         "num_hidden_layers": 1,
         "num_attention_heads": 1,
         "global_attn_every_n_layers": 1,
-        "local_attention": LOCAL_ATTENTION,
-        "initializer_range": 0.1,
     },
     "small": {
         "hidden_size": 384,
@@ -64,12 +62,9 @@ _SHAPES: dict[str, dict[str, Any]] = {
     "base": {**MODERNBERT_BASE, "vocab_size": MODERNBERT_VOCAB_SIZE},
 }
 """`tiny` is the test checkpoint; `long` is `tiny` cut to one global layer and one head, for
-states past the 8192-token window, where a pass costs what its masks cost (transformers builds
-them over the whole window), so fewer layers halve what both sides spend without changing what
-is compared; `small` (7.7M parameters, ModernBERT's layer pattern and window) is for
-benchmarks, where the forward pass should dominate a request; `base` has ModernBERT-base's
-shape and vocabulary size (the tokenizer stays tiny), for timing a checkpoint's load
-(bench/switch.py)."""
+states past the 8192-token window, where a pass costs what its masks cost; `small` (7.7M
+parameters, ModernBERT's layer pattern) is for benchmarks; `base` has ModernBERT-base's shape
+and vocabulary size (the tokenizer stays tiny), for timing a load (bench/switch.py)."""
 
 DEFAULT_CALIBRATION_MAP: dict[str, float] = {
     "bias": 1.2,
@@ -88,7 +83,7 @@ def _build_tokenizer(out: Path) -> PreTrainedTokenizerFast:
     backend.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=300,
-        special_tokens=_SPECIALS,
+        special_tokens=list(_ROLES.values()),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
@@ -100,25 +95,13 @@ def _build_tokenizer(out: Path) -> PreTrainedTokenizerFast:
         pair="[CLS] $A [SEP] $B [SEP]",
         special_tokens=[("[CLS]", cls_id), ("[SEP]", sep_id)],
     )
-    tok = PreTrainedTokenizerFast(
-        tokenizer_object=backend,
-        unk_token="[UNK]",
-        cls_token="[CLS]",
-        sep_token="[SEP]",
-        pad_token="[PAD]",
-        mask_token="[MASK]",
-        model_max_length=8192,
-    )
+    tok = PreTrainedTokenizerFast(tokenizer_object=backend, **_ROLES, model_max_length=8192)
     tok.save_pretrained(str(out))
     config_path = out / "tokenizer_config.json"
     config = json.loads(config_path.read_text())
     config["tokenizer_class"] = "PreTrainedTokenizerFast"
     config_path.write_text(json.dumps(config, indent=2))
     return tok
-
-
-def _encoder_config(tok: PreTrainedTokenizerFast, size: str) -> ModernBertConfig:
-    return modernbert_config(tok, _SHAPES[size])
 
 
 def _scorer_weights(hidden: int) -> dict[str, torch.Tensor]:
@@ -150,16 +133,13 @@ def build_von_checkpoint(
     size: str = "tiny",
 ) -> Path:
     """Write a random Von checkpoint of `size` (see `SIZES`) into `path` (created) and return
-    `path`.
-
-    `calibration_map=None` / `noul_prior=None` leave those keys out of
-    `marker_calibration.json`, so the scalar `temperature` and the 0.7 debias coefficient apply.
-    """
+    `path`. `calibration_map=None` / `noul_prior=None` leave those keys out of the calibration
+    file, so the scalar `temperature` and the 0.7 debias coefficient apply."""
     if size not in SIZES:
         raise ValueError(f"unknown Von checkpoint size {size!r}; expected one of {SIZES}")
     path.mkdir(parents=True, exist_ok=True)
     tok = _build_tokenizer(path)
-    config = _encoder_config(tok, size)
+    config = modernbert_config(tok, _SHAPES[size])
     torch.manual_seed(seed)
     encoder = ModernBertModel(config)
     encoder.save_pretrained(str(path))

@@ -1,16 +1,12 @@
 """bf16 on a CPU with bf16 units (`DECIDEALOT_PRECISION=bf16`, or what `auto` chose there).
 
 Not autocast, which re-casts every weight on every pass, and not the whole model cast to bf16,
-whose bf16 norms moved the hidden states 50x more than autocast did (issue 27: max |d| 0.06
-against 0.0017). Here the encoder's linear layers and token embeddings, and the projections of
-Laya's head, are cast to bf16 once, at load, which halves their memory; every matrix product and
-the attention then run bf16, while the residual stream, every LayerNorm, RoPE's rotation and the
-readout (the scorers, the option logits' softmax) stay fp32: a bf16 layer output is added to
-the fp32 residual, and each norm reads and writes fp32.
-
-`lower_guarded` checks the result on a probe before serving it, as int8's load does: where bf16
-moves the probe's probabilities more than `PROBE_TOLERANCE`, the encoder goes back to the fp32
-weights it kept while the probe decided, and the engine reports why. Worker-side only.
+whose bf16 norms moved the hidden states 50x more than autocast did (max |d| 0.06 against
+0.0017). The encoder's linear layers and token embeddings, and the projections of Laya's head,
+are cast to bf16 once, at load, halving their memory: every matrix product and the attention
+run bf16, while the residual stream, every LayerNorm, RoPE's rotation and the readout stay fp32.
+`lower_guarded` checks the result on a probe before serving it, as int8's load does, and goes
+back to fp32 where bf16 moves it more than `PROBE_TOLERANCE`.
 """
 
 from __future__ import annotations
@@ -22,7 +18,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from decidealot.providers.worker import modernbert
 from decidealot.providers.worker.memory import release_freed
 
 BF16 = torch.bfloat16
@@ -74,7 +69,7 @@ PACKED = "bf16_parameters"
 input to their dtype (Laya's head attention: `in_proj_weight`, `in_proj_bias`)."""
 
 
-def _sites(encoder: modernbert.ModernBert, others: tuple[nn.Module, ...]) -> list[Site]:
+def _sites(encoder: nn.Module, others: tuple[nn.Module, ...]) -> list[Site]:
     """Every linear layer and packed projection under `encoder` and `others`, and the
     encoder's token embeddings."""
     sites: list[Site] = [(encoder.embeddings, "tok_embeddings", encoder.embeddings.tok_embeddings)]
@@ -98,15 +93,14 @@ def _lowered(held: nn.Module | nn.Parameter) -> nn.Module | nn.Parameter:
 
 
 def lower_guarded(
-    encoder: modernbert.ModernBert,
+    encoder: nn.Module,
     probe: Callable[[], torch.Tensor],
     others: tuple[nn.Module, ...] = (),
 ) -> Lowered:
     """Cast `encoder`'s linear layers and token embeddings, and the linear layers and packed
     projections (`PACKED`) of `others` (Laya's head), to bf16, and keep them so where
-    `probe()` (probabilities computed through `encoder`) moves at most `PROBE_TOLERANCE`;
-    otherwise put the fp32 modules back. The modules not kept are freed and their pages
-    handed back to the system (`release_freed`)."""
+    `probe()` (probabilities through `encoder`) moves at most `PROBE_TOLERANCE`; otherwise put
+    the fp32 modules back. The modules not kept are freed (`release_freed`)."""
     sites = _sites(encoder, others)
     with torch.inference_mode():
         reference = probe()

@@ -1,12 +1,9 @@
-"""Reading a checkpoint's tensors in the worker (`read_safetensors`, through `safetensors`); its
-JSON objects are read by `decidealot.providers.json_files`, which the gateway shares.
+"""Reading a checkpoint's tensors in the worker (its JSON objects: `providers.json_files`).
 
-`safetensors.torch.load_file` copies the whole file into tensors and the caller's `.float()`
-then copies it again, so an fp16 checkpoint read as fp32 held both at once and paid two copies.
-Here `safetensors.safe_open` maps the file and each tensor is copied from its view of the
-mapping straight into its final dtype, one at a time, after which the view's pages of the
-mapping are returned (they stay in the page cache): one copy in all, and at most the model
-plus one tensor at its peak (docs/performance.md has the peak RSS of both readers).
+`safetensors.torch.load_file` copies the whole file into tensors and a `.float()` copies it
+again, so an fp16 checkpoint read as fp32 held both at once. Here each tensor is copied from
+the file's mapping straight into its final dtype, one at a time, and the mapping's pages are
+returned: one copy, and at most the model plus one tensor at the peak (docs/performance.md).
 """
 
 from __future__ import annotations
@@ -35,9 +32,8 @@ def read_safetensors(path: Path, dtype: torch.dtype | None = None) -> dict[str, 
 
 
 def _own_copy(view: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
-    """`view` (of the file's private mapping, only ever read) copied into `dtype`; the view's
-    pages of the mapping are then given back, so the file does not stay resident beside the
-    copies (a page shared with the next tensor is read again from the page cache)."""
+    """`view` (of the file's private mapping) copied into `dtype`, then its pages given back, so
+    the file does not stay resident beside the copies (they stay in the page cache)."""
     target = dtype if dtype is not None and view.is_floating_point() else view.dtype
     out = view.to(target, copy=True)
     size = view.numel() * view.element_size()

@@ -1,15 +1,12 @@
 """int8 weights for an encoder's linear layers on CPU (`DECIDEALOT_PRECISION=int8`).
 
-Each chosen `nn.Linear` becomes an `Int8Linear`: weights int8 per output channel, activations
-quantised per token (symmetric, from that token's own largest value), multiplied by
+Weights int8 per output channel, activations quantised per token (symmetric), multiplied by
 `torch._int_mm` into int32 and scaled back to fp32. Per-token scales keep a row's answers
 independent of what it is batched or padded with, which per-tensor dynamic quantisation (torch's
-`quantize_dynamic`, ONNX Runtime's) does not. Measurements, and the candidates not kept, are in
-docs/performance.md ("Engine candidates"). Worker-side only.
-
-`quantize_guarded` checks the result on a probe before serving it: layers whose int8 error
-moves the probe's probabilities most go back to fp32 until the probe is within tolerance (on
-the wide random test checkpoints the query/key projections must; on base-shaped weights none).
+`quantize_dynamic`, ONNX Runtime's) does not (docs/performance.md, "Engine candidates").
+`quantize_guarded` checks the result on a probe before serving it: the layers whose int8 error
+moves the probe most go back to fp32 until it is within tolerance (on the wide random test
+checkpoints the query/key projections must; on base-shaped weights none).
 """
 
 from __future__ import annotations
@@ -87,13 +84,9 @@ def unquantised(module: nn.Module) -> Quantised:
 
 def quantize_guarded(target: nn.Module, probe: Callable[[], torch.Tensor]) -> Quantised:
     """Make `target`'s linear layers int8, keeping fp32 the roles whose int8 error moves
-    `probe()` (probabilities, computed through `target`) most, until it moves at most
-    `PROBE_TOLERANCE`.
-
-    While the probe decides, both versions of every layer are at hand; once it has, only the
-    chosen one of each stays in `target`: the fp32 weights of the int8 layers, the int8 copies
-    of the fp32 ones and the probe's activations are freed and their pages handed back to the
-    system (`release_freed`), so int8 holds about a quarter of those layers' fp32 bytes."""
+    `probe()` (probabilities through `target`) most, until it moves at most `PROBE_TOLERANCE`.
+    The versions not chosen are then freed and their pages handed back (`release_freed`), so
+    int8 holds about a quarter of those layers' fp32 bytes."""
     roles = _linears(target)
     kept = _choose(roles, probe)
     total = sum(len(sites) for sites in roles.values())

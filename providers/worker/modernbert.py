@@ -1,29 +1,29 @@
 """ModernBERT's encoder in plain torch: what Laya and Von run, without importing transformers.
 
 transformers' `ModernBertModel` is about a hundred lines of arithmetic behind `modeling_utils`,
-whose import (torch._dynamo, distributed checkpointing, loss and quantisation integrations)
-cost a worker start more than torch itself (docs/performance.md, "Model switches"). This is the
-same arithmetic, op for op and in the same order (token embedding -> LayerNorm -> pre-norm
-layers, each RoPE plus sdpa attention over the whole row or a sliding window, then a GELU gated
-MLP -> final LayerNorm), with the same parameter names, so upstream's state dicts load
-strictly and a row's hidden states equal transformers' (tests/worker/test_modernbert.py).
-
-`build` makes the modules on the meta device and `load` assigns the checkpoint's tensors to
-them: no weight is allocated, randomly initialised or copied before it is loaded.
+whose import cost a worker start more than torch itself (docs/performance.md, "Model
+switches"). This is the same arithmetic, op for op and in the same order, with the same
+parameter names, so upstream's state dicts load strictly and a row's hidden states equal
+transformers' (tests/worker/test_modernbert.py). The modules are built on the meta device and
+`load` assigns them the checkpoint's tensors: no weight is allocated or copied before it loads.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from decidealot.providers.json_files import read_json_object
+from decidealot.providers.worker import int8
+from decidealot.providers.worker.bf16 import Lowered, lower_guarded
+from decidealot.providers.worker.precision import AUTOCAST
 
 FULL = "full_attention"
 SLIDING = "sliding_attention"
@@ -54,7 +54,8 @@ class Config:
     rope_theta: tuple[tuple[str, float], ...] = ()
     """(layer type, RoPE theta) per layer type."""
     hidden_activation: str = "gelu"
-    model_type: str = "modernbert"
+    model_type: str = ""
+    """Must be `modernbert` (`of` refuses a config without it)."""
 
     @property
     def sliding_window(self) -> int:
@@ -75,34 +76,24 @@ class Config:
         return cls.of(read_json_object(path, ModernBertConfigError))
 
     @classmethod
-    def of(cls, raw: Mapping[str, object]) -> Config:
-        defaults = cls()
+    def of(cls, raw: Mapping[str, Any]) -> Config:
         try:
-            layers = int(raw.get("num_hidden_layers", 22))  # type: ignore[call-overload]
-            every = int(raw.get("global_attn_every_n_layers", 3))  # type: ignore[call-overload]
+            layers = int(raw.get("num_hidden_layers", 22))
+            every = int(raw.get("global_attn_every_n_layers", 3))
             types = raw.get("layer_types")
             if types is None:
                 types = [SLIDING if i % every else FULL for i in range(layers)]
+            scalars = {  # every int, float, bool and str field, as transformers casts it
+                f.name: _CASTS[f.type](raw.get(f.name, f.default))
+                for f in fields(cls)
+                if f.type in _CASTS
+            }
             config = cls(
-                vocab_size=int(raw.get("vocab_size", defaults.vocab_size)),  # type: ignore[call-overload]
-                hidden_size=int(raw.get("hidden_size", defaults.hidden_size)),  # type: ignore[call-overload]
-                intermediate_size=int(raw.get("intermediate_size", defaults.intermediate_size)),  # type: ignore[call-overload]
-                num_attention_heads=int(
-                    raw.get("num_attention_heads", defaults.num_attention_heads)
-                ),  # type: ignore[call-overload]
-                layer_types=tuple(str(t) for t in types),  # type: ignore[union-attr]
-                norm_eps=float(raw.get("norm_eps", defaults.norm_eps)),  # type: ignore[arg-type]
-                norm_bias=bool(raw.get("norm_bias", defaults.norm_bias)),
-                attention_bias=bool(raw.get("attention_bias", defaults.attention_bias)),
-                mlp_bias=bool(raw.get("mlp_bias", defaults.mlp_bias)),
-                local_attention=int(raw.get("local_attention", defaults.local_attention)),  # type: ignore[call-overload]
-                rope_theta=_rope_theta(raw),
-                hidden_activation=str(raw.get("hidden_activation", defaults.hidden_activation)),
-                model_type=str(raw.get("model_type", "")),
+                **scalars, layer_types=tuple(str(t) for t in types), rope_theta=_rope_theta(raw)
             )
+        except ModernBertConfigError:
+            raise
         except (TypeError, ValueError, AttributeError, KeyError) as exc:
-            if isinstance(exc, ModernBertConfigError):
-                raise
             raise ModernBertConfigError(
                 f"malformed ModernBERT config ({type(exc).__name__})"
             ) from exc
@@ -119,6 +110,10 @@ class Config:
                 f"unsupported hidden_activation {config.hidden_activation!r}"
             )
         return config
+
+
+_CASTS = {"int": int, "float": float, "bool": bool, "str": str}
+"""A `Config` field's annotation (a string: `from __future__ import annotations`) -> its cast."""
 
 
 def _rope_theta(raw: Mapping[str, object]) -> tuple[tuple[str, float], ...]:
@@ -295,11 +290,10 @@ class ModernBert(nn.Module):
     def _masks(
         self, padding: torch.Tensor | None, length: int, hidden: torch.Tensor
     ) -> dict[str, torch.Tensor | None]:
-        """transformers' sdpa masks, made additive once per pass (`additive`): a full layer's
-        `[rows, 1, 1, L]` (keys only: sdpa broadcasts it over the queries), a sliding layer's
-        `[rows, 1, L, L]`; None where nothing would be masked (no padding; for sliding layers,
-        rows shorter than the window too). A boolean mask costs sdpa a conversion on every
-        call, and an expanded one a pass over L x L more: together a fifth of a small pass."""
+        """transformers' sdpa masks, made additive once per pass: a full layer's `[rows, 1, 1,
+        L]` (sdpa broadcasts it over the queries), a sliding layer's `[rows, 1, L, L]`; None
+        where nothing is masked. A boolean mask costs sdpa a conversion on every call, and an
+        expanded one a pass over L x L more: together a fifth of a small pass."""
         device, dtype = hidden.device, self._attention_dtype(hidden)
         keys = None if padding is None else padding.to(device=device, dtype=torch.bool)
         unpadded = keys is None or bool(keys.all())
@@ -351,3 +345,49 @@ def load(module: nn.Module, state: Mapping[str, torch.Tensor]) -> None:
     """Assign `state`'s tensors to `module` (strictly: every key, no extras, same shapes); the
     tensors become the parameters, so they are never copied."""
     module.load_state_dict(state, strict=True, assign=True)
+
+
+class Precision(NamedTuple):
+    """What loading an encoder in a precision did (`at_precision`)."""
+
+    amp_dtype: torch.dtype
+    """The autocast dtype of a pass (`autocast`): CUDA's bf16 or fp16, else fp32 (none)."""
+    linears: int8.Quantised
+    """How many of the encoder's linear layers run int8 (none outside `int8`)."""
+    lowered: Lowered | None
+    """Under bf16 on a CPU: whether the encoder kept its bf16 weights after the probe."""
+
+
+def at_precision(
+    encoder: ModernBert,
+    precision: str,
+    device: torch.device,
+    probe: Callable[[], torch.Tensor],
+    others: tuple[nn.Module, ...] = (),
+) -> Precision:
+    """Put a loaded `encoder` in `precision` (resolved, not `auto`), checked on `probe` (option
+    probabilities through it): int8 linear layers, or bf16 ones on a CPU (`others`' too: Laya's
+    head), where CUDA autocasts instead. The scorers reading its output stay fp32."""
+    cpu_bf16 = precision == "bf16" and device.type == "cpu"
+    return Precision(
+        torch.float32 if cpu_bf16 else AUTOCAST.get(precision, torch.float32),
+        int8.quantize_guarded(encoder, probe) if precision == "int8" else int8.unquantised(encoder),
+        lower_guarded(encoder, probe, others) if cpu_bf16 else None,
+    )
+
+
+def probe_rows(
+    config: Config, length: int = int8.PROBE_LENGTH
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """An `at_precision` probe's input: `PROBE_ROWS` rows of `length` random ids (seeded, so
+    every load of a checkpoint decides alike) and four option-marker positions spread over them."""
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, config.vocab_size, (int8.PROBE_ROWS, length), generator=generator)
+    return ids, torch.linspace(1, length - 2, 4).long()
+
+
+def autocast(device: torch.device, dtype: torch.dtype) -> AbstractContextManager[object]:
+    """Autocast to `dtype` on `device` (CUDA's bf16, fp16); none for fp32."""
+    if dtype == torch.float32:
+        return nullcontext()
+    return torch.autocast(device_type=device.type, dtype=dtype)

@@ -1,9 +1,6 @@
-"""Contract answers from one question's option probabilities, shared by every local provider.
-
-Laya, Von and CLM differ only in how sure they say they are (the confidence rule, passed in),
-where P(true) sits among a noul's options, and how a score's legend is written; the rest of the
-readout is the same and lives here once. Nothing is rounded. Pure Python: no torch.
-"""
+"""Contract answers from one question's option probabilities, shared by every local provider:
+they differ only in their confidence rule, where P(true) sits among a noul's options and how a
+score's legend is written. Nothing is rounded. Pure Python."""
 
 from __future__ import annotations
 
@@ -48,12 +45,9 @@ def answer_from_probabilities(
     legend: dict[str, Json] | None = None,
     best: int | None = None,
 ) -> Answer:
-    """One question's answer; `probs` are in option order.
-
-    `true_index` is P(true)'s position among a noul's two options. `legend` (score) defaults
-    to the caller's levels as given. `best` (choice) defaults to the most probable option; Von
-    passes the argmax of its raw logits, which a temperature never moves.
-    """
+    """One question's answer from `probs` in option order. `true_index`: P(true)'s place among
+    a noul's options; `legend` (score): the caller's levels unless given; `best` (choice): the
+    most probable option unless given (Von's raw-logit argmax, which a temperature never moves)."""
     probs = list(probs)
     if isinstance(question, ChoiceQuestion):
         labels = list(question.criteria)

@@ -1,13 +1,9 @@
 """A checkpoint's `tokenizer.json` through the `tokenizers` library alone, as transformers'
-`PreTrainedTokenizerFast` encodes and decodes it.
-
-The engines use a sliver of a transformers tokenizer: encoding with or without the special
-tokens the post-processor adds, decoding, and the named special tokens. Loading one through
-transformers imported most of transformers (a second or more of a worker's start); this reads
-the same file with the same Rust tokenizer and applies what transformers does on load and per
-call that changes ids: no truncation, no padding, the special tokens named in
-`tokenizer_config.json` (or a legacy `special_tokens_map.json`), and, for non-BPE models,
-`clean_up_tokenization_spaces` on decode. tests/worker/test_modernbert.py compares both.
+`PreTrainedTokenizerFast` encodes and decodes it: loading that imported most of transformers (a
+second or more of a worker's start). What transformers does that changes ids is applied here
+too: no truncation, no padding, the special tokens `tokenizer_config.json` (or a legacy
+`special_tokens_map.json`) names, and, for non-BPE models, `clean_up_tokenization_spaces` on
+decode (tests/worker/test_modernbert.py compares both).
 """
 
 from __future__ import annotations
@@ -40,12 +36,19 @@ def _read(path: Path) -> dict[str, object]:
 
 
 class FastTokenizer:
-    """The named special tokens (`mask_token`, `mask_token_id`, ...; None when not named),
-    `__call__` returning `{"input_ids": ...}` for a text or a list of texts, and `decode`."""
+    """A tokenizer folder: `__call__` returning `{"input_ids": ...}` for a text or a list of
+    texts, `decode`, and each named special token as an attribute (`mask_token`,
+    `mask_token_id`, ... for every role of `ROLES`; None when the folder names none)."""
+
+    mask_token: str
+    sep_token: str
+    cls_token_id: int
+    sep_token_id: int
+    mask_token_id: int
+    pad_token_id: int | None
 
     def __init__(self, directory: Path, *, required: Sequence[str] = ()) -> None:
-        """Load `directory`; `required` roles (e.g. `"mask_token"`) must be named and in the
-        vocabulary."""
+        """Load `directory`; `required` roles (e.g. `"mask_token"`) must be named."""
         try:
             self._tokenizer = Tokenizer.from_file(str(directory / "tokenizer.json"))
         except Exception as exc:  # tokenizers raises its own Exception subclass
@@ -59,41 +62,15 @@ class FastTokenizer:
         self._clean_up = bool(config.get("clean_up_tokenization_spaces", False)) and (
             type(self._tokenizer.model).__name__ != "BPE"
         )
-        self.tokens: dict[str, str | None] = {}
-        self.ids: dict[str, int | None] = {}
         for role in ROLES:
             token = _content(legacy.get(role)) or _content(config.get(role))
             token_id = None if token is None else self._tokenizer.token_to_id(token)
             if token is not None and token_id is None:
                 raise TokenizerError(f"the tokenizer's {role} {token!r} is not in its vocabulary")
-            self.tokens[role], self.ids[role] = token, token_id
-        for role in required:
-            if self.tokens.get(role) is None:
+            if token is None and role in required:
                 raise TokenizerError(f"the tokenizer names no {role}")
-
-    @property
-    def mask_token(self) -> str:
-        return self.tokens["mask_token"] or ""
-
-    @property
-    def sep_token(self) -> str:
-        return self.tokens["sep_token"] or ""
-
-    @property
-    def mask_token_id(self) -> int | None:
-        return self.ids["mask_token"]
-
-    @property
-    def sep_token_id(self) -> int | None:
-        return self.ids["sep_token"]
-
-    @property
-    def cls_token_id(self) -> int | None:
-        return self.ids["cls_token"]
-
-    @property
-    def pad_token_id(self) -> int | None:
-        return self.ids["pad_token"]
+            setattr(self, role, token)
+            setattr(self, f"{role}_id", token_id)
 
     @overload
     def __call__(self, text: str, add_special_tokens: bool = True) -> dict[str, list[int]]: ...
@@ -117,16 +94,15 @@ class FastTokenizer:
     def decode(self, ids: list[int]) -> str:
         text = self._tokenizer.decode(ids, skip_special_tokens=False)
         if self._clean_up:  # transformers' clean_up_tokenization (it skips BPE models)
-            for spaced, joined in _CLEAN_UP:
-                text = text.replace(spaced, joined)
+            for spaced in _CLEAN_UP:
+                text = text.replace(spaced, spaced.strip())
         return text
 
 
 class CachedIds:
-    """Token ids (no special tokens) of texts that recur from request to request, such as a
-    question's instructions and options, kept by text: tokenising a three-question request's
-    dozen short texts cost three times its state's tokenisation. Holds at most `size` texts
-    (emptied when full). The ids lists are shared: callers copy, never change them."""
+    """Token ids (no special tokens) of texts that recur from request to request (questions'
+    instructions and options: tokenising a three-question request's dozen texts cost three
+    times its state's), at most `size` texts (emptied when full). Callers never change them."""
 
     def __init__(self, tokenizer: FastTokenizer, size: int = 4096) -> None:
         self._tokenizer = tokenizer
@@ -146,15 +122,5 @@ class CachedIds:
         return [found[text] for text in texts]  # type: ignore[misc]
 
 
-_CLEAN_UP = (
-    (" .", "."),
-    (" ?", "?"),
-    (" !", "!"),
-    (" ,", ","),
-    (" ' ", "'"),
-    (" n't", "n't"),
-    (" 'm", "'m"),
-    (" 's", "'s"),
-    (" 've", "'ve"),
-    (" 're", "'re"),
-)
+_CLEAN_UP = (" .", " ?", " !", " ,", " ' ", " n't", " 'm", " 's", " 've", " 're")
+"""What transformers' `clean_up_tokenization` joins to the word before, in its order."""

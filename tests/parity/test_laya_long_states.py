@@ -204,7 +204,7 @@ def test_windows_are_rows_that_share_turns_with_other_jobs(sides: Sides) -> None
     planner = Planner(4096, engine.shape)
     planner.add(0, long)
     planner.add(1, short)
-    assert {job.id for each in planner.take() for job in each.tasks} == {0, 1}
+    assert {job.id for each in planner.take() for job in each.jobs} == {0, 1}
     together = run_together(engine, [long, short], 4096)
     for prepared, decision in zip((long, short), together, strict=True):
         (alone,) = run_together(engine, [prepared])

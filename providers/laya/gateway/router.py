@@ -1,10 +1,9 @@
-"""Which Laya checkpoint answers a request (laya.md §7), decided without loading any model.
+"""Which Laya checkpoint answers a request (laya.md §7), decided in the gateway.
 
-The auto selectors follow upstream `laya.Router` with workflow detection on and no caller
-language hints: a question-id set equal to a typed-decisions workflow picks typed-decisions;
-otherwise built-in detection (`lang`) picks english for English Latin text and
-multilingual for anything else, and undecided or letterless text takes upstream's fallback,
-multilingual. Pure Python: runs in the gateway.
+The auto selectors follow upstream `laya.Router` with workflow detection on and no language
+hints: a question-id set equal to a typed-decisions workflow picks typed-decisions; otherwise
+detection (`lang`) picks english for English Latin text, else (undecided and letterless text
+too, upstream's fallback) multilingual.
 """
 
 from __future__ import annotations
@@ -13,21 +12,17 @@ import asyncio
 from collections.abc import Iterable
 
 from decidealot.contract import State, SystemOneRequest
+from decidealot.providers.laya import CHECKPOINTS
 from decidealot.providers.laya.gateway import lang
 
 FALLBACK = "multilingual"
 AUTO_SELECTORS = ("laya", "laya-auto", "laya-latest")
 INLINE_DETECTION_COST = 2000
 """States up to this size (characters of string values, plus one per value) are routed on the
-event loop. Detection there costs at most 2.6 ms (English in an array, about 1.3 us a
-character; `bench/routing.py`, docs/performance.md), under the interpreter's 5 ms switch
-interval: a thread would hold the GIL, and so the loop, as long, and its round trip alone costs
-40-70 us, more than detection of a short state (about 0.2 ms at 500 characters)."""
-DIRECT_SELECTORS = {
-    "laya-english": "english",
-    "laya-multilingual": "multilingual",
-    "laya-typed-decisions": "typed-decisions",
-}
+event loop: detection costs at most 2.6 ms there (`bench/routing.py`), under the interpreter's
+5 ms switch interval, so a thread would hold the GIL as long, and its round trip alone (40-70
+us) costs more than detecting a short state (about 0.2 ms at 500 characters)."""
+DIRECT_SELECTORS = {f"laya-{key}": key for key in CHECKPOINTS}
 
 TYPED_DECISION_WORKFLOWS = {
     "agent_trace_observability": frozenset(
@@ -81,11 +76,9 @@ def route(selector: str, state: State, question_names: Iterable[str]) -> str:
 
 
 async def checkpoint_for(selector: str, request: SystemOneRequest) -> str:
-    """`route` for a request. A selector or workflow that names the checkpoint is a look-up,
-    answered on the loop; so is detection over a state whose walk costs at most
-    `INLINE_DETECTION_COST`.
-    Detection reads every line of every string value (as upstream) and a state may be
-    megabytes, so above that it runs off the event loop."""
+    """`route` for a request, on the loop unless detection must walk a state costlier than
+    `INLINE_DETECTION_COST` (it reads every line of every string value, as upstream, and a
+    state may be megabytes): then in a thread."""
     named = named_checkpoint(selector, request.questions)
     if named is not None:
         return named

@@ -1,11 +1,5 @@
 """The Laya worker engine: jobs -> encoder rows -> shared padded forward passes -> answers.
-
-`prepare` tokenises one job (its state once, one row per question) on the worker's preparing
-thread; the worker's planner packs rows of concurrent jobs into passes cut by `shape`;
-`forward` runs one padded pass; `finish` reads a job's answers out of its rows' logits. Rows
-never see each other (padding is masked), so a job's answers do not depend on what it shared
-passes with.
-"""
+Padding is masked, so a job's answers do not depend on what it shared passes with."""
 
 from __future__ import annotations
 
@@ -21,12 +15,12 @@ from decidealot.contract import Cut, Question
 from decidealot.errors import RequestInvalid, state_too_long
 from decidealot.jobs import Decision, EngineSpec, Job
 from decidealot.providers.engine.protocol import PassShape, ReportLoad, ignore_load
+from decidealot.providers.laya import CHECKPOINTS
 from decidealot.providers.laya.worker import readout
 from decidealot.providers.laya.worker.model import PASS_INPUTS, Checkpoint, load_checkpoint
 from decidealot.providers.laya.worker.render import LayaRow, fill, render_heads, state_ids, windows
 from decidealot.providers.worker.precision import checkpoint_load, engine_precision
 
-CHECKPOINT_KEYS = ("english", "multilingual", "typed-decisions")
 PASS_TOKEN_LIMIT = 262_144
 """Padded tokens (rows x longest row) above which a turn is cut into several passes."""
 CPU_PASS_COST = 64
@@ -37,10 +31,8 @@ is pure waste there: a turn is cut wherever that saves more padding than this.""
 
 @dataclass(frozen=True, slots=True)
 class LayaPreparedJob:
-    """A job's rendered rows plus what readout needs; its checkpoint, looked up once in
-    `prepare`, is its rows' group, so `forward` and `finish` have it at hand. The rows are
-    `windows` runs of one row per question in question order (1 unless the state is read in
-    windows)."""
+    """A job's rendered rows plus what readout needs; its checkpoint is its rows' group. The rows
+    are `windows` runs of one row per question, in question order."""
 
     group: Checkpoint
     key: str
@@ -57,11 +49,11 @@ class LayaEngine:
     `prepare` and `forward` may be called from several threads at once."""
 
     def __init__(self, spec: EngineSpec, report: ReportLoad = ignore_load):
-        unknown = set(spec.checkpoints) - set(CHECKPOINT_KEYS)
+        unknown = set(spec.checkpoints) - set(CHECKPOINTS)
         if unknown:
             raise ValueError(f"unknown Laya checkpoint keys: {sorted(unknown)}")
         self._paths = dict(spec.checkpoints)
-        self._calibrations = calibrations(spec, CHECKPOINT_KEYS)
+        self._calibrations = calibrations(spec, CHECKPOINTS)
         self._long_states = spec.options.get("long_states", "cut")
         if self._long_states not in LONG_STATES:
             raise ValueError(f"Laya engine option long_states must be one of {LONG_STATES}")
@@ -76,11 +68,6 @@ class LayaEngine:
         self._report = report
         for key in spec.preload:
             self._checkpoint(key)
-
-    @property
-    def loaded(self) -> tuple[str, ...]:
-        """Keys of the checkpoints in memory, in load order."""
-        return tuple(self._loaded)
 
     def _checkpoint(self, key: str) -> Checkpoint:
         loaded = self._loaded.get(key)
@@ -178,26 +165,22 @@ def _cuts(names: list[str], rows: list[LayaRow], windows: int, total: int) -> li
 
 
 def pass_inputs(rows: Sequence[LayaRow], pad_id: int) -> dict[str, torch.Tensor]:
-    """`rows` padded on the right into one pass's `PASS_INPUTS` tensors, on the CPU: each
-    built from Python lists in one call (a tensor per row and a copy into the pass cost more
-    than the lists)."""
-    length = max(len(row.ids) for row in rows)
-    width = max(len(row.markers) for row in rows)
+    """`rows` padded on the right into one pass's `PASS_INPUTS` tensors, on the CPU, each from
+    Python lists in one call (a tensor per row, copied into the pass, cost more)."""
+    lengths = [len(row.ids) for row in rows]
+    counts = [len(row.markers) for row in rows]
+    length, width = max(lengths), max(counts)
     input_ids = torch.tensor([[*row.ids, *[pad_id] * (length - len(row.ids))] for row in rows])
     marker_pos = torch.tensor([[*row.markers, *[0] * (width - len(row.markers))] for row in rows])
-    filled = torch.arange(length)[None, :] < torch.tensor([len(row.ids) for row in rows])[:, None]
-    attention = filled.long()
-    marker_mask = (
-        torch.arange(width)[None, :] < torch.tensor([len(r.markers) for r in rows])[:, None]
-    )
+    attention = (torch.arange(length)[None, :] < torch.tensor(lengths)[:, None]).long()
+    marker_mask = torch.arange(width)[None, :] < torch.tensor(counts)[:, None]
     qtype = torch.tensor([row.qtype for row in rows], dtype=torch.long)
     tensors = (input_ids, attention, marker_pos, marker_mask, qtype)
     return dict(zip(PASS_INPUTS, tensors, strict=True))
 
 
 def calibrations(spec: EngineSpec, keys: Sequence[str]) -> dict[str, str]:
-    """`spec.options["calibrations"]`: checkpoint key -> the calibration file that replaces
-    its own temperatures (the descriptor's calibration settings)."""
+    """`spec.options["calibrations"]`: checkpoint key -> the file that replaces its temperatures."""
     given = spec.options.get("calibrations", {})
     if not isinstance(given, dict) or not all(
         key in keys and isinstance(path, str) for key, path in given.items()

@@ -1,15 +1,12 @@
 """The Laya network (laya.md §2, §4): ModernBERT encoder + typed decision head + scorer.
 
-Worker-side only (imports torch, never transformers: the encoder is `modernbert`'s, the
-tokenizer `tokenizer`'s). Parameter names match upstream's `model.safetensors` exactly so the
-checkpoint loads strictly; the head is our own functional pre-LN transformer layer, numerically
-the same as upstream's `nn.TransformerEncoderLayer`.
+Parameter names match upstream's `model.safetensors`, so the checkpoint loads strictly; the head
+is our own pre-LN transformer layer, numerically upstream's `nn.TransformerEncoderLayer`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,16 +19,9 @@ from decidealot.providers.laya import calibration as calibration_file
 from decidealot.providers.laya.worker.readout import Temperatures
 from decidealot.providers.laya.worker.render import Budget, Specials
 from decidealot.providers.worker import modernbert
-from decidealot.providers.worker.bf16 import Lowered, lower_guarded
+from decidealot.providers.worker.bf16 import Lowered
 from decidealot.providers.worker.checkpoint_files import read_safetensors
-from decidealot.providers.worker.int8 import (
-    PROBE_LENGTH,
-    PROBE_ROWS,
-    Quantised,
-    quantize_guarded,
-    unquantised,
-)
-from decidealot.providers.worker.precision import AUTOCAST
+from decidealot.providers.worker.int8 import PROBE_LENGTH, Quantised
 from decidealot.providers.worker.tokenizer import CachedIds, FastTokenizer
 
 LAYER_NORM_EPS = 1e-5
@@ -93,12 +83,6 @@ class HeadLayer(nn.Module):
         return h + self.linear2(F.relu(self.linear1(self.norm2(h))))
 
 
-class HeadStack(nn.Module):
-    def __init__(self, d: int, layers: int):
-        super().__init__()
-        self.layers = nn.ModuleList(HeadLayer(d) for _ in range(layers))
-
-
 class DecisionModel(nn.Module):
     """Encoder + head + scorer. `act_head` and `temperature` are loaded (strict load) but unused:
     the contract reports neither the act probability nor the training-time temperature buffer."""
@@ -107,7 +91,11 @@ class DecisionModel(nn.Module):
         super().__init__()
         d = encoder.config.hidden_size
         self.encoder = encoder
-        self.head = HeadStack(d, head_layers) if head_layers > 0 else None
+        self.head = None  # `head.layers.<j>` (upstream's names), when there is a head
+        if head_layers > 0:
+            self.head = nn.ModuleDict(
+                {"layers": nn.ModuleList(HeadLayer(d) for _ in range(head_layers))}
+            )
         self.type_emb = modernbert.embedding(3, d)
         self.scorer = nn.Sequential(nn.LayerNorm(d), nn.Linear(d, d), nn.GELU(), nn.Linear(d, 1))
         self.act_head = nn.Sequential(nn.Linear(d + 4, 256), nn.GELU(), nn.Linear(256, n_act))
@@ -140,9 +128,6 @@ class DecisionModel(nn.Module):
 PASS_INPUTS = ("input_ids", "attention_mask", "marker_pos", "marker_mask", "qtype")
 """`DecisionModel.forward`'s inputs, by name: what a pass is given."""
 
-ForwardFn = Callable[[dict[str, torch.Tensor]], torch.Tensor]
-"""One padded pass: `PASS_INPUTS` tensors on the model's device -> `[rows, K]` fp32 logits."""
-
 
 @dataclass(frozen=True, eq=False)
 class Checkpoint:
@@ -154,56 +139,36 @@ class Checkpoint:
     specials: Specials
     budget: Budget
     temperatures: Temperatures
-    amp_dtype: torch.dtype
+    device: torch.device
     pad_id: int
-    forward: ForwardFn
-    """The padded pass in the configured precision (`torch_pass`)."""
     texts: CachedIds
     """The questions' texts' token ids, kept across requests."""
+    amp_dtype: torch.dtype
     linears: Quantised
-    """How many of the encoder's linear layers run int8 (none outside `int8`)."""
     lowered: Lowered | None
-    """Under bf16 on a CPU: whether the encoder kept its bf16 weights after the probe."""
+    """`amp_dtype`, `linears`, `lowered`: `modernbert.at_precision`'s."""
 
-
-def torch_pass(model: DecisionModel, device: torch.device, amp_dtype: torch.dtype) -> ForwardFn:
-    """Eager torch with sdpa attention, under CUDA autocast when `amp_dtype` is not fp32 (bf16
-    on a CPU casts the encoder's weights at load instead: `bf16.lower_guarded`)."""
-
-    def forward(inputs: dict[str, torch.Tensor]) -> torch.Tensor:
-        autocast = (
-            torch.autocast(device_type=device.type, dtype=amp_dtype)
-            if amp_dtype != torch.float32
-            else nullcontext()
-        )
-        with torch.inference_mode(), autocast:
-            return model(**inputs).float()
-
-    return forward
+    def forward(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        """One padded pass: `PASS_INPUTS` tensors on the device -> `[rows, K]` fp32 logits."""
+        with torch.inference_mode(), modernbert.autocast(self.device, self.amp_dtype):
+            return self.model(**inputs).float()
 
 
 def probe(model: DecisionModel, specials: Specials, budget: Budget) -> Callable[[], torch.Tensor]:
     """Option probabilities of random rows with four markers each, through `model`: what the
     load checks int8 or bf16 against fp32 on."""
-    generator = torch.Generator().manual_seed(0)
-    rows, options = PROBE_ROWS, 4
-    length = min(budget.max_len, PROBE_LENGTH)
-    ids = torch.randint(0, model.encoder.config.vocab_size, (rows, length), generator=generator)
-    marker_pos = torch.linspace(1, length - 2, options).long().expand(rows, -1).contiguous()
+    ids, markers = modernbert.probe_rows(model.encoder.config, min(budget.max_len, PROBE_LENGTH))
+    marker_pos = markers.expand(len(ids), -1).contiguous()
     ids.scatter_(1, marker_pos, specials.mask_id)
     ids[:, 0] = specials.cls_id
     inputs = {
         "input_ids": ids,
-        "attention_mask": torch.ones(rows, length, dtype=torch.long),
+        "attention_mask": torch.ones_like(ids),
         "marker_pos": marker_pos,
-        "marker_mask": torch.ones(rows, options, dtype=torch.bool),
-        "qtype": torch.arange(rows) % 3,
+        "marker_mask": torch.ones_like(marker_pos, dtype=torch.bool),
+        "qtype": torch.arange(len(ids)) % 3,
     }
     return lambda: model(**inputs).softmax(-1)
-
-
-_SPECIAL_ROLES = ("cls_token", "sep_token", "mask_token", "pad_token")
-"""The special tokens Laya's rows are built from (laya.md §1.4)."""
 
 
 def _require(path: Path, what: str) -> Path:
@@ -218,16 +183,15 @@ def load_checkpoint(
     precision: str = "fp32",
     calibration: str | Path | None = None,
 ) -> Checkpoint:
-    """Build the model from `encoder/config.json` on the meta device, assign it the checkpoint's
-    fp16 weights read as fp32 (strictly: every key, no extras), then apply `precision` (a
-    resolved one, not `auto`: `decidealot.config.PRECISION_DEVICES`). A `calibration` file
-    (laya's `save_calibration` payload) replaces the checkpoint's temperatures."""
+    """The checkpoint in `directory`, its fp16 weights read as fp32, in `precision` (resolved);
+    a `calibration` file (laya's `save_calibration` payload) replaces its temperatures."""
     root = Path(directory)
     config = read_json_object(_require(root / "rl_agent_config.json", "its config"), ValueError)
     weights_path = _require(root / "model.safetensors", "its weights")
     encoder_dir = _require(root / "encoder", "its encoder config")
     tokenizer = FastTokenizer(
-        _require(root / "tokenizer", "its tokenizer"), required=_SPECIAL_ROLES
+        _require(root / "tokenizer", "its tokenizer"),
+        required=("cls_token", "sep_token", "mask_token", "pad_token"),  # laya.md §1.4
     )
     if "head_layers" not in config or "encoder" not in config:
         raise ValueError("rl_agent_config.json: 'encoder' and 'head_layers' are required")
@@ -250,37 +214,18 @@ def load_checkpoint(
         )
     modernbert.load(model, read_safetensors(weights_path, torch.float32))
     model.to(device).eval().requires_grad_(False)
-
-    cpu_bf16 = precision == "bf16" and device.type == "cpu"
-    amp = torch.float32 if cpu_bf16 else AUTOCAST.get(precision, torch.float32)
     specials = Specials(
         cls_id=tokenizer.cls_token_id,
         sep_id=tokenizer.sep_token_id,
         mask_id=tokenizer.mask_token_id,
         mask_text=tokenizer.mask_token,
     )
-    budget = Budget(
-        max_len=int(config.get("max_len", 512)),
-        head_max_len=int(config.get("head_max_len", 192)),
+    budget = Budget(int(config.get("max_len", 512)), int(config.get("head_max_len", 192)))
+    head = () if model.head is None else (model.head,)  # bf16 lowers its projections too
+    chosen = modernbert.at_precision(
+        model.encoder, precision, device, probe(model, specials, budget), head
     )
-    if precision == "int8":  # the head and scorer stay fp32
-        linears = quantize_guarded(model.encoder, probe(model, specials, budget))
-    else:
-        linears = unquantised(model.encoder)
-    lowered = None
-    if cpu_bf16:  # the encoder and the head's projections; norms, type_emb and scorer fp32
-        head = () if model.head is None else (model.head,)
-        lowered = lower_guarded(model.encoder, probe(model, specials, budget), head)
+    pad_id, texts = tokenizer.pad_token_id, CachedIds(tokenizer)
     return Checkpoint(
-        model=model,
-        tokenizer=tokenizer,
-        specials=specials,
-        budget=budget,
-        temperatures=temperatures,
-        amp_dtype=amp,
-        pad_id=tokenizer.pad_token_id,
-        forward=torch_pass(model, device, amp),
-        texts=CachedIds(tokenizer),
-        linears=linears,
-        lowered=lowered,
+        model, tokenizer, specials, budget, temperatures, device, pad_id, texts, *chosen
     )

@@ -1,8 +1,5 @@
-"""Laya readout (laya.md §5): option logits -> tempered softmax -> contract answers.
-
-Mirrors upstream `Agent._decode_answers` except that floats keep full precision (upstream
-rounds to 4 decimals) and only the contract's fields are produced. Pure Python, float64.
-"""
+"""Laya readout (laya.md §5): option logits -> tempered softmax -> contract answers, as
+upstream `Agent._decode_answers`, unrounded (upstream rounds to 4 decimals). Pure Python."""
 
 from __future__ import annotations
 
@@ -39,15 +36,13 @@ class Temperatures:
 
     @classmethod
     def of(cls, payload: Payload) -> Temperatures:
-        """A calibration file's (`laya.Agent.load_calibration`); its binning map recalibrates
-        only upstream's `answer_confidence`, which the contract does not report but which picks
-        the window a windowed state's choice or score answers from (`deciding_window`)."""
+        """A calibration file's (`laya.Agent.load_calibration`), with its binning map."""
         return cls(payload.temperature, payload.temperature_by_options, payload.binning_map)
 
     def answer_confidence(self, qtype: str, probs: Sequence[float]) -> float:
-        """Upstream's `answer_confidence` as it reports it: the top probability, through the
-        binning map's entry for the question's bucket when there is one (`apply_binning_map`),
-        to 4 decimals."""
+        """Upstream's `answer_confidence` as it reports it (4 decimals): the top probability,
+        through the binning map's entry for the question's bucket (`apply_binning_map`). The
+        contract does not report it, but it picks a windowed state's deciding window."""
         top = max(probs)
         entry = self.binning.get(temperature_bucket(qtype, len(probs)))
         if entry:

@@ -1,9 +1,7 @@
 """Laya input rendering (laya.md §3): question -> option texts -> one encoder row of token ids.
 
 Mirrors upstream `laya.common.build_head`/`build_sequence` and `Agent._to_internal` for the
-sequential option layout, from the contract's validated question structs. Pure Python: the
-tokenizer is passed in as an `encode(texts) -> ids per text` callable, so this module never
-imports torch or transformers.
+sequential option layout. Pure Python: the tokenizer comes in as an `encode` callable.
 """
 
 from __future__ import annotations
@@ -14,8 +12,9 @@ from dataclasses import dataclass
 
 from decidealot.contract import ChoiceQuestion, Json, NoulQuestion, Question, ScoreQuestion, State
 from decidealot.errors import RequestInvalid
+from decidealot.providers.laya.calibration import QTYPE_NAMES
 
-QTYPES = {"choice": 0, "score": 1, "noul": 2}
+QTYPES = {name: i for i, name in enumerate(QTYPE_NAMES)}
 OPTION_TOKEN_CAP = 48
 """Upstream keeps the first 48 tokens of each option text (before its marker is prepended)."""
 
@@ -58,7 +57,7 @@ class LayaRow:
 @dataclass(frozen=True, slots=True)
 class LayaHead:
     """One question's half of its rows, `[CLS] <type> question: … [SEP] [MASK] option … [SEP]`
-    (upstream `build_head`), and the state tokens it leaves room for (`state_room`)."""
+    (upstream `build_head`), and the state tokens it leaves room for."""
 
     ids: list[int]
     markers: list[int]
@@ -81,19 +80,12 @@ def serialize_state(state: State) -> str:
 
 
 def instructions_text(name: str, question: Question) -> str:
-    """The text after `<type> question: `.
-
-    Non-string instructions become JSON text as upstream's `_to_internal` does. Upstream refuses
-    a question without instructions; the contract makes them optional, so such a question is
-    rendered with its name in their place: the name is the only text the caller gave that says
-    what is being decided (e.g. `needs_review`).
-    """
-    instructions = question.instructions
-    if instructions is None:
+    """The text after `<type> question: `, JSON text where not a string (`_to_internal`).
+    Upstream refuses a question without instructions, which the contract allows: its name
+    stands in, the only text the caller gave that says what is decided (`needs_review`)."""
+    if question.instructions is None:
         return name
-    if isinstance(instructions, str):
-        return instructions
-    return json.dumps(instructions, ensure_ascii=False)
+    return serialize_state(question.instructions)
 
 
 def option_texts(question: Question) -> list[str]:
@@ -126,30 +118,6 @@ def question_type(question: Question) -> str:
     return "noul"
 
 
-def render_rows(
-    state: State,
-    questions: dict[str, Question],
-    encode: Encode,
-    specials: Specials,
-    budget: Budget,
-    encode_texts: Encode | None = None,
-) -> list[LayaRow]:
-    """One row per question, in `questions` order (upstream `build_sequence`); the state is
-    tokenised once, by `encode`, the questions' texts by `encode_texts` (default `encode`; the
-    engine's keeps them, as they recur from request to request). Each text is tokenised alone,
-    so which call does it does not change its ids.
-
-    Raises `RequestInvalid` naming the question when its option markers cannot all fit in
-    `max_len`: options are never dropped silently.
-    """
-    if not questions:
-        return []
-    heads = render_heads(questions, encode_texts or encode, specials, budget)
-    ids = state_ids(state, encode, specials)
-    keep_tail = isinstance(state, list)  # a conversation keeps its newest turns
-    return [fill(head, ids, keep_tail, specials, budget) for head in heads]
-
-
 def state_ids(state: State, encode: Encode, specials: Specials) -> list[int]:
     """The state's tokens as upstream tokenises it: its text, `[MASK]` literals blanked."""
     return encode([serialize_state(state).replace(specials.mask_text, " ")])[0]
@@ -161,27 +129,18 @@ def render_heads(
     """Each question's head, in `questions` order; `RequestInvalid` names a question whose
     option markers cannot all fit in `max_len`."""
     mask = specials.mask_text
-    names = list(questions)
     heads: list[str] = []
     options: list[list[str]] = []
-    for name in names:
-        question = questions[name]
+    for name, question in questions.items():
         ins = instructions_text(name, question).replace(mask, " ")
         heads.append(f"{question_type(question)} question: {ins}")
         options.append([" " + text.replace(mask, " ") for text in option_texts(question)])
-    flat_options = [text for texts in options for text in texts]
-    encoded = encode([*heads, *flat_options]) if names else []
-    head_ids, option_ids = encoded[: len(names)], encoded[len(names) :]
-    result: list[LayaHead] = []
-    offset = 0
-    for name, head, texts in zip(names, head_ids, options, strict=True):
-        spans = [
-            [specials.mask_id, *ids[:OPTION_TOKEN_CAP]]
-            for ids in option_ids[offset : offset + len(texts)]
-        ]
-        offset += len(texts)
-        qtype = QTYPES[question_type(questions[name])]
-        result.append(_head(name, qtype, head, spans, specials, budget))
+    encoded = encode([*heads, *(text for texts in options for text in texts)]) if heads else []
+    head_ids, option_ids = encoded[: len(heads)], iter(encoded[len(heads) :])
+    result = []
+    for (name, question), head, texts in zip(questions.items(), head_ids, options, strict=True):
+        spans = [[specials.mask_id, *next(option_ids)[:OPTION_TOKEN_CAP]] for _ in texts]
+        result.append(_head(name, QTYPES[question_type(question)], head, spans, specials, budget))
     return result
 
 
@@ -239,9 +198,8 @@ def windows(state: list[int], heads: list[LayaHead], budget: Budget) -> list[lis
     step = max(1, size // 2)
     split: list[list[int]] = []
     start = 0
-    while start < len(state):
+    while True:  # the last window reaches the end
         split.append(state[start : start + size])
         if start + size >= len(state):
-            break
+            return split
         start += step
-    return split

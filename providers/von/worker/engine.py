@@ -1,10 +1,5 @@
-"""The Von engine a worker hosts: jobs -> packed rows -> padded forward passes -> answers.
-
-`prepare` renders and tokenises a job's questions (one row each, plus a no-state row for each
-zero-shot noul); the worker's planner packs rows of concurrent jobs into passes cut by `shape`;
-`forward` scores one pass; `finish` reads a job's answers out of its own rows, so a job's
-answers are the same alone or batched.
-"""
+"""The Von engine a worker hosts: jobs -> packed rows (one per question, plus a no-state row per
+zero-shot noul) -> padded forward passes -> answers, the same alone or batched."""
 
 from __future__ import annotations
 
@@ -16,29 +11,12 @@ from pathlib import Path
 import torch
 
 from decidealot.config import LONG_STATES
-from decidealot.contract import (
-    Answer,
-    ChoiceQuestion,
-    Cut,
-    NoulQuestion,
-    Question,
-)
+from decidealot.contract import Answer, ChoiceQuestion, Cut, NoulQuestion, Question
 from decidealot.errors import RequestInvalid, state_too_long
 from decidealot.jobs import Decision, EngineSpec, Job
 from decidealot.providers.engine.protocol import PassShape, ReportLoad, ignore_load
-from decidealot.providers.von.worker import readout
+from decidealot.providers.von.worker import readout, render
 from decidealot.providers.von.worker.model import CPU_PASS_TOKENS, WINDOW, VonModel, VonRow
-from decidealot.providers.von.worker.render import (
-    fit_state,
-    format_state,
-    instructions_text,
-    noul_options,
-    option_texts,
-    options_tokens,
-    pack,
-    state_limit,
-    state_token_ids,
-)
 from decidealot.providers.worker.precision import checkpoint_load, engine_precision
 
 DEFAULT_MAX_STATE_TOKENS = WINDOW
@@ -51,7 +29,6 @@ class _Plan:
 
     name: str
     question: Question
-    options: list[str]
     row: int | None
     """Index of the question's row in its job; None when there is nothing to score."""
     null_row: int | None
@@ -127,21 +104,21 @@ class VonEngine:
     def prepare(self, job: Job) -> VonPreparedJob:
         model = self._model(job.checkpoint)
         tokenizer, calibration = model.tokenizer, model.calibration
-        state = format_state(job.state)
-        state_ids = state_token_ids(tokenizer, state, digit_split=calibration.digit_split)
+        state = render.format_state(job.state)
+        state_ids = render.state_token_ids(tokenizer, state, digit_split=calibration.digit_split)
         fitted_tokens: dict[str, int] = {}
         rows: list[VonRow] = []
         plans: list[_Plan] = []
         instruction_chars = 0
         cuts: list[Cut] = []
         for name, question in job.questions.items():
-            instructions = instructions_text(question.instructions)
+            instructions = render.instructions_text(question.instructions)
             instruction_chars += len(instructions)
-            options = option_texts(question)
+            options = render.option_texts(question)
             if not options:
-                plans.append(_Plan(name, question, options, None, None, 0))
+                plans.append(_Plan(name, question, None, None, 0))
                 continue
-            fixed = options_tokens(
+            fixed = render.options_tokens(
                 tokenizer, instructions, options, digit_split=calibration.digit_split
             )
             if fixed > WINDOW:
@@ -150,21 +127,23 @@ class VonEngine:
                     f"instructions and criteria take {fixed} tokens by themselves, before any "
                     f"state; Von's context window holds {WINDOW}",
                 )
-            limit = state_limit(fixed, window=WINDOW, max_state_tokens=self._max_state_tokens)
+            limit = render.state_limit(
+                fixed, window=WINDOW, max_state_tokens=self._max_state_tokens
+            )
             if len(state_ids) > limit:
                 cuts.append(Cut(name, limit, len(state_ids)))
-            fitted = fit_state(tokenizer, state, state_ids, limit)
+            fitted = render.fit_state(tokenizer, state, state_ids, limit)
             rows.append(self._row(model, name, fitted, instructions, options))
             row = len(rows) - 1
             null_row = None
-            if isinstance(question, NoulQuestion) and not noul_options(question)[1]:
+            if isinstance(question, NoulQuestion) and not render.noul_options(question)[1]:
                 rows.append(self._row(model, name, "", instructions, options, shared=True))
                 null_row = len(rows) - 1
             if calibration.calibration_map is not None and fitted not in fitted_tokens:
                 fitted_ids = tokenizer(fitted, add_special_tokens=False)["input_ids"]
                 fitted_tokens[fitted] = max(1, len(fitted_ids))
             state_tokens = fitted_tokens.get(fitted, 1)
-            plans.append(_Plan(name, question, options, row, null_row, state_tokens, fitted))
+            plans.append(_Plan(name, question, row, null_row, state_tokens, fitted))
         if cuts and self._long_states == "refuse":
             tightest = min(cuts, key=lambda cut: cut.read)
             reads = f"{job.checkpoint}'s {WINDOW}-token window"
@@ -185,7 +164,7 @@ class VonEngine:
         *,
         shared: bool = False,
     ) -> VonRow:
-        text = pack(
+        text = render.pack(
             model.tokenizer, state, instructions, options, digit_split=model.calibration.digit_split
         )
         ids: list[int] = model.tokenizer(text)["input_ids"]
@@ -209,8 +188,7 @@ class VonEngine:
         self, prepared: VonPreparedJob, outputs: Sequence[object]
     ) -> dict[str, tuple[torch.Tensor, int]]:
         """Each scored question's logits as its temperature divides them (a zero-shot noul's
-        debiased) and its state's tokens (the map's length feature, counted even without a
-        map): what `von calibrate` records, for `decidealot calibrate`."""
+        debiased) and its state's tokens, even without a map: what `von calibrate` records."""
         model = self._model(prepared.checkpoint)
         logits: list[torch.Tensor] = list(outputs)  # type: ignore[arg-type]
         found = {}

@@ -1,11 +1,9 @@
 """Von's checkpoint and forward pass (von.md §1, §3): ModernBERT plus the option-marker scorer.
 
-The encoder (`modernbert`, no transformers) is built from `config.json` on the meta device and
-assigned the tensors of `option_marker.pt` (the full state dict) as they are read, so no weight
-is initialised or copied twice; `model.safetensors` holds the same encoder and is not read.
-A pass's rows (the worker's planner sorts and sizes them) are padded on the right; each row
-keeps its own masks and position ids, so a row's logits do not depend on what it is batched
-with.
+The encoder is built from `config.json` on the meta device and assigned the tensors of
+`option_marker.pt` (the full state dict; `model.safetensors` holds the same encoder and is not
+read). A pass's rows are padded on the right and each keeps its own masks and position ids, so
+a row's logits do not depend on what it is batched with.
 """
 
 from __future__ import annotations
@@ -13,7 +11,6 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,14 +20,6 @@ from torch import nn
 from decidealot.providers.json_files import read_json_object
 from decidealot.providers.von.calibration import CalibrationError, VonCalibration, parse
 from decidealot.providers.worker import modernbert
-from decidealot.providers.worker.bf16 import Lowered, lower_guarded
-from decidealot.providers.worker.int8 import (
-    PROBE_LENGTH,
-    PROBE_ROWS,
-    quantize_guarded,
-    unquantised,
-)
-from decidealot.providers.worker.precision import AUTOCAST
 from decidealot.providers.worker.tokenizer import FastTokenizer, TokenizerError
 
 WINDOW = 8192
@@ -38,16 +27,14 @@ WINDOW = 8192
 row may still end a few tokens past it, as upstream's does: RoPE has no position table)."""
 
 CPU_PASS_TOKENS = 1024
-"""Padded tokens per forward pass on CPU (the engine's `PassShape`). There, a row of a few
-hundred tokens already keeps the matrix units busy, while one large padded pass spends its time
-on padding, on [B, L, L] masks and on activations that no longer fit in cache (bench/von.py:
-2-3x slower per row). Elsewhere a pass is as large as the token budget allows."""
+"""Padded tokens per forward pass on CPU: a row of a few hundred tokens already keeps the matrix
+units busy, while a large pass spends its time on padding, [B, L, L] masks and activations out
+of cache (bench/von.py: 2-3x slower per row). Elsewhere the token budget sizes a pass."""
 
 SHARED_CACHE_ROWS = 4096
-"""State-free rows (the zero-shot noul's debias row) whose logits are kept, least recently
-used first out: they depend only on the question, so requests asking it again reuse them.
-Such a row is scored in a pass of its own, as upstream scores it, so its cached logits are the
-same whichever request, batch or compute thread scored it first."""
+"""State-free rows (the zero-shot noul's debias row) whose logits are kept, least recently used
+first out, for requests asking the same question again. Such a row is scored in a pass of its
+own, as upstream scores it, so its logits are the same whichever request scored it first."""
 
 
 class VonCheckpointError(ValueError):
@@ -55,11 +42,8 @@ class VonCheckpointError(ValueError):
 
 
 def load_calibration(path: Path) -> VonCalibration:
-    """Read the calibration file, refusing what upstream would silently reset.
-
-    Upstream falls back to plain attention when the file is missing or unreadable, which
-    answers 1.2+ weights in the wrong mode; a checkpoint without a usable file is refused.
-    """
+    """Read the calibration file. Upstream falls back to plain attention when it is missing or
+    unreadable, which answers 1.2+ weights in the wrong mode: here that checkpoint is refused."""
     data = read_json_object(path, lambda message: VonCheckpointError(f"Von checkpoint: {message}"))
     try:
         return parse(data)
@@ -97,10 +81,8 @@ class VonRow:
 
 
 def _independent_layout(row: VonRow, length: int) -> tuple[list[int], list[int]]:
-    """Option span of every token (-1 outside options) and position ids restarting per option.
-
-    The trailing `[SEP]` belongs to no option and keeps its raw position, as upstream's does.
-    """
+    """Option span of every token (-1 outside options) and position ids restarting per option;
+    the trailing `[SEP]` belongs to no option and keeps its raw position, as upstream's does."""
     spans = [-1] * length
     positions = list(range(length))
     last = len(row.ids) - 1
@@ -132,9 +114,8 @@ class VonModel:
         precision: str = "fp32",
         calibration: Path | None = None,
     ):
-        """Load `directory` onto `device` in `precision` (`DECIDEALOT_PRECISION`, resolved),
-        with its own `marker_calibration.json` or the `calibration` file that replaces it whole
-        (upstream's `VON_CALIBRATION`)."""
+        """Load `directory` onto `device` in `precision` (resolved), with its own calibration
+        file or `calibration`, which replaces it whole (upstream's `VON_CALIBRATION`)."""
         self.calibration = load_calibration(calibration or directory / "marker_calibration.json")
         try:
             config = modernbert.Config.read(directory / "config.json")
@@ -157,31 +138,17 @@ class VonModel:
         """Guards `_shared_logits`: a worker may run several passes at once."""
         self.encoder.to(device).eval()
         self.scorer.to(device).eval()
-        cpu_bf16 = precision == "bf16" and device.type == "cpu"
-        self.amp_dtype = torch.float32 if cpu_bf16 else AUTOCAST.get(precision, torch.float32)
-        self.linears = (  # the scorer stays fp32
-            quantize_guarded(self.encoder, self._probe())
-            if precision == "int8"
-            else unquantised(self.encoder)
+        self.amp_dtype, self.linears, self.lowered = modernbert.at_precision(
+            self.encoder, precision, device, self._probe()
         )
-        """How many of the encoder's linear layers run int8 (none outside `int8`)."""
-        self.lowered: Lowered | None = (
-            lower_guarded(self.encoder, self._probe()) if cpu_bf16 else None
-        )
-        """Under bf16 on a CPU: whether the encoder kept its bf16 weights after the probe."""
 
     def _probe(self) -> Callable[[], torch.Tensor]:
         """Option probabilities of random rows with four markers each, through the encoder
         and scorer: what the load checks int8 or bf16 against fp32 on."""
-        generator = torch.Generator().manual_seed(0)
-        rows, options = PROBE_ROWS, 4
-        length = PROBE_LENGTH
-        vocab = self.encoder.config.vocab_size
-        ids = torch.randint(0, vocab, (rows, length), generator=generator)
+        ids, markers = modernbert.probe_rows(self.encoder.config)
         ids[ids == self.mask_id] = self.pad_id
-        markers = torch.linspace(1, length - 2, options).long()
         ids[:, markers] = self.mask_id
-        valid = torch.ones(rows, length, dtype=torch.long)
+        valid = torch.ones_like(ids)
 
         def probe() -> torch.Tensor:
             states = self.encoder(input_ids=ids, attention_mask=valid).last_hidden_state
@@ -203,56 +170,35 @@ class VonModel:
     def logits(self, rows: Sequence[VonRow]) -> list[torch.Tensor]:
         """One logit vector per row: shared rows from the cache or a pass of their own, the
         others from one padded pass (the worker's planner sized it)."""
-        scored: dict[int, torch.Tensor] = {}
-        uncached: dict[tuple[int, ...], list[int]] = {}
-        with self._shared_lock:
-            for index, row in enumerate(rows):
-                if not row.shared:
-                    continue
-                key = tuple(row.ids)
-                if (cached := self._shared_logits.get(key)) is not None:
-                    self._shared_logits.move_to_end(key)
-                    scored[index] = cached
-                else:
-                    uncached.setdefault(key, []).append(index)
-        own = [index for index in range(len(rows)) if not rows[index].shared]
-        if own:
-            for index, logits in zip(own, self._pass([rows[i] for i in own]), strict=True):
-                scored[index] = logits
-        for key, indices in uncached.items():
-            (logits,) = self._pass([rows[indices[0]]])
-            self._remember(key, logits)
-            for index in indices:
-                scored[index] = logits
-        return [scored[index] for index in range(len(rows))]
+        own = [index for index, row in enumerate(rows) if not row.shared]
+        scored = dict(zip(own, self._pass([rows[i] for i in own]), strict=True)) if own else {}
+        return [scored[i] if i in scored else self._shared(row) for i, row in enumerate(rows)]
 
-    def _remember(self, key: tuple[int, ...], logits: torch.Tensor) -> None:
-        kept = logits.clone()
+    def _shared(self, row: VonRow) -> torch.Tensor:
+        key = tuple(row.ids)
         with self._shared_lock:
-            self._shared_logits[key] = kept
+            if (cached := self._shared_logits.get(key)) is not None:
+                self._shared_logits.move_to_end(key)
+                return cached
+        (logits,) = self._pass([row])
+        with self._shared_lock:
+            self._shared_logits[key] = logits.clone()
             if len(self._shared_logits) > SHARED_CACHE_ROWS:
                 self._shared_logits.popitem(last=False)
+        return logits
 
     def _pass(self, rows: Sequence[VonRow]) -> list[torch.Tensor]:
         """Score `rows` in one padded forward pass; one logit vector per row."""
-        length = max(len(row.ids) for row in rows)
-        ids = torch.full((len(rows), length), self.pad_id, dtype=torch.long)
-        valid = torch.zeros((len(rows), length), dtype=torch.bool)
-        for b, row in enumerate(rows):
-            ids[b, : len(row.ids)] = torch.tensor(row.ids, dtype=torch.long)
-            valid[b, : len(row.ids)] = True
+        lengths = [len(row.ids) for row in rows]
+        length = max(lengths)
+        ids = torch.tensor([[*row.ids, *[self.pad_id] * (length - len(row.ids))] for row in rows])
+        valid = torch.arange(length)[None, :] < torch.tensor(lengths)[:, None]
         ids, valid = ids.to(self.device), valid.to(self.device)
-        with self._autocast():
+        with modernbert.autocast(self.device, self.amp_dtype):
             hidden = self._encode(rows, ids, valid, length)
         states = hidden.float()
         markers = torch.cat([states[b, row.markers] for b, row in enumerate(rows)])
         return list(self.scorer(markers).split([len(row.markers) for row in rows]))
-
-    def _autocast(self) -> AbstractContextManager[object]:
-        """CUDA autocast under bf16/fp16; fp32 and int8 run as they are."""
-        if self.amp_dtype == torch.float32:
-            return nullcontext()
-        return torch.autocast(device_type=self.device.type, dtype=self.amp_dtype)
 
     def _encode(
         self, rows: Sequence[VonRow], ids: torch.Tensor, valid: torch.Tensor, length: int

@@ -1,14 +1,9 @@
 """Von's readout (von.md §4): temperature, noul debias and the three answer types.
 
-Arithmetic follows von-sdk 1.3.7 step by step (float32 softmax, then Python sums). Upstream
-rounds what it reports (probabilities to 4 places, confidence to 3, score to 2); Decidealot
-reports the unrounded values, like every other provider, so probabilities keep summing to 1 and
-a caller's threshold is never moved by a rounding step.
-
-Confidence (choice and score) is upstream's margin confidence `(K·p_max − 1)/(K − 1)`, clamped
-to [0, 1]: 0 at the uniform distribution, 1 when one option holds all
-the mass, anchored to the K-way chance level. `noul` is the calibrated P(true) (upstream's
-`noul_raw`), not upstream's banded decision value.
+Arithmetic follows von-sdk 1.3.7 step by step (float32 softmax, then Python sums), unrounded
+like every provider's (upstream rounds what it reports), so probabilities keep summing to 1.
+Confidence (choice and score) is upstream's margin confidence `(K·p_max − 1)/(K − 1)` in
+[0, 1]; `noul` is the calibrated P(true) (upstream's `noul_raw`), not its banded decision.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """Von's input rendering (von.md §2): question texts, option texts, packing and the state cut.
 
-Pure string work plus a tokenizer handed in by the caller, so it imports no torch. The rules
-reproduce von-sdk 1.3.7. Where the contract admits input upstream rejects or renders as nothing,
-the nearest sensible text is used: absent instructions are empty (as upstream's ""), and a score
-level that is neither a string nor upstream's `{"what", "examples"}` object is its JSON text.
+String work plus the checkpoint's tokenizer (no torch), reproducing von-sdk 1.3.7. Where the
+contract admits input upstream rejects or renders as nothing, the nearest sensible text is used:
+absent instructions are empty (as upstream's ""), and a score level that is neither a string
+nor upstream's `{"what", "examples"}` object is its JSON text.
 """
 
 from __future__ import annotations
@@ -11,25 +11,14 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Sequence
-from typing import Protocol
 
 from decidealot.contract import ChoiceQuestion, Json, NoulQuestion, Question, ScoreQuestion, State
+from decidealot.providers.worker.tokenizer import FastTokenizer
 
 YES_TEXT = "Yes, condition holds true."
 NO_TEXT = "No, condition is false."
 
 _DIGIT_RUN = re.compile(r"\d+")
-
-
-class Tokenizer(Protocol):
-    """The part of a Hugging Face tokenizer that rendering needs."""
-
-    mask_token: str
-    sep_token: str
-
-    def __call__(self, text: str, add_special_tokens: bool = True) -> dict[str, list[int]]: ...
-
-    def decode(self, ids: list[int]) -> str: ...
 
 
 def format_state(state: State) -> str:
@@ -113,7 +102,12 @@ def _neutralise(text: str, specials: Sequence[str]) -> str:
 
 
 def pack(
-    tokenizer: Tokenizer, state: str, question: str, options: Sequence[str], *, digit_split: bool
+    tokenizer: FastTokenizer,
+    state: str,
+    question: str,
+    options: Sequence[str],
+    *,
+    digit_split: bool,
 ) -> str:
     """`<question> <state> [SEP] [MASK] opt0 [MASK] opt1 …`, one sequence for all options."""
     mask, sep = tokenizer.mask_token, tokenizer.sep_token
@@ -126,14 +120,14 @@ def pack(
     return split_digits(packed) if digit_split else packed
 
 
-def state_token_ids(tokenizer: Tokenizer, state: str, *, digit_split: bool) -> list[int]:
+def state_token_ids(tokenizer: FastTokenizer, state: str, *, digit_split: bool) -> list[int]:
     """The state's tokens as the cut counts them (digit-split when the checkpoint splits)."""
     text = split_digits(state) if digit_split else state
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
 def options_tokens(
-    tokenizer: Tokenizer, question: str, options: Sequence[str], *, digit_split: bool
+    tokenizer: FastTokenizer, question: str, options: Sequence[str], *, digit_split: bool
 ) -> int:
     """Tokens of the question and every option marker with no state: what a state cannot cut."""
     text = pack(tokenizer, "", question, options, digit_split=digit_split)
@@ -146,17 +140,12 @@ def state_limit(options_length: int, *, window: int, max_state_tokens: int) -> i
     return max(16, min(max_state_tokens, window - options_length - 8))
 
 
-def fit_state(tokenizer: Tokenizer, state: str, state_ids: list[int], limit: int) -> str:
-    """Cut the middle out of a state too long for the window (60% head, 40% tail), as upstream.
-
-    The question and every option marker must fit, so only the state gives way; rules sit at
-    its top and recent events at its bottom, so the middle is the cheapest part to lose.
-    `state_ids` are `state_token_ids(state)`, computed once for all of a request's questions;
-    `limit` is `state_limit(...)`. The kept ids are decoded and joined by " ... ",
-    and the packed text is tokenised again, exactly as von-sdk 1.3.7 does, so the model reads
-    upstream's tokens even where that text tokenises longer than the cut (a split character,
-    an escaped `[SEP]` literal) and the row ends up past the window.
-    """
+def fit_state(tokenizer: FastTokenizer, state: str, state_ids: list[int], limit: int) -> str:
+    """Cut the middle out of a state too long for the window (60% head, 40% tail), as upstream:
+    rules sit at its top and recent events at its bottom. `state_ids` are
+    `state_token_ids(state)`, once for all of a request's questions; `limit` is `state_limit`.
+    The kept ids are decoded, joined by " ... " and the packed text tokenised again, as von-sdk
+    does, so the model reads upstream's tokens even where they end up past the window."""
     if len(state_ids) <= limit:
         return state
     head = int(limit * 0.6)
