@@ -81,7 +81,7 @@ LAYERS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
             "decidealot.providers.clm.encoder_server",
             "decidealot.providers.engine.inprocess",
             "decidealot.providers.calibrate",
-            "decidealot.providers.reliability_png",
+            "decidealot.providers.plots",
             "decidealot.providers.*.calibrate",
         ),
         ("base", "provider shared", "worker", "provider gateway"),
