@@ -80,13 +80,8 @@ class LocalRuntime(Protocol):
         Raises `RequestInvalid` or `ProviderUnavailable`; cancelling the call withdraws the
         job."""
 
-
-@runtime_checkable
-class ReportsCheckpoints(Protocol):
-    """A local runtime that says how its worker loaded each checkpoint (`GET /v1/status`)."""
-
     def checkpoints(self) -> list[CheckpointLoad]:
-        """How its current worker loaded each checkpoint it holds, in load order."""
+        """How its worker loaded each checkpoint it holds, in load order (`/v1/status`)."""
 
 
 @runtime_checkable

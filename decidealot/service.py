@@ -36,7 +36,6 @@ from decidealot.protocols import (
     LocalProvider,
     LocalRuntime,
     Provider,
-    ReportsCheckpoints,
     ReportsDetails,
 )
 from decidealot.residency import Residency
@@ -80,7 +79,6 @@ def _provider_status(provider: Provider, ledger: Ledger, settings: Settings) -> 
     if not provider.local:
         return ProviderStatus(name=provider.name, enabled=True, local=False, details=details)
     runtime = cast(LocalProvider, provider).runtime
-    loads = runtime.checkpoints() if isinstance(runtime, ReportsCheckpoints) else []
     calibrations = _calibrations(provider.name, settings)
     return ProviderStatus(
         name=provider.name,
@@ -89,7 +87,10 @@ def _provider_status(provider: Provider, ledger: Ledger, settings: Settings) -> 
         loaded=runtime.loaded,
         device=runtime.device,
         running=ledger.holding(runtime.name),
-        checkpoints=[_checkpoint_status(load, calibrations.get(load.checkpoint)) for load in loads],
+        checkpoints=[
+            _checkpoint_status(load, calibrations.get(load.checkpoint))
+            for load in runtime.checkpoints()
+        ],
         details=details,
     )
 

@@ -566,7 +566,7 @@ class ProcessRuntime:
         return self._client is not None and self._client.state is State.READY
 
     def checkpoints(self) -> list[CheckpointLoad]:
-        """How its worker loaded each checkpoint it holds (`protocols.ReportsCheckpoints`)."""
+        """How its worker loaded each checkpoint it holds."""
         client = self._client
         return list(client.loads.values()) if client is not None and self.loaded else []
 

@@ -38,7 +38,7 @@ from decidealot.contract import (
     Usage,
 )
 from decidealot.errors import ProviderUnavailable, RequestInvalid
-from decidealot.jobs import Decision, Job
+from decidealot.jobs import CheckpointLoad, Decision, Job
 from decidealot.protocols import Provider
 
 ANSWERING_MODEL = {"laya": "laya-english", "von": "von-1.1", "clm": "clm-0.1-8b"}
@@ -63,6 +63,9 @@ class FakeRuntime:
 
     async def unload(self) -> None:
         self._loaded = False
+
+    def checkpoints(self) -> list[CheckpointLoad]:
+        return []
 
     async def submit(self, job: Job, sent: Callable[[], None] | None = None) -> Decision:
         """Answers the job itself: nothing is forwarded anywhere, so `sent` is never called and
