@@ -21,7 +21,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.e2e.test_switching import check_answer, decide, decision, serve
+from tests.e2e.test_switching import check_answer, decide, decision, serve, worker_events
 from tests.support.checkpoints import TinyCheckpoints
 from tests.support.ops_launcher import children, running
 from tests.support.ops_launcher import start as start_ops
@@ -127,7 +127,10 @@ def test_a_worker_frozen_while_it_builds_the_next_model_is_lost(tmp_path: Path) 
         assert _arith(server, "laya").status_code == 200
         switching = ThreadPoolExecutor(1)
         waiting = switching.submit(_arith, server, "von")
-        wait_until(lambda: _building(server, "von"), "the switch to Von begun")
+        wait_until(
+            lambda: any(e[:2] == ("von", "swap") for e in worker_events(server)),
+            "the switch to Von begun",
+        )
         frozen = worker(server)
         os.kill(frozen, signal.SIGSTOP)
         failed = waiting.result()
@@ -143,18 +146,3 @@ def test_a_worker_frozen_while_it_builds_the_next_model_is_lost(tmp_path: Path) 
 def _arith(server: RunningServer, provider: str) -> httpx.Response:
     body = {"model": provider, "state": "s", "questions": {"q": {"type": "noul"}}}
     return httpx.post(server.url + "/v1/systemone", json=body, timeout=HANG_GUARD)
-
-
-def _building(server: RunningServer, provider: str) -> bool:
-    """Whether the gateway has begun starting `provider`'s engine in its worker."""
-    for line in server.log_lines():
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        message = str(record.get("message", ""))
-        if record.get("logger") == f"decidealot.runtime.{provider}" and message.startswith(
-            "starting engine in worker"
-        ):
-            return True
-    return False
