@@ -1,14 +1,9 @@
 """The service's settings: how a `DECIDEALOT_*` variable is declared, parsed and checked.
 
-A setting is a field of a frozen msgspec struct annotated with `setting(parse)`: its variable
-is `DECIDEALOT_` + the field name in capitals, and `parse(variable, raw)` turns the raw value
-into the field's value or raises `ConfigError`, one line naming the variable and what it
-accepts. `Settings` holds the core's own settings and, in `sections`, one struct per
-registered provider, declared the same way in the provider's descriptor; `decidealot.registry`
-reads them all from the environment at once. Nothing else in the service reads the
-environment, so a `DECIDEALOT_*` name no struct declares is a typo and is refused, with the
-closest name that is declared. The one exception: the OpenTelemetry SDK reads the OTEL_*
-variables checked here (see `decidealot.tracing`).
+A setting is a field of a frozen msgspec struct annotated with `setting(parse)`, its variable
+`DECIDEALOT_` + the field name in capitals; providers declare theirs the same way
+(`Settings.sections`). Nothing else reads the environment (but the OpenTelemetry SDK, OTEL_*:
+`decidealot.tracing`), so a `DECIDEALOT_*` name no struct declares is a typo and is refused.
 """
 
 from __future__ import annotations
@@ -19,13 +14,12 @@ import math
 import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Annotated, Literal, TypeVar, get_args, get_origin
+from typing import Annotated, Literal, get_args, get_origin
 
 import msgspec
 
 from decidealot import cpu
 
-T = TypeVar("T")
 Parse = Callable[[str, str], object]
 """`parse(variable, raw)`: the value of a setting, or `ConfigError`."""
 
@@ -48,7 +42,6 @@ def setting(parse: Parse) -> msgspec.Meta:
 
 
 def variable(field: str) -> str:
-    """The environment variable of setting `field`."""
     return PREFIX + field.upper()
 
 
@@ -209,12 +202,8 @@ PRECISION_DEVICES = {
     "int8": ("cpu",),
     "fp16": ("cuda",),
 }
-"""`DECIDEALOT_PRECISION` values and the devices each runs on. auto (the default): what
-`decidealot.cpu.auto_precision` chooses for the device and CPU, checked by a load-time probe;
-fp32: exact parity with upstream; bf16: bf16 weights with fp32 norms, residual and readout on a
-CPU with bf16 units, CUDA autocast on a GPU (as upstream Laya runs there); int8: int8 encoder
-weights on a CPU with int8 dot-product units (providers/worker/int8.py); fp16: CUDA
-autocast."""
+"""`DECIDEALOT_PRECISION` values and the devices each runs on (docs/configuration.md#precision
+says what each computes; `auto` is `decidealot.cpu.auto_precision`'s choice)."""
 
 
 def precision_problem(
@@ -310,12 +299,9 @@ class Settings(Section, frozen=True, kw_only=True):
 def read_section(
     struct: type[msgspec.Struct], env: Mapping[str, str], known: set[str]
 ) -> dict[str, object]:
-    """The settings of `struct` present in `env`, parsed; every variable it declares goes into
-    `known` (empty values count as unset).
-
-    A secret setting (`SECRETS`) is also read from the file its `_FILE` twin names, the
-    convention of container images and of Kubernetes Secrets mounted as volumes, so the key
-    never sits in the environment; setting both is refused, naming both."""
+    """The settings of `struct` set (not empty) in `env`, parsed; its variables go into `known`.
+    A secret setting may instead name a file in its `_FILE` twin, the convention of container
+    images and Kubernetes Secrets, so the key never sits in the environment."""
     values: dict[str, object] = {}
     for field in msgspec.structs.fields(struct):
         parse = _parser(field.type)
@@ -352,7 +338,6 @@ def _secret_file(name: str, raw: str) -> str:
 
 
 def _parser(annotation: object) -> Parse | None:
-    """The `parse` of a field annotated with `setting(parse)`, or None."""
     metas = get_args(annotation)[1:] if get_origin(annotation) is Annotated else ()
     extras = [meta.extra for meta in metas if isinstance(meta, msgspec.Meta) and meta.extra]
     return next((extra["parse"] for extra in extras if "parse" in extra), None)
@@ -373,15 +358,12 @@ def read_core(env: Mapping[str, str], known: set[str]) -> dict[str, object]:
 def refuse_unknown(env: Mapping[str, str], known: set[str]) -> None:
     """A set `DECIDEALOT_*` variable no struct declares is a typo: refuse it, naming the
     closest declared one."""
-    unknown = sorted(
-        name
-        for name, raw in env.items()
+    refused = [
+        f"{name}: not a Decidealot setting; the closest one is "
+        + difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.0)[0]
+        for name, raw in sorted(env.items())
         if name.startswith(PREFIX) and raw.strip() and name not in known
-    )
-    refused = []
-    for name in unknown:
-        closest = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.0)[0]
-        refused.append(f"{name}: not a Decidealot setting; the closest one is {closest}")
+    ]
     if refused:
         raise ConfigError("; ".join(refused))
 
