@@ -1,11 +1,9 @@
-"""Download, verify and install bundles, before the service listens (`serve`) and on its own
-(`prepare`).
+"""Download, verify and install bundles (`serve` before it listens, and `prepare`); no torch.
 
-It prepares files only: it never loads a model and never imports torch. Each bundle is fetched
-with huggingface_hub into a staging folder inside the model directory, every file is checked
-against its pinned size and sha256 (or, where no digest is pinned, against the hub's own digest
-at the pinned revision), and only then is the bundle renamed into place with an install record
-written last. A later start trusts that record after a quick size check and makes no request.
+Each bundle is fetched with huggingface_hub into a staging folder inside the model directory,
+every file checked against its pinned size and sha256 (else the hub's own digest at the pinned
+revision), and only then renamed into place, its install record written last: a later start
+trusts that record after a quick size check and makes no request.
 """
 
 from __future__ import annotations
@@ -90,7 +88,6 @@ class _Installer:
             "revision": manifest.revision,
             "endpoint": self.endpoint,
         }
-        """Where `hf_hub_url` and `hf_hub_download` find a file of the bundle."""
 
     # messages
 
@@ -387,13 +384,10 @@ def _remove_stale_partials(staging: Path) -> None:
 
 
 def install_enabled(settings: Settings, *, progress: bool, rehash: bool = False) -> None:
-    """Make every enabled bundle installed and verified; raise BundleError otherwise.
-
-    Every bundle is tried, so one message names all that failed, each with what replaces it: a
-    user without hub access then fixes the configuration once, not once per bundle. `progress`
-    draws tqdm bars (pass `sys.stderr.isatty()`); without them, download progress goes to log
-    lines. `rehash` re-hashes installed files instead of trusting their install record and sizes.
-    """
+    """Make every enabled bundle installed and verified, or raise one BundleError naming all
+    that failed, each with what replaces it: a user without hub access fixes the configuration
+    once, not once per bundle. `progress`: tqdm bars, else log lines. `rehash`: re-hash
+    installed files instead of trusting their install record and sizes."""
     failed: list[tuple[Placed, BundleError]] = []
     for placed in to_download(settings):
         try:
@@ -406,11 +400,7 @@ def install_enabled(settings: Settings, *, progress: bool, rehash: bool = False)
     if failed:
         lines = [f"{len(failed)} enabled bundles cannot be prepared:"]
         for placed, exc in failed:
-            text = str(exc)
-            lines.append(
-                f"  {text}"
-                if placed.bundle.variable in text
-                else f"  {text}; or {placed.replacement}"
-            )
+            hint = "" if placed.bundle.variable in str(exc) else f"; or {placed.replacement}"
+            lines.append(f"  {exc}{hint}")
         lines.append(f"  ({TINY_HINT})")
         raise BundleError("\n".join(lines))
