@@ -70,7 +70,16 @@ _UNWIND_SECONDS = 0.5
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Serve MCP on stdin/stdout until the client closes it; the exit status."""
-    args = _parser().parse_args(argv)
+    parser = argparse.ArgumentParser(
+        prog="decidealot mcp", description="Serve Decidealot's MCP tools over stdio."
+    )
+    parser.add_argument(
+        "--url",
+        type=_base_url,
+        help="forward tool calls to the Decidealot at this base URL (e.g. http://127.0.0.1:8080) "
+        "instead of running providers here; its key is read from DECIDEALOT_API_KEY",
+    )
+    args = parser.parse_args(argv)
     try:
         settings = from_env()
     except ConfigError as exc:
@@ -93,19 +102,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         asyncio.run(_serve(settings, args.url))
     tracing.shutdown()
     return 0
-
-
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="decidealot mcp", description="Serve Decidealot's MCP tools over stdio."
-    )
-    parser.add_argument(
-        "--url",
-        type=_base_url,
-        help="forward tool calls to the Decidealot at this base URL (e.g. http://127.0.0.1:8080) "
-        "instead of running providers here; its key is read from DECIDEALOT_API_KEY",
-    )
-    return parser
 
 
 def _base_url(raw: str) -> str:
@@ -199,12 +195,8 @@ class _Owed:
 
     def settle(self, request_id: RequestId) -> None:
         """`request_id` was answered, or cancelled (the spec forbids answering a cancelled
-        request); an id not owed is ignored."""
-        key = coerce_request_id(request_id)
-        if self._ids[key] > 1:
-            self._ids[key] -= 1
-        else:
-            self._ids.pop(key, None)
+        request); an id not owed is ignored (a Counter's `-=` keeps positive counts only)."""
+        self._ids -= Counter([coerce_request_id(request_id)])
         if not self._ids:
             self._none.set()
 
