@@ -1,11 +1,7 @@
 """The registered providers: what each declares in its descriptor, and the settings read with them.
 
-A provider is one folder with one `ProviderDescriptor`, registered as an entry point of the
-`decidealot.providers` group (the project's own four in pyproject.toml; another distribution
-adds a fifth the same way). The descriptor declares everything the rest of the service needs to
-know about it: its settings and their consistency rules, its bundles and the files each must
-hold, its selectors, its lane, and how it is built. Config, the bundle installer, the startup
-checks, the catalog and the service iterate the descriptors and name no provider.
+Each `ProviderDescriptor` is an entry point of the `decidealot.providers` group; the rest of the
+service iterates them and names no provider (docs/architecture.md, "A provider is one folder").
 """
 
 from __future__ import annotations
@@ -179,7 +175,6 @@ class ProviderDescriptor(Generic[S]):
     calibrate`); like `Tiny.writer` it imports torch, so it is named, not imported."""
 
     def of(self, settings: Settings) -> S:
-        """This provider's section of `settings`."""
         section = settings.sections.get(self.name)
         if section is None:
             return self.settings()
@@ -207,12 +202,9 @@ class ProviderDescriptor(Generic[S]):
         self.check(section)
 
     def lane_for(self, section: S, device: str) -> tuple[str | None, str]:
-        """The residency lane and group of this local provider on `device`.
-
-        On CUDA every provider is its own group on lane "cuda": one provider's passes at a
-        time on the device. On CPU, providers of one `lane_group` share lane "local" together
-        (Laya and Von, so with two slots they overlap) and take turns with the others.
-        """
+        """The residency lane and group of this local provider on `device`: on CUDA its own
+        group on lane "cuda" (one provider's passes at a time on the device); on CPU providers of
+        one `lane_group` share lane "local" together (with two slots they overlap)."""
         if self.free_of_lane(section):
             return None, self.name
         if device == "cuda":
@@ -226,7 +218,6 @@ Descriptor = ProviderDescriptor[Any]
 
 @functools.cache
 def registered() -> tuple[Descriptor, ...]:
-    """Every registered provider, in listing order."""
     found: dict[str, Descriptor] = {}
     for point in _entry_points():
         if point.name in found:
@@ -257,12 +248,11 @@ def _entry_points() -> list[importlib.metadata.EntryPoint]:
 
 
 def descriptor(name: str) -> Descriptor:
-    """The registered provider `name` (KeyError if none is)."""
+    """KeyError when no provider `name` is registered."""
     return {each.name: each for each in registered()}[name]
 
 
 def enabled(settings: Settings) -> tuple[Descriptor, ...]:
-    """The providers `settings` turn on, in listing order."""
     return tuple(d for d in registered() if d.enabled(d.of(settings)))
 
 
