@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import msgspec
 
-from decidealot.contract import Json, Loc, ValidationIssue
+from decidealot.contract import ErrorBody, Json, Loc, ValidationErrorBody, ValidationIssue
 
 
 class DecidealotError(Exception):
@@ -25,6 +25,10 @@ class DecidealotError(Exception):
         if message is not None:
             self.message = message
         self.details: dict[str, Json] = details or {}
+
+    def envelope(self) -> ErrorBody | ValidationErrorBody:
+        """The body HTTP answers with, and an MCP tool error's text."""
+        return ErrorBody(self.code, self.message, self.details)
 
 
 class Unauthorized(DecidealotError):
@@ -94,6 +98,9 @@ class RequestInvalid(DecidealotError):
     def __init__(self, issues: list[ValidationIssue]):
         super().__init__()
         self.issues = issues
+
+    def envelope(self) -> ValidationErrorBody:
+        return ValidationErrorBody(self.issues)
 
     @classmethod
     def question(

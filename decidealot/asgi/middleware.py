@@ -26,8 +26,7 @@ from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
 from decidealot import logs, metrics, tracing
 from decidealot.asgi.body import Incoming
-from decidealot.contract import ErrorBody, ValidationErrorBody
-from decidealot.errors import DecidealotError, RequestInvalid, ShuttingDown, Unauthorized
+from decidealot.errors import DecidealotError, ShuttingDown, Unauthorized
 from decidealot.ledger import CUT_SHORT
 from decidealot.service import Service
 
@@ -57,13 +56,6 @@ def request_id_from(value: bytes | None) -> str:
     return str(uuid.uuid4())
 
 
-def envelope_of(error: DecidealotError) -> ErrorBody | ValidationErrorBody:
-    """The body the HTTP API answers `error` with."""
-    if isinstance(error, RequestInvalid):
-        return ValidationErrorBody(error.issues)
-    return ErrorBody(error.code, error.message, error.details)
-
-
 async def send_json(
     send: Send, status: int, body: bytes, extra: Sequence[tuple[bytes, bytes]] = ()
 ) -> None:
@@ -76,7 +68,7 @@ async def send_json(
 
 async def send_error(send: Send, error: DecidealotError, extra: list[tuple[bytes, bytes]]) -> None:
     headers = [(name.lower().encode(), value.encode()) for name, value in error.headers.items()]
-    await send_json(send, error.status, msgspec.json.encode(envelope_of(error)), headers + extra)
+    await send_json(send, error.status, msgspec.json.encode(error.envelope()), headers + extra)
 
 
 class BearerKeys:

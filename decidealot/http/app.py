@@ -12,7 +12,7 @@ from litestar.exceptions import HTTPException
 from decidealot import logs, metrics
 from decidealot.asgi.body import CLIENT_GONE, ClientGone, read_body, unless_gone
 from decidealot.asgi.edge import Cors, RootPath
-from decidealot.asgi.middleware import ASGIApp, Gateway, envelope_of
+from decidealot.asgi.middleware import ASGIApp, Gateway
 from decidealot.contract import TRUNCATED_HEADER, Cut, ErrorBody, truncated_header
 from decidealot.errors import DecidealotError, ShuttingDown
 from decidealot.http import docs, openapi
@@ -40,14 +40,14 @@ def _truncated(cuts: list[Cut]) -> dict[str, str] | None:
 
 def _on_error(_: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:
     if isinstance(exc, DecidealotError):
-        return _json(envelope_of(exc), exc.status, exc.headers)
+        return _json(exc.envelope(), exc.status, exc.headers)
     if isinstance(exc, HTTPException):
         fallback = "BAD_REQUEST" if exc.status_code < 500 else "INTERNAL_ERROR"
         code = _HTTP_CODES.get(exc.status_code, fallback)
         # Litestar's 405 names the route's methods in `Allow`, as RFC 9110 asks
         return _json(ErrorBody(code, str(exc.detail)), exc.status_code, exc.headers)
     logs.log_failure(log, exc, "a route")
-    return _json(envelope_of(DecidealotError()), 500)
+    return _json(DecidealotError().envelope(), 500)
 
 
 def create_app(service: Service) -> ASGIApp:

@@ -30,14 +30,7 @@ from mcp_types import (
 )
 
 from decidealot import __version__, logs, tracing
-from decidealot.contract import (
-    TRUNCATED_META,
-    Cut,
-    ErrorBody,
-    Json,
-    ValidationErrorBody,
-    ValidationIssue,
-)
+from decidealot.contract import TRUNCATED_META, Cut, Json, ValidationIssue
 from decidealot.errors import DecidealotError, RequestInvalid, RequestTooLarge, ShuttingDown
 from decidealot.ledger import ADMITTED, CUT_SHORT
 from decidealot.mcp.strict import SERVED_VERSIONS, rejection
@@ -82,14 +75,7 @@ class Backend(Protocol):
 
 
 def failure_of(error: DecidealotError) -> ToolFailure:
-    """The envelope the HTTP API answers `error` with (not `decidealot.asgi.middleware`'s, which
-    would bring Litestar into `decidealot mcp`)."""
-    body: msgspec.Struct
-    if isinstance(error, RequestInvalid):
-        body = ValidationErrorBody(error.issues)
-    else:
-        body = ErrorBody(error.code, error.message, error.details)
-    return ToolFailure(error.status, msgspec.to_builtins(body))
+    return ToolFailure(error.status, msgspec.to_builtins(error.envelope()))
 
 
 class ServiceBackend:
@@ -161,7 +147,6 @@ class ServiceBackend:
 
 
 def build_server(backend: Backend) -> Server[Any]:
-    """A low-level MCP server whose tools are `TOOLS`, answered by `backend`."""
     if not logging.getLogger().isEnabledFor(logging.DEBUG):
         # the SDK logs every stateless HTTP request at INFO: keep its lines for debug runs
         logging.getLogger("mcp").setLevel(logging.WARNING)
@@ -229,7 +214,6 @@ def _extra_arguments(arguments: Arguments) -> ToolFailure:
 
 
 def _names(models: Json) -> list[str] | None:
-    """The names in a list_models result."""
     listed = models.get("models") if isinstance(models, dict) else None
     if not isinstance(listed, list):
         return None
