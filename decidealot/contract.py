@@ -195,20 +195,17 @@ class CheckpointStatus(msgspec.Struct, kw_only=True):
 
     name: str
     precision: str
-    """What it runs in: fp32, bf16, int8 or fp16."""
     requested: str
     """The `DECIDEALOT_PRECISION` value it came from (`auto` by default)."""
     reason: str
     """Why: `requested`, what `auto` chose on which CPU flags, or the load probe's fallback."""
     folder: str
     verified: str | None
-    """`repo@revision` of the bundle's install record (every file's sha256 checked against
-    it); None for a local checkpoint the settings name, which nothing verified."""
+    """`repo@revision` of the install record that verified it; None for a local checkpoint."""
     int8_share: float
     """Share of its encoder's linear layers that run int8 (0 outside `int8`)."""
     calibration: str | None = None
-    """The calibration file it runs with (its `DECIDEALOT_*_CALIBRATION` setting); None: the
-    temperatures its checkpoint ships."""
+    """Its `DECIDEALOT_*_CALIBRATION` file; None: the temperatures its checkpoint ships."""
 
 
 class ProviderStatus(msgspec.Struct, kw_only=True):
@@ -222,15 +219,13 @@ class ProviderStatus(msgspec.Struct, kw_only=True):
     """Decisions holding its residency slot now."""
     checkpoints: list[CheckpointStatus] = []
     details: dict[str, Json] = {}
-    """What the provider itself reports: CLM `encoder_answered_last_call`, Jev
-    `catalog_age_seconds` (None before the first call or fetch)."""
+    """The provider's own (CLM `encoder_answered_last_call`, Jev `catalog_age_seconds`)."""
 
 
 class SlotStatus(msgspec.Struct, kw_only=True):
     total: int
     """`DECIDEALOT_MAX_RESIDENT_PROVIDERS`."""
     held_by: list[str]
-    """The local providers loaded now."""
 
 
 class DecisionStatus(msgspec.Struct, kw_only=True):

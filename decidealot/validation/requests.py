@@ -1,15 +1,10 @@
 """The System One request rules: decoded JSON -> validated, routed requests, or every issue.
 
-HTTP and MCP both call `strict_json.parse_json`, then `validate_request` / `validate_batch`; nothing
-reaches a provider before they return, and each request comes back with the route its model resolved
-to, which the executor runs it on (nothing resolves a name twice). Issues use TypeSafe's
-(FastAPI/pydantic) 422 shape, with the question type in `loc` the way pydantic reports a
-discriminated union: `["body", "questions", "urgency", "score", "criteria"]`. All issues of a body
-are reported at once, not just the first.
-
-Bounds beyond TypeSafe's schema (documented in docs/api.md): question names 1-128 characters,
-choice labels 1-256 characters, at most 1024 questions, 1-255 choice options, 2-10 score
-levels; the body as a whole is bounded by DECIDEALOT_MAX_REQUEST_BYTES.
+HTTP and MCP both call `strict_json.parse_json`, then `validate_request` / `validate_batch`;
+each request comes back with the route its model resolved to (nothing resolves a name twice).
+Issues use TypeSafe's (FastAPI/pydantic) 422 shape, the question type in `loc` as pydantic
+reports a discriminated union (`["body", "questions", "urgency", "score", "criteria"]`), all of
+a body's at once. The bounds beyond TypeSafe's schema are docs/api.md's table.
 
 Why not pydantic, which is installed and whose messages these are: it reports a model's unknown
 fields after its fields, not in the body's order; its `missing` issue echoes the parent object
