@@ -1,11 +1,9 @@
 """OpenTelemetry traces, off unless the standard OTEL_* variables configure an exporter.
 
-`setup` installs the SDK (the optional `decidealot[otel]` extra) with an OTLP/HTTP exporter
-when `Settings.trace_exporters` names one; the SDK then reads the rest of OTEL_* itself
-(headers, timeout, compression, sampler, resource attributes, batch delays). Until then every
-helper here costs one check and the SDK is never imported; the API package is a plain
-dependency because the MCP SDK needs it anyway, and its spans (one per MCP message, continuing
-a `_meta` traceparent) export through the same provider.
+`setup` installs the SDK (the `decidealot[otel]` extra) with an OTLP/HTTP exporter when
+`Settings.trace_exporters` names one, and the SDK reads the rest of OTEL_* itself; until then
+each helper here costs one check. The API package is a plain dependency because the MCP SDK
+needs it anyway; its spans (one per MCP message) export through the same provider.
 
 Attributes are names, routes, sizes, counts and the request id. Spans never carry state,
 instruction or criterion text, keys, or exception messages (those may quote the state): a
@@ -40,10 +38,6 @@ P = ParamSpec("P")
 T = TypeVar("T")
 Kind = Literal["internal", "server", "client"]
 Attribute = str | int | float | bool
-Parent = Context
-"""Where a span continues a caller's trace: what `extract` returns."""
-
-DEFAULT_SERVICE_NAME = "decidealot"
 SHUTDOWN_SECONDS = 5.0
 """How long exiting waits for queued spans to reach the collector."""
 
@@ -89,7 +83,7 @@ def setup(settings: Settings) -> None:
 
     resource = Resource.create()  # OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES
     if str(resource.attributes.get(SERVICE_NAME, "")).startswith("unknown_service"):
-        resource = resource.merge(Resource({SERVICE_NAME: DEFAULT_SERVICE_NAME}))
+        resource = resource.merge(Resource({SERVICE_NAME: "decidealot"}))
     provider = TracerProvider(resource=resource, shutdown_on_exit=False)
     provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
     trace.set_tracer_provider(provider)
@@ -117,7 +111,7 @@ def span(
     name: str,
     *,
     kind: Kind = "internal",
-    parent: Parent | None = None,
+    parent: Context | None = None,
     attributes: Mapping[str, Attribute] | None = None,
     **named: Attribute,
 ) -> contextlib.AbstractContextManager[Span]:
@@ -133,7 +127,7 @@ def _live(
     tracer: trace.Tracer,
     name: str,
     kind: SpanKind,
-    parent: Parent | None,
+    parent: Context | None,
     attributes: dict[str, Attribute],
 ) -> Iterator[Span]:
     with tracer.start_as_current_span(
@@ -186,11 +180,7 @@ def current() -> SpanContext | None:
 
 
 def record(
-    name: str,
-    parent: SpanContext | None,
-    start: float,
-    end: float,
-    **named: Attribute,
+    name: str, parent: SpanContext | None, start: float, end: float, **named: Attribute
 ) -> None:
     """A span that already happened elsewhere (a forward pass in the worker): `start` and
     `end` are `time.time()` seconds. Nothing without a `parent` from `current()`."""
@@ -203,7 +193,7 @@ def record(
     finished.end(end_time=int(max(start, end) * 1e9))
 
 
-def extract(headers: Mapping[str, str] | Mapping[bytes, bytes] | None) -> Parent | None:
+def extract(headers: Mapping[str, str] | Mapping[bytes, bytes] | None) -> Context | None:
     """The caller's trace from its W3C `traceparent` (and `tracestate`): HTTP headers (str or
     raw ASGI bytes, lower-case names) or an MCP `_meta`. None when off, absent or invalid."""
     if _tracer is None or not headers:
