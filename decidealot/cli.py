@@ -231,7 +231,7 @@ def _main(argv: Sequence[str] | None) -> int:
             from decidealot.providers.clm.encoder_server import main as encoder
 
             return int(encoder(passthrough))
-        from decidealot.mcp import main as mcp
+        from decidealot.mcp.stdio import main as mcp
 
         return int(mcp(passthrough))
     args = _parser().parse_args(args_list)
