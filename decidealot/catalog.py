@@ -18,8 +18,6 @@ from decidealot.protocols import Provider
 
 @dataclass(frozen=True, slots=True)
 class Route:
-    """Where one model name goes."""
-
     provider: Provider
     selector: str
 
@@ -29,8 +27,6 @@ class Route:
 
 
 class Routed(NamedTuple):
-    """A validated request and the route its model resolved to."""
-
     request: SystemOneRequest
     route: Route
 

@@ -1,8 +1,4 @@
-"""Where each enabled bundle's checkpoint is: a local override, or the installed bundle.
-
-Bundles are declared by the providers' descriptors (`decidealot.registry.Bundle`); this module
-knows them only through the registry.
-"""
+"""Where each enabled bundle's checkpoint is: a local override, or the installed bundle."""
 
 from __future__ import annotations
 
@@ -36,8 +32,6 @@ def ownership_fix(folder: Path) -> str:
 
 
 class Placed(NamedTuple):
-    """A bundle and the provider it belongs to."""
-
     provider: Descriptor
     bundle: Bundle
 
@@ -59,8 +53,7 @@ class Placed(NamedTuple):
         return getattr(self.provider.of(settings), self.bundle.setting)  # type: ignore[no-any-return]
 
     def path(self, settings: Settings) -> Path:
-        """The path the provider loads: the local override when set, else the installed
-        bundle."""
+        """The path the provider loads: the local override when set, else the installed one."""
         override = self.override(settings)
         if override is not None:
             return override
@@ -68,7 +61,6 @@ class Placed(NamedTuple):
         return installed / self.bundle.entry if self.bundle.entry else installed
 
     def manifests(self, settings: Settings) -> Path:
-        """The folder its manifest is read from."""
         return settings.bundle_manifest_dir or self.bundle.manifests or SHIPPED_MANIFESTS
 
 
