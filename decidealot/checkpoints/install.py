@@ -46,7 +46,7 @@ from decidealot.checkpoints.manifest import (
     load_manifest,
     read_record,
 )
-from decidealot.checkpoints.paths import TINY_HINT, Placed, find, ownership_fix, to_download
+from decidealot.checkpoints.paths import TINY_HINT, Placed, ownership_fix, to_download
 from decidealot.checkpoints.progress import mb, progress_class
 from decidealot.config import Settings
 
@@ -73,7 +73,8 @@ class _Remote:
 class _Installer:
     """Downloads, verifies and installs one bundle into the model directory."""
 
-    def __init__(self, manifest: Manifest, model_dir: Path, *, bar: bool):
+    def __init__(self, placed: Placed, manifest: Manifest, model_dir: Path, *, bar: bool):
+        self.placed = placed
         self.manifest = manifest
         self.model_dir = model_dir
         self.bar = bar
@@ -151,7 +152,7 @@ class _Installer:
             fix = (
                 "check network access, proxy settings (HTTPS_PROXY) and HF_ENDPOINT, install "
                 "the bundle with `decidealot prepare` on a connected machine and copy "
-                f"DECIDEALOT_MODEL_DIR, or {find(self.manifest.name).replacement}"
+                f"DECIDEALOT_MODEL_DIR, or {self.placed.replacement}"
             )
         elif isinstance(exc, OSError) and "Consistency check failed" in str(exc):
             what = (
@@ -173,7 +174,7 @@ class _Installer:
         return self.fail(
             f"not installed in {self.model_dir} and HF_HUB_OFFLINE is set",
             "unset HF_HUB_OFFLINE for the first start, copy in a model directory prepared with "
-            f"`decidealot prepare`, or {find(self.manifest.name).replacement}",
+            f"`decidealot prepare`, or {self.placed.replacement}",
         )
 
     # steps
@@ -207,7 +208,7 @@ class _Installer:
                 f"{self.target} exists but holds no install record, so it was not installed by "
                 "Decidealot",
                 "move it away to let Decidealot install the bundle, or use it as is by setting "
-                f"{find(self.manifest.name).bundle.variable}={self.target}",
+                f"{self.placed.bundle.variable}={self.target}",
             )
         return installed_problem(self.manifest, self.target, rehash=rehash)
 
@@ -392,7 +393,7 @@ def install_enabled(settings: Settings, *, progress: bool, rehash: bool = False)
     for placed in to_download(settings):
         try:
             manifest = load_manifest(placed.manifests(settings), placed.name)
-            _Installer(manifest, settings.model_dir, bar=progress).install(rehash=rehash)
+            _Installer(placed, manifest, settings.model_dir, bar=progress).install(rehash=rehash)
         except BundleError as exc:
             failed.append((placed, exc))
     if len(failed) == 1:

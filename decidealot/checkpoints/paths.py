@@ -78,14 +78,6 @@ def to_download(settings: Settings) -> list[Placed]:
     return [p for p in enabled_bundles(settings) if p.override(settings) is None]
 
 
-def find(name: str) -> Placed:
-    for placed in every_bundle():
-        if placed.name == name:
-            return placed
-    known = ", ".join(p.name for p in every_bundle())
-    raise ValueError(f"unknown bundle {name!r}; known: {known}")
-
-
 def with_checkpoints(settings: Settings) -> Settings:
     """`settings` with every checkpoint setting filled (its override, else the installed
     bundle's path), so providers read paths from settings and never look at bundles."""
