@@ -6,14 +6,14 @@ import logging
 from typing import Any
 
 import msgspec
-from litestar import Litestar, Request, Response, get, post
+from litestar import Litestar, MediaType, Request, Response, get, post
 from litestar.exceptions import HTTPException
 
 from decidealot import logs, metrics
 from decidealot.asgi.body import CLIENT_GONE, ClientGone, read_body, unless_gone
 from decidealot.asgi.edge import Cors, RootPath
 from decidealot.asgi.middleware import ASGIApp, Gateway
-from decidealot.contract import TRUNCATED_HEADER, Cut, ErrorBody, truncated_header
+from decidealot.contract import TRUNCATED_HEADER, ErrorBody, truncated_header
 from decidealot.errors import DecidealotError, ShuttingDown
 from decidealot.http import docs, openapi
 from decidealot.mcp.http import MCP_PATH, McpEndpoint
@@ -23,19 +23,13 @@ from decidealot.validation.strict_json import parse_json
 
 log = logging.getLogger("decidealot.http")
 
-_JSON = "application/json"
 _HTTP_CODES = {404: "NOT_FOUND", 405: "METHOD_NOT_ALLOWED"}
 
 
 def _json(value: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response[bytes]:
     return Response(
-        msgspec.json.encode(value), status_code=status, media_type=_JSON, headers=headers
+        msgspec.json.encode(value), status_code=status, media_type=MediaType.JSON, headers=headers
     )
-
-
-def _truncated(cuts: list[Cut]) -> dict[str, str] | None:
-    """`Decidealot-Truncated` when a model read a state only in part (docs/api.md)."""
-    return {TRUNCATED_HEADER: truncated_header(cuts)} if cuts else None
 
 
 def _on_error(_: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:
@@ -85,7 +79,9 @@ def create_app(service: Service) -> ASGIApp:
             else:
                 work = service.executor.decide(await validate_request(body, service.catalog))
             answered = await unless_gone(request.receive, work)
-            return _json(answered.body, headers=_truncated(answered.cuts))
+            cuts = answered.cuts  # a model read a state only in part: docs/api.md
+            truncated = {TRUNCATED_HEADER: truncated_header(cuts)} if cuts else None
+            return _json(answered.body, headers=truncated)
         except DecidealotError as exc:
             return _on_error(request, exc)
         except ClientGone:
@@ -114,19 +110,9 @@ def create_app(service: Service) -> ASGIApp:
     def metrics_text() -> Response[bytes]:
         return Response(exposition.render(), media_type=metrics.MEDIA_TYPE)
 
+    handlers = [health, status, models, systemone, systemone_batch, unload, openapi_json]
     app = Litestar(
-        route_handlers=[
-            health,
-            status,
-            models,
-            systemone,
-            systemone_batch,
-            unload,
-            openapi_json,
-            *docs.route_handlers(),
-            metrics_text,
-            mcp.route,
-        ],
+        route_handlers=[*handlers, *docs.route_handlers(), metrics_text, mcp.route],
         lifespan=[mcp.running()],
         exception_handlers={Exception: _on_error},
         on_startup=[service.start],
