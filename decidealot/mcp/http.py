@@ -141,11 +141,9 @@ class McpEndpoint:
 
     def __init__(self, service: Service) -> None:
         settings = service.settings
-        body_settings = msgspec.structs.replace(
-            settings, max_request_bytes=settings.max_request_bytes + _FRAMING_BYTES
-        )
-        self.body_limit = body_settings.max_request_bytes
+        self.body_limit = settings.max_request_bytes + _FRAMING_BYTES
         """The largest body /mcp reads: DECIDEALOT_MAX_REQUEST_BYTES and the framing."""
+        body_settings = msgspec.structs.replace(settings, max_request_bytes=self.body_limit)
         manager = self._manager = StreamableHTTPSessionManager(
             app=build_server(ServiceBackend(service, admits=False)),  # the gateway admits /mcp
             stateless=True,

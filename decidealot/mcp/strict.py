@@ -52,8 +52,6 @@ Span = tuple[int, int]
 
 
 def screen(message: bytes) -> bytes:
-    """`message` as the SDK should parse it: unchanged unless it is a `tools/call` whose
-    arguments the strict parser refuses, which then carries the refusal instead."""
     # surrogateescape: undecodable bytes survive the round trip, and the strict parser
     # reports them as the HTTP API does
     text = message.decode("utf-8", errors="surrogateescape")
