@@ -1,13 +1,10 @@
-"""The ASGI layer in front of every route (404s and mounted apps such as /mcp included):
-`Gateway` observes each request (its id, the access line, the HTTP metrics, a trace span
-continuing the caller's `traceparent`, a last-resort 500), checks its bearer token
-(`BearerKeys`) and admits it unless the service is draining. A request still running when the
-drain runs out is cancelled by it (`Service.drain`) and answered 503 here, never cut off.
+"""The ASGI layer in front of every route (404s and /mcp included): `Gateway` gives each request
+its id, access line, HTTP metrics and trace span, checks its bearer token and admits it unless
+the service is draining; a request the drain cuts is answered 503 here, never cut off.
 
-Whatever answered a request before its body had all arrived (a 401 here, a 503 while draining,
-a 413 or 415 from a route, a 404), the rest of the body is then read and dropped
-(`Incoming.discard`, bounded): a server that closes a connection with bytes still coming makes
-the kernel reset it, and a client still writing sees the reset, not the answer.
+Whatever answered before the body had all arrived (a 401, a 503, a 413 or 415, a 404), the rest
+is then read and dropped (`Incoming.discard`, bounded): closing a connection with bytes still
+coming makes the kernel reset it, and a client still writing sees the reset, not the answer.
 """
 
 from __future__ import annotations
