@@ -160,7 +160,6 @@ def _calibration_target(
 
 
 def _calibrate(settings: config.Settings, args: argparse.Namespace) -> int:
-    """`decidealot calibrate LABELS --model SELECTOR`: fit, write, report (and plot)."""
     from decidealot import preflight
     from decidealot.device import resolve_device
     from decidealot.validation.labels import LabelError, read_labels

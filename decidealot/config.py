@@ -169,7 +169,6 @@ def _root_path(name: str, raw: str) -> str:
 
 
 def _origins(name: str, raw: str) -> tuple[str, ...]:
-    """Browser origins (`scheme://host[:port]`, no path), comma-separated, or `*` for any."""
     origins = tuple(dict.fromkeys(o.strip().rstrip("/") for o in raw.split(",") if o.strip()))
     if not origins:
         raise ConfigError(f"{name}: expected comma-separated origins such as https://app.example")
@@ -356,8 +355,7 @@ def read_core(env: Mapping[str, str], known: set[str]) -> dict[str, object]:
 
 
 def refuse_unknown(env: Mapping[str, str], known: set[str]) -> None:
-    """A set `DECIDEALOT_*` variable no struct declares is a typo: refuse it, naming the
-    closest declared one."""
+    """A `DECIDEALOT_*` variable no struct declares is a typo: refused, naming the closest."""
     refused = [
         f"{name}: not a Decidealot setting; the closest one is "
         + difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.0)[0]

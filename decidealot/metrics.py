@@ -108,7 +108,6 @@ class ServiceCollector:
         yield loaded
 
     def render(self) -> bytes:
-        """The `/metrics` body in the text format of `CONTENT_TYPE`."""
         return generate_latest(self)
 
 

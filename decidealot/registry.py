@@ -189,7 +189,6 @@ class ProviderDescriptor(Generic[S]):
         return {key: str(path) for key, path in files.items() if path is not None}
 
     def refuse_contradictions(self, section: S) -> None:
-        """`ConfigError` for a setting that is set while the provider is off, then `check`."""
         if not self.enabled(section):
             settings = (
                 *(b.setting for b in self.bundles),

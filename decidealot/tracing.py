@@ -1,14 +1,10 @@
 """OpenTelemetry traces, off unless the standard OTEL_* variables configure an exporter.
 
-`setup` installs the SDK (the `decidealot[otel]` extra) with an OTLP/HTTP exporter when
-`Settings.trace_exporters` names one, and the SDK reads the rest of OTEL_* itself; until then
-each helper here costs one check. The API package is a plain dependency because the MCP SDK
-needs it anyway; its spans (one per MCP message) export through the same provider.
-
-Attributes are names, routes, sizes, counts and the request id. Spans never carry state,
-instruction or criterion text, keys, or exception messages (those may quote the state): a
-failing span records the exception's type only. Only W3C `traceparent`/`tracestate` travel,
-in and out; a caller's baggage is not forwarded to TypeSafe or the encoder.
+`setup` installs the SDK (the `decidealot[otel]` extra) when `Settings.trace_exporters` names an
+exporter; until then each helper here costs one check. The API package is a plain dependency
+because the MCP SDK needs it anyway. Spans never carry request text, keys or exception messages
+(which may quote the state), and only W3C `traceparent`/`tracestate` travel, in and out
+(docs/operations.md#traces).
 """
 
 from __future__ import annotations
@@ -72,7 +68,6 @@ _OFF = contextlib.nullcontext(Span(None))
 
 
 def setup(settings: Settings) -> None:
-    """Install the tracer provider when an exporter is configured; no-op otherwise."""
     global _tracer, _provider
     if not settings.trace_exporters or _provider is not None:
         return
@@ -205,14 +200,11 @@ def extract(headers: Mapping[str, str] | Mapping[bytes, bytes] | None) -> Contex
             value = value.decode("latin-1")
         if isinstance(value, str):
             carrier[header] = value
-    if "traceparent" not in carrier:
-        return None
     context = _PROPAGATOR.extract(carrier)
     return context if trace.get_current_span(context).get_span_context().is_valid else None
 
 
 def inject(headers: MutableMapping[str, str]) -> None:
-    """Add the current span's `traceparent` (and `tracestate`) to outbound `headers`."""
     if _tracer is not None:
         _PROPAGATOR.inject(headers)
 

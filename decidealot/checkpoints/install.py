@@ -71,8 +71,6 @@ class _Remote:
 
 
 class _Installer:
-    """Downloads, verifies and installs one bundle into the model directory."""
-
     def __init__(self, placed: Placed, manifest: Manifest, model_dir: Path, *, bar: bool):
         self.placed = placed
         self.manifest = manifest

@@ -40,7 +40,6 @@ class _Bar(tqdm):
 
 
 def progress_class(label: str, bar: bool) -> Callable[..., tqdm]:
-    """A tqdm factory for huggingface_hub: a bar on a terminal, log lines otherwise."""
     return functools.partial(_Bar if bar else _LogProgress, label=label)
 
 

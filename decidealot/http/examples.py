@@ -43,7 +43,6 @@ def _choice(probabilities: dict[str, float]) -> dict[str, Any]:
 
 
 def _answered(model: str, input_tokens: int, **answers: Any) -> dict[str, Any]:
-    """A decision's body, as the contract shapes it."""
     usage = {"input_tokens": input_tokens, "output_tokens": 0}
     return {"model": model, "answers": answers, "usage": usage}
 

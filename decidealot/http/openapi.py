@@ -62,7 +62,6 @@ def _content(
 def _response(
     schema: str | dict[str, Any], description: str, examples: dict[str, Any] | None = None
 ) -> dict[str, Any]:
-    """A JSON response, with `examples` (name -> value) when given."""
     return {"description": description, "content": _content(schema, _named(examples or {}))}
 
 

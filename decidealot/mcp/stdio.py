@@ -63,7 +63,6 @@ _UNWIND_SECONDS = 0.5
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Serve MCP on stdin/stdout until the client closes it; the exit status."""
     parser = argparse.ArgumentParser(
         prog="decidealot mcp", description="Serve Decidealot's MCP tools over stdio."
     )

@@ -284,7 +284,6 @@ def _check_criteria(tag: str, criteria: Json, loc: Loc, issues: _Issues) -> None
 
 
 def _finish(draft: _Draft, routes: dict[str, Route | None], issues: _Issues) -> Routed | None:
-    """Check the model name and its config schema; build the request if all of it is valid."""
     if draft.model is None:
         return None
     route = routes.get(draft.model)
