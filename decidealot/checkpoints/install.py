@@ -9,12 +9,15 @@ trusts that record after a quick size check and makes no request.
 from __future__ import annotations
 
 import errno
+import functools
+import io
 import logging
 import os
 import shutil
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx2
 import msgspec
@@ -30,6 +33,7 @@ from huggingface_hub.errors import (
     RepositoryNotFoundError,
     RevisionNotFoundError,
 )
+from tqdm import tqdm
 
 from decidealot.checkpoints.manifest import (
     GIT_SHA1,
@@ -47,7 +51,6 @@ from decidealot.checkpoints.manifest import (
     read_record,
 )
 from decidealot.checkpoints.paths import TINY_HINT, Placed, ownership_fix, to_download
-from decidealot.checkpoints.progress import mb, progress_class
 from decidealot.config import Settings
 
 log = logging.getLogger("decidealot.bundles")
@@ -58,6 +61,35 @@ _START_AGAIN = "start again (verified files are kept)"
 _OTHER_FILE = (
     "the endpoint serves another file than the pinned one; check HF_ENDPOINT or fix the manifest"
 )
+_PROGRESS_LOG_SECONDS = 10.0
+
+
+class _LogProgress(tqdm):
+    """A tqdm that logs a line every few seconds (and at the end) instead of drawing a bar."""
+
+    monitor_interval = 0  # no tqdm monitor thread
+
+    def __init__(self, *args: Any, label: str, **kwargs: Any):
+        kwargs.update(desc=label, mininterval=_PROGRESS_LOG_SECONDS, file=io.StringIO())
+        super().__init__(*args, **kwargs)
+
+    def display(self, msg: str | None = None, pos: int | None = None) -> bool:
+        if self.total:
+            done, total = mb(self.n), mb(self.total)
+            percent = 100.0 * self.n / self.total
+            log.info("downloading %s: %s of %s (%.0f%%)", self.desc, done, total, percent)
+        else:
+            log.info("downloading %s: %s", self.desc, mb(self.n))
+        return True
+
+
+class _Bar(tqdm):
+    def __init__(self, *args: Any, label: str, **kwargs: Any):
+        super().__init__(*args, **(kwargs | {"desc": label, "unit_divisor": 1024}))
+
+
+def mb(n: int) -> str:
+    return f"{n / 1e6:.1f} MB"
 
 
 @dataclass(frozen=True)
@@ -285,7 +317,8 @@ class _Installer:
 
     def fetch_and_verify(self, remote: _Remote) -> RecordFile:
         m, file = self.manifest, remote.file
-        bar = progress_class(f"{m.name}/{file.path}", self.bar)
+        # a bar on a terminal, log lines otherwise
+        bar = functools.partial(_Bar if self.bar else _LogProgress, label=f"{m.name}/{file.path}")
         try:
             local = Path(
                 hf_hub_download(
