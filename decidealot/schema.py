@@ -14,8 +14,6 @@ import msgspec
 from decidealot.contract import BatchRequest, SystemOneRequest
 from decidealot.validation import requests as validation
 
-QUESTION_TYPES = ("ChoiceQuestion", "ScoreQuestion", "NoulQuestion")
-
 CONFIG_DESCRIPTION = (
     f'CLM selectors: {{"temperature": t}} with 0 < t <= {validation.MAX_TEMPERATURE:g}. '
     "Every other selector: omitted or {}."
@@ -88,7 +86,7 @@ def request_components(ref_template: str, *, json_values: bool = False) -> dict[
         },
         "additionalProperties": False,
     }
-    for name in QUESTION_TYPES:
+    for name in ("ChoiceQuestion", "ScoreQuestion", "NoulQuestion"):
         components[name]["additionalProperties"] = False
         components[name]["properties"]["instructions"] = {"anyOf": text_or_null}
     components["ChoiceQuestion"]["properties"]["criteria"] = {

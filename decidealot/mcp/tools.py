@@ -13,7 +13,7 @@ import msgspec
 from mcp_types import Tool, ToolAnnotations
 
 from decidealot.contract import BatchResponse, ModelList, SystemOneResponse, UnloadResponse
-from decidealot.schema import CONFIG_DESCRIPTION, declare_models, request_components
+from decidealot.schema import declare_models, request_components
 
 SYSTEM_ONE = "system_one"
 SYSTEM_ONE_BATCH = "system_one_batch"
@@ -92,7 +92,6 @@ _REQUEST_FIELD_DESCRIPTIONS = {
         "or noul (criteria: optional {true, false} descriptions). State the question and its "
         "rules in `instructions`."
     ),
-    "config": CONFIG_DESCRIPTION,
 }
 
 
