@@ -121,8 +121,7 @@ def secret(name: str, raw: str) -> str:
 
 
 def secrets(name: str, raw: str) -> tuple[str, ...]:
-    """Several keys, one per line or comma-separated, so a key can be rotated: the new one is
-    added, clients move to it, the old one is removed, and no client is refused meanwhile."""
+    """Several keys, one per line or comma-separated, so a key rotates with no client refused."""
     keys = tuple(dict.fromkeys(key.strip() for key in re.split(r"[,\n]", raw) if key.strip()))
     if not keys:
         raise ConfigError(f"{name}: expected one or more keys, one per line or comma-separated")
@@ -132,8 +131,7 @@ def secrets(name: str, raw: str) -> tuple[str, ...]:
 
 
 SECRETS: tuple[Parse, ...] = (secret, secrets)
-"""The parsers of secret settings: masked in a settings repr, and each setting read by one
-of them may instead be read from a file named by its `_FILE` twin (see `read_section`)."""
+"""Parsers of secret settings: masked in a repr, and readable from their `_FILE` twin's file."""
 FILE_SUFFIX = "_FILE"
 
 
@@ -201,8 +199,7 @@ PRECISION_DEVICES = {
     "int8": ("cpu",),
     "fp16": ("cuda",),
 }
-"""`DECIDEALOT_PRECISION` values and the devices each runs on (docs/configuration.md#precision
-says what each computes; `auto` is `decidealot.cpu.auto_precision`'s choice)."""
+"""`DECIDEALOT_PRECISION` values and the devices each runs on (docs/configuration.md#precision)."""
 
 
 def precision_problem(
@@ -226,8 +223,7 @@ def precision_problem(
 
 
 class Section(msgspec.Struct, frozen=True, kw_only=True):
-    """Base of every settings struct: its repr never shows a `secret` setting's value, so keys
-    never reach a log line or a traceback."""
+    """Its repr never shows a secret setting's value, so keys never reach a log or a traceback."""
 
     def __repr__(self) -> str:
         shown = []
@@ -242,8 +238,7 @@ class Section(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class Settings(Section, frozen=True, kw_only=True):
-    """The whole configuration: the core's settings, and each registered provider's own
-    `sections` (build one with `decidealot.registry.settings`, which fills them)."""
+    """The core's settings, and each provider's in `sections` (`registry.settings` fills them)."""
 
     host: Annotated[str, setting(text)] = "127.0.0.1"
     port: Annotated[int, setting(integer(low=1, high=65535))] = 8080
@@ -298,9 +293,8 @@ class Settings(Section, frozen=True, kw_only=True):
 def read_section(
     struct: type[msgspec.Struct], env: Mapping[str, str], known: set[str]
 ) -> dict[str, object]:
-    """The settings of `struct` set (not empty) in `env`, parsed; its variables go into `known`.
-    A secret setting may instead name a file in its `_FILE` twin, the convention of container
-    images and Kubernetes Secrets, so the key never sits in the environment."""
+    """The settings of `struct` set in `env`, parsed (its variables go into `known`); a secret
+    may instead be in the file its `_FILE` twin names, so the key never sits in the environment."""
     values: dict[str, object] = {}
     for field in msgspec.structs.fields(struct):
         parse = _parser(field.type)

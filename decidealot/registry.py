@@ -43,11 +43,10 @@ def json_object_problem(path: Path) -> str | None:
     return None if isinstance(value, dict) else "is not a JSON object"
 
 
-# The project's one safetensors header reader: `safetensors.safe_open` imports numpy (framework
-# "numpy") or torch ("pt") even to list a header, and the gateway imports neither.
 def safetensors_header(path: Path) -> str | None:
-    """A safetensors file: its 8-byte length, its JSON header, and data that covers every
-    tensor the header places; read without the safetensors package (see above)."""
+    """A safetensors file: its 8-byte length, its JSON header, and data for every tensor the
+    header places. Read by hand: `safetensors.safe_open` imports numpy or torch even to list a
+    header, and the gateway imports neither."""
     size = path.stat().st_size
     with path.open("rb") as stream:
         prefix = stream.read(8)
@@ -126,9 +125,8 @@ class Tiny:
     """How to write random checkpoints of a provider's bundles (`decidealot checkpoints tiny`)."""
 
     writer: str
-    """`module:function` writing them under a folder (bundle name -> path); like an engine
-    factory it runs in another process than the gateway (the CLI's, a test's), so it is named,
-    not imported: `decidealot.providers.tiny` calls it."""
+    """`module:function` writing them under a folder (bundle name -> path); named, not
+    imported: like an engine factory it runs outside the gateway (`decidealot.providers.tiny`)."""
     needs: str | None = None
     """What else the provider needs to run (the lines are printed commented out then)."""
 
@@ -140,8 +138,7 @@ class ProviderDescriptor(Generic[S]):
     name: str
     """`/health` and unload reports name it so; its settings' variables usually start with it."""
     order: int
-    """Where it stands in listings (`/health`, `/v1/models`); a local name wins a collision
-    with a hosted one whatever the order."""
+    """Its place in listings; a local name still wins a collision with a hosted one."""
     settings: type[S]
     """Its settings: a frozen struct whose fields are annotated with `config.setting`."""
     enabled: Callable[[S], bool]
@@ -150,9 +147,8 @@ class ProviderDescriptor(Generic[S]):
     build: Callable[[Settings, S], Provider]
     """The provider, from the settings with every checkpoint setting filled."""
     off: str = ""
-    """What a message says of it when it is off ("DECIDEALOT_LAYA_ENABLED=false"): a setting
-    that only matters while it is on (a bundle's, or one of `only_while_on`) and is set
-    anyway is refused with `<variable> is set but <off>`."""
+    """How messages say it is off ("DECIDEALOT_LAYA_ENABLED=false"): a setting that matters only
+    while it is on (a bundle's, `only_while_on`) is refused when set: `<var> is set but <off>`."""
     only_while_on: tuple[str, ...] = ()
     """Settings besides its bundles' that mean nothing while it is off."""
     local: bool = True
@@ -161,15 +157,13 @@ class ProviderDescriptor(Generic[S]):
     """The model names a local provider serves (a hosted one lists its own at run time)."""
     bundles: tuple[Bundle, ...] = ()
     lane_group: str | None = None
-    """On CPU, local providers of one group may hold the shared lane together (see
-    `lane_for`); None: a group of its own."""
+    """On CPU, providers of one group may hold the shared lane together; None: its own group."""
     free_of_lane: Callable[[S], bool] = lambda section: False
     """True where its settings take it off every lane (it then overlaps other models)."""
     check: Callable[[S], None] = lambda section: None
     """Raises `ConfigError` for other settings that each parse but contradict each other."""
     tiny: Tiny | None = None
     calibrations: tuple[Calibration, ...] = ()
-    """Its calibration-file settings, one per checkpoint that takes one."""
     calibrator: str = ""
     """`module:function` that fits a calibration file on labelled rows (`decidealot
     calibrate`); like `Tiny.writer` it imports torch, so it is named, not imported."""
