@@ -60,10 +60,9 @@ class BatchRequest(msgspec.Struct, frozen=True):
 
 
 class Labelled(msgspec.Struct, frozen=True):
-    """One row of a label file (`decidealot calibrate`): a question and its right answer.
-
-    `gold` is the option's position in the contract's order: the choice label's among the
-    criteria, the score level, and for a noul 1 when the statement is true, 0 when false."""
+    """One row of a label file (`decidealot calibrate`): `gold` is the right answer's position
+    in the contract's order (the choice label's among the criteria, the score level, a noul's 1
+    when the statement is true, 0 when false)."""
 
     line: int
     state: State
@@ -100,9 +99,8 @@ class Usage(msgspec.Struct):
 
 
 class Cut(msgspec.Struct, frozen=True, omit_defaults=True):
-    """A question whose state the model read only in part: `read` of the state's `total`
-    tokens for that question; `item` is the request's index in a batch. Travels beside the
-    response body (the `Decidealot-Truncated` header, MCP `_meta`), never in it."""
+    """A question whose state the model read only in part (`read` of `total` tokens; `item`: the
+    request's index in a batch), told beside the body (`Decidealot-Truncated`, MCP `_meta`)."""
 
     question: str
     read: int
@@ -115,8 +113,7 @@ TRUNCATED_META = "decidealot/truncated"
 
 
 def truncated_header(cuts: list[Cut]) -> str:
-    """`cuts` as an RFC 8941 List of sf-strings with integer parameters `read`, `total` and,
-    in a batch, `item`."""
+    """`cuts` as an RFC 8941 List of sf-strings with integer parameters (docs/api.md)."""
     members = []
     for cut in cuts:
         item = "" if cut.item is None else f";item={cut.item}"

@@ -85,13 +85,9 @@ class ProviderOverloaded(ProviderUnavailable):
 
 
 class RequestInvalid(DecidealotError):
-    """The 422 TypeSafe validation envelope: `{"detail": [issues]}`.
-
-    The validator raises it with issues located in the body. Provider code (gateway or worker)
-    raises it for input the model cannot take with issues located within the request
-    (`question`); the executor places them in the body (`within`), so one type carries every
-    input error across every boundary, the worker's frames included.
-    """
+    """The 422 TypeSafe validation envelope: `{"detail": [issues]}`. Provider code raises it
+    with issues located within the request (`question`), which the executor places in the body
+    (`within`): one type carries every input error across every boundary, frames included."""
 
     status, code, message = 422, "VALIDATION_ERROR", "the request is invalid"
 

@@ -101,8 +101,7 @@ def _calibrations(settings: Settings) -> Iterator[tuple[Descriptor, Calibration,
 
 
 def calibration_problems(settings: Settings) -> list[str]:
-    """One line per calibration file set for an enabled checkpoint that its engine would refuse,
-    naming the setting and the file."""
+    """One line per calibration file set for an enabled checkpoint that its engine would refuse."""
     lines = []
     for descriptor, calibration, path in _calibrations(settings):
         problem = None if path is None else _read(calibration.check, Path(path))
@@ -137,8 +136,7 @@ def raise_all(problems: list[str]) -> None:
 
 
 def check_device(settings: Settings) -> None:
-    """`DECIDEALOT_DEVICE=cuda` must name a GPU torch can use, and `DECIDEALOT_PRECISION` a
-    precision the device (on CPU, its units) runs; raises ConfigError otherwise."""
+    """ConfigError unless torch has the GPU `cuda` names and the device runs the precision."""
     if registry.enabled_local(settings):
         check_cuda(settings)
         check_precision(settings)

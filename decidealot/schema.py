@@ -43,14 +43,10 @@ def _json_value(ref: dict[str, str]) -> dict[str, Any]:
 
 
 def request_components(ref_template: str, *, json_values: bool = False) -> dict[str, Any]:
-    """`SystemOneRequest`, `BatchRequest` and the three question types, by name, with refs
-    spelled by `ref_template`; unknown fields are refused, as the validator refuses them.
-
-    With `json_values`, the free JSON inside a state, instructions and criteria is spelled out
-    by a recursive `JsonValue` component (numbers bounded as the parser bounds them) for tools that
-    generate bodies; without, it is only typed as a string, object or array, which every MCP
-    client reads.
-    """
+    """`SystemOneRequest`, `BatchRequest` and the question types, by name, refs spelled by
+    `ref_template`. With `json_values` the free JSON in a state, instructions and criteria is a
+    recursive `JsonValue` (numbers bounded), for tools that generate bodies; without, only a
+    string, object or array, which every MCP client reads."""
     _, components = msgspec.json.schema_components(
         [SystemOneRequest, BatchRequest], ref_template=ref_template
     )

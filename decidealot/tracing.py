@@ -160,8 +160,7 @@ def traced(
 
 
 def annotate(attributes: Mapping[str, Attribute] | None = None, **named: Attribute) -> None:
-    """Add attributes to the current span (ours, or the MCP SDK's request span), as
-    `Span.set` does."""
+    """Add attributes to the current span (ours or the MCP SDK's), as `Span.set` does."""
     if _tracer is not None:
         Span(trace.get_current_span()).set(attributes, **named)
 

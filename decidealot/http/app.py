@@ -45,9 +45,8 @@ def _on_error(_: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:
 
 
 def create_app(service: Service) -> ASGIApp:
-    """The ASGI app for `service`: REST routes and the `/mcp` mount, behind the gateway layer
-    (request ids, auth, admission) like any route; in front of it, when set, the path prefix
-    (DECIDEALOT_ROOT_PATH) and CORS (DECIDEALOT_CORS_ORIGINS), `decidealot.asgi.edge`."""
+    """REST routes and the `/mcp` mount behind the gateway layer, like any route; in front of
+    it, when set, the path prefix and CORS (`decidealot.asgi.edge`)."""
     settings = service.settings
     mcp = McpEndpoint(service)
 

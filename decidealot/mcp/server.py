@@ -79,11 +79,9 @@ def failure_of(error: DecidealotError) -> ToolFailure:
 
 
 class ServiceBackend:
-    """Runs tool calls on this process's `Service`, through the HTTP API's validator.
-
-    `admits`: each call is admitted here (stdio). False where the transport has admitted the
-    request already (the gateway admits every `/mcp` request, and a drain that runs out cuts
-    it there), so that the drain's count and the pending bound see an MCP request once."""
+    """Runs tool calls on this process's `Service`, through the HTTP API's validator. `admits`
+    each call (stdio), or not where the gateway admitted the `/mcp` request already, so that
+    the drain's count and the pending bound see an MCP request once."""
 
     def __init__(self, service: Service, *, admits: bool = True) -> None:
         self._service = service

@@ -202,8 +202,7 @@ async def _relay(
     to_client: MemoryObjectSendStream[SessionMessage],
     owed: _Owed,
 ) -> None:
-    """The SDK's messages and `_screened`'s refusals to the SDK's stdout writer, each answer
-    settling its request."""
+    """The SDK's messages and `_screened`'s refusals to stdout, each answer settling its request."""
     async with from_server, to_client:
         async for message in from_server:
             await to_client.send(message)

@@ -126,8 +126,7 @@ def _plain_json_schema(value: Any) -> Any:
 
 
 def _input(root: str) -> dict[str, Any]:
-    """The `root` body with the validator's bounds, as the OpenAPI document's, its fields
-    described for an agent."""
+    """The `root` body with the validator's bounds, its fields described for an agent."""
     components = request_components(_DEFS)
     for name, text in _REQUEST_FIELD_DESCRIPTIONS.items():
         components["SystemOneRequest"]["properties"][name]["description"] = text
