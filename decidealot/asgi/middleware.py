@@ -32,7 +32,7 @@ log = logging.getLogger("decidealot.http")
 PUBLIC_PATHS = frozenset({"/health", "/docs", "/docs/", "/openapi.json"})
 PUBLIC_PREFIXES = ("/docs/assets/", "/.well-known/")
 """The Swagger page, its assets and the document it loads hold no secret, and a browser cannot
-send a bearer token to open them (decidealot.http.docs). OAuth clients probe the well-known
+send a bearer token to open them (decidealot.http.app). OAuth clients probe the well-known
 paths after a 401: there is no OAuth here, and their 404 without a key tells a client so, where
 a 401 sends it on through discovery and registration to a dead end (docs/mcp.md)."""
 UNADMITTED_PATHS = frozenset({"/metrics"})
