@@ -118,17 +118,12 @@ def state_too_long(total: int, question: str, room: int, reads: str) -> RequestI
     """The 422 of `DECIDEALOT_LONG_STATES=refuse`: the state has `total` tokens and
     `question`, the tightest, leaves `room` for it in what the model `reads` (e.g.
     "laya-english's 512-token rows"). Never echoes the state."""
-    return RequestInvalid(
-        [
-            ValidationIssue(
-                ["state"],
-                f"the state has {total} tokens and question {question!r} leaves room for "
-                f"{room} of them in {reads}; DECIDEALOT_LONG_STATES=refuse refuses a state "
-                "that would be cut: shorten it or split it over several requests",
-                "value_error",
-            )
-        ]
+    msg = (
+        f"the state has {total} tokens and question {question!r} leaves room for {room} of them "
+        f"in {reads}; DECIDEALOT_LONG_STATES=refuse refuses a state that would be cut: shorten "
+        "it or split it over several requests"
     )
+    return RequestInvalid([ValidationIssue(["state"], msg, "value_error")])
 
 
 def over_token_limit(cost: int, limit: int) -> RequestInvalid:

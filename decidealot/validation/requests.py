@@ -283,6 +283,12 @@ def _check_criteria(tag: str, criteria: Json, loc: Loc, issues: _Issues) -> None
             _check_text(description, [*loc, label], issues, allow_null=True)
 
 
+def unknown_model(loc: Loc, model: str) -> ValidationIssue:
+    """A name the catalog does not accept (the OpenAPI document's example too)."""
+    msg = f"Value error, unknown model {model!r}; use a name returned by GET /v1/models"
+    return ValidationIssue([*loc, "model"], msg, "value_error", model)
+
+
 def _finish(draft: _Draft, routes: dict[str, Route | None], issues: _Issues) -> Routed | None:
     if draft.model is None:
         return None
@@ -290,8 +296,7 @@ def _finish(draft: _Draft, routes: dict[str, Route | None], issues: _Issues) -> 
     if route is _UNCHECKED:
         return None
     if route is None:
-        msg = f"unknown model {draft.model!r}; use a name returned by GET /v1/models"
-        issues.add([*draft.loc, "model"], f"Value error, {msg}", "value_error", draft.model)
+        issues.append(unknown_model(draft.loc, draft.model))
         return None
     config = draft.fields["config"]
     if not isinstance(config, dict):
