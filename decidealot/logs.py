@@ -21,8 +21,6 @@ request_id: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", d
 
 
 class _ContextFilter(logging.Filter):
-    """Stamps each record with the request id and, inside a span, the trace and span ids."""
-
     def filter(self, record: logging.LogRecord) -> bool:
         record.request_id = request_id.get()
         span = tracing.current()

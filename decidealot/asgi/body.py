@@ -44,8 +44,6 @@ _DISCARD_LIMITS = 8
 
 
 class Incoming:
-    """A request's `receive` that remembers whether the body has arrived to its end."""
-
     def __init__(self, receive: Receive, headers: Headers) -> None:
         self._receive = receive
         length = headers.get(b"content-length", b"").strip()

@@ -45,7 +45,6 @@ _REQUEST_ID = re.compile(
 
 
 def request_id_from(value: bytes | None) -> str:
-    """Echo a caller's UUID or ULID; anything else gets a fresh UUID."""
     if value is not None:
         text = value.decode("latin-1").strip()
         if _REQUEST_ID.fullmatch(text):
@@ -77,7 +76,6 @@ class BearerKeys:
         self._keys = {key.encode(): hashlib.sha256(key.encode()).hexdigest()[:8] for key in keys}
 
     def match(self, headers: dict[bytes, bytes]) -> str:
-        """` key <id>` of the key the request's bearer token matches; "" when none does."""
         scheme, _, token = headers.get(b"authorization", b"").partition(b" ")
         token = token.strip()
         matched = ""

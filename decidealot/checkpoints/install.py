@@ -94,8 +94,6 @@ def mb(n: int) -> str:
 
 @dataclass(frozen=True)
 class _Remote:
-    """What the hub says about one file at the pinned revision."""
-
     file: ManifestFile
     size: int | None
     etag: str | None
@@ -372,7 +370,8 @@ class _Installer:
         return RecordFile(file.path, size, sha256, source)
 
     def commit(self, verified: list[RecordFile]) -> None:
-        """Move verified files into a fresh folder, write the record last, rename into place."""
+        """The record is written last, then the folder renamed into place: a crash leaves no
+        bundle that looks installed."""
         m = self.manifest
         shutil.rmtree(self.ready, ignore_errors=True)
         for entry in verified:

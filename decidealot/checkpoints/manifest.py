@@ -63,7 +63,6 @@ class InstallRecord(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 
 def load_manifest(folder: Path, name: str) -> Manifest:
-    """Bundle `name`'s manifest from `folder`; BundleError naming the fix otherwise."""
     path = folder / f"{name}.json"
     fix = "restore the repository's bundles/ folder or point DECIDEALOT_BUNDLE_MANIFEST_DIR at it"
     try:

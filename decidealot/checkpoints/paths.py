@@ -49,7 +49,6 @@ class Placed(NamedTuple):
         )
 
     def override(self, settings: Settings) -> Path | None:
-        """The local checkpoint the settings name instead of the bundle, if any."""
         return getattr(self.provider.of(settings), self.bundle.setting)  # type: ignore[no-any-return]
 
     def path(self, settings: Settings) -> Path:

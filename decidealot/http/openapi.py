@@ -52,7 +52,6 @@ _TRUNCATED: dict[str, Any] = {
 def _content(
     schema: str | dict[str, Any], named: dict[str, Any] | None = None, media: str = _JSON
 ) -> dict[str, Any]:
-    """A body of `schema` (a component's name, or a schema itself), with its named examples."""
     body: dict[str, Any] = {"schema": _ref(schema) if isinstance(schema, str) else schema}
     if named:
         body["examples"] = named

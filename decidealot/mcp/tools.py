@@ -105,7 +105,6 @@ def _object_schema(root: type[msgspec.Struct]) -> dict[str, Any]:
 
 
 def _rooted(root: str, components: dict[str, Any]) -> dict[str, Any]:
-    """Component `root` as a whole schema, with the other components as its $defs."""
     components = _plain_json_schema(components)
     schema: dict[str, Any] = components.pop(root)
     schema.pop("title", None)
