@@ -1,8 +1,7 @@
 """Wire types of the Decidealot contract (seeds/003): requests, answers, listings and errors.
 
-Requests are decoded into these types only by `decidealot.validation.requests`, which reports every
-issue with TypeSafe's `loc` paths; everything past the validator holds validated structs.
-Field order in each struct is the order the contract's examples show.
+Requests are built only by `decidealot.validation.requests`, so everything past it holds
+validated structs. Field order in each struct is the order the contract's examples show.
 """
 
 from __future__ import annotations

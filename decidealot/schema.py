@@ -1,8 +1,7 @@
 """JSON Schemas of the request bodies, with every bound the validator enforces.
 
-One source for the OpenAPI document (`decidealot.http.openapi`) and the MCP tool input schemas
-(`decidealot.mcp.tools`), so both state the same limits on questions, choice options and score
-levels as `decidealot.validation.requests` applies; msgspec derives the shapes from the wire types.
+One source for the OpenAPI document and the MCP tool input schemas, so both state the limits
+`decidealot.validation.requests` applies; msgspec derives the shapes from the wire types.
 """
 
 from __future__ import annotations
