@@ -367,13 +367,6 @@ _OTLP_PROTOCOLS = ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PRO
 _OTEL_SDK_MODULES = ("opentelemetry.sdk", "opentelemetry.exporter.otlp.proto.http")
 
 
-def _importable(module: str) -> bool:
-    try:
-        return importlib.util.find_spec(module) is not None
-    except ModuleNotFoundError:  # a parent package is missing
-        return False
-
-
 def trace_exporters(env: Mapping[str, str]) -> tuple[str, ...]:
     """Tracing is off unless OTEL_TRACES_EXPORTER names otlp or an OTLP endpoint is set
     (and OTEL_SDK_DISABLED is not true); only OTLP over HTTP (http/protobuf) is supported."""
@@ -406,7 +399,11 @@ def trace_exporters(env: Mapping[str, str]) -> tuple[str, ...]:
             if protocol.lower() != "http/protobuf":
                 raise ConfigError(f"{name}: expected http/protobuf, got {protocol!r}")
             break
-    if not all(map(_importable, _OTEL_SDK_MODULES)):
+    try:
+        installed = all(importlib.util.find_spec(module) for module in _OTEL_SDK_MODULES)
+    except ModuleNotFoundError:  # a parent package is missing
+        installed = False
+    if not installed:
         raise ConfigError(
             f"{switch}: tracing needs the OpenTelemetry SDK; install decidealot[otel]"
         )

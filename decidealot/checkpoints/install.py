@@ -251,7 +251,9 @@ class _Installer:
         return True
 
     def download_and_install(self) -> None:
-        _remove_stale_partials(self.staging)
+        # huggingface_hub names partial files per process; a killed process leaves them behind
+        for partial in (self.staging / ".cache").rglob("*.incomplete"):
+            partial.unlink(missing_ok=True)
         remotes = [self.remote(file) for file in self.manifest.files]
         present = [r for r in remotes if not r.absent]
         self.check_space(present)
@@ -364,8 +366,7 @@ class _Installer:
                 retry,
                 file.path,
             )
-        with local.open("rb") as handle:
-            os.fsync(handle.fileno())
+        _fsync(local)
         log.info("verified %s/%s (%s)", self.manifest.name, file.path, source)
         return RecordFile(file.path, size, sha256, source)
 
@@ -379,39 +380,26 @@ class _Installer:
             dest.parent.mkdir(parents=True, exist_ok=True)
             os.replace(self.staged(entry.path), dest)
         record = InstallRecord(m.name, m.repo, m.revision, m.subfolder, tuple(verified))
-        _write_durably(self.ready / RECORD_NAME, msgspec.json.format(msgspec.json.encode(record)))
+        (self.ready / RECORD_NAME).write_bytes(msgspec.json.format(msgspec.json.encode(record)))
+        _fsync(self.ready / RECORD_NAME)
+        _fsync(self.ready)
         if self.target.exists():
             shutil.rmtree(self.old, ignore_errors=True)
             os.replace(self.target, self.old)
         os.replace(self.ready, self.target)
-        _fsync_dir(self.model_dir)
+        _fsync(self.model_dir)
         shutil.rmtree(self.old, ignore_errors=True)
         shutil.rmtree(self.staging, ignore_errors=True)
         log.info("bundle %s installed at %s", m.name, self.target)
 
 
-def _write_durably(path: Path, data: bytes) -> None:
-    with path.open("wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
-    _fsync_dir(path.parent)
-
-
-def _fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY)
+def _fsync(path: Path) -> None:
+    """A file's data, or a folder's entries, on disk (an fsync works on a read-only descriptor)."""
+    fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def _remove_stale_partials(staging: Path) -> None:
-    """huggingface_hub names partial files per process; a killed process leaves them behind."""
-    cache = staging / ".cache"
-    if cache.is_dir():
-        for partial in cache.rglob("*.incomplete"):
-            partial.unlink(missing_ok=True)
 
 
 def install_enabled(settings: Settings, *, progress: bool, rehash: bool = False) -> None:

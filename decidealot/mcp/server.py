@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Iterator
-from contextlib import AbstractContextManager, asynccontextmanager, contextmanager, nullcontext
+from collections.abc import AsyncIterator
+from contextlib import AbstractContextManager, asynccontextmanager, nullcontext
 from typing import Any, NamedTuple, Protocol
 
 import msgspec
@@ -118,8 +118,16 @@ class ServiceBackend:
         elif not service.ledger.enter(task):
             raise failure_of(ShuttingDown())
         try:
-            with admission, self._cut_answered(task):
-                yield
+            with admission:
+                try:
+                    yield
+                except asyncio.CancelledError:
+                    # a drain that ran out cut the call (asked here: `admission` forgets it on
+                    # exit): answered `CUT_SHORT`, as the gateway answers an HTTP request it cut
+                    if task is None or not service.ledger.was_cut(task):
+                        raise
+                    task.uncancel()
+                    raise failure_of(CUT_SHORT) from None
         except DecidealotError as error:
             raise failure_of(error) from None
         except ToolFailure:
@@ -130,18 +138,6 @@ class ServiceBackend:
         finally:
             if self._admits:
                 service.ledger.leave(task)
-
-    @contextmanager
-    def _cut_answered(self, task: asyncio.Task[Any] | None) -> Iterator[None]:
-        """A call the drain cancelled when it ran out is answered `CUT_SHORT`, as the gateway
-        answers an HTTP request it cut."""
-        try:
-            yield
-        except asyncio.CancelledError:
-            if task is None or not self._service.ledger.was_cut(task):
-                raise
-            task.uncancel()
-            raise failure_of(CUT_SHORT) from None
 
 
 def build_server(backend: Backend) -> Server[Any]:
@@ -170,7 +166,13 @@ def build_server(backend: Backend) -> Server[Any]:
             if (refused := rejection(arguments)) is not None:  # by the transport's strict parse
                 raise ToolFailure(422, refused)
             if arguments and params.name in (LIST_MODELS, UNLOAD_MODELS):
-                raise _extra_arguments(arguments)
+                # tools without parameters reject any, as the validator rejects unknown fields
+                extra = "Extra inputs are not permitted"
+                issues = [
+                    ValidationIssue(["body", name], extra, "extra_forbidden", value)
+                    for name, value in arguments.items()
+                ]
+                raise failure_of(RequestInvalid(issues))
             body, cuts = await backend.call(params.name, arguments)
         except ToolFailure as failure:
             log.info("tool %s failed with status %d", params.name, failure.status)
@@ -200,15 +202,6 @@ def build_server(backend: Backend) -> Server[Any]:
 
     server.add_request_handler("server/discover", RequestParams, discover)
     return server
-
-
-def _extra_arguments(arguments: Arguments) -> ToolFailure:
-    """Tools without parameters reject any, as the validator rejects unknown body fields."""
-    issues = [
-        ValidationIssue(["body", name], "Extra inputs are not permitted", "extra_forbidden", value)
-        for name, value in arguments.items()
-    ]
-    return failure_of(RequestInvalid(issues))
 
 
 def _names(models: Json) -> list[str] | None:
