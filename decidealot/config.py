@@ -372,8 +372,7 @@ def trace_exporters(env: Mapping[str, str]) -> tuple[str, ...]:
     (and OTEL_SDK_DISABLED is not true); only OTLP over HTTP (http/protobuf) is supported."""
 
     def value(name: str) -> str | None:
-        raw = env.get(name)
-        return raw.strip() if raw is not None and raw.strip() else None
+        return (env.get(name) or "").strip() or None
 
     disabled = value("OTEL_SDK_DISABLED")
     if disabled is not None and boolean("OTEL_SDK_DISABLED", disabled):
