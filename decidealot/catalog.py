@@ -1,8 +1,7 @@
 """Which model names exist and which provider answers each.
 
-Each local provider lists the contract's selectors and aliases for itself (`models()`, read
-once at start); hosted Jev names come from TypeSafe's catalog through the Jev provider (which
-caches it). A local name always wins over a hosted one of the same spelling.
+Local providers' names are read once at start, hosted ones from their provider when needed; a
+local name always wins over a hosted one of the same spelling.
 """
 
 from __future__ import annotations
@@ -18,8 +17,6 @@ from decidealot.protocols import Provider
 
 @dataclass(frozen=True, slots=True)
 class Route:
-    """Where one model name goes."""
-
     provider: Provider
     selector: str
 
@@ -29,8 +26,6 @@ class Route:
 
 
 class Routed(NamedTuple):
-    """A validated request and the route its model resolved to."""
-
     request: SystemOneRequest
     route: Route
 

@@ -160,7 +160,6 @@ def _calibration_target(
 
 
 def _calibrate(settings: config.Settings, args: argparse.Namespace) -> int:
-    """`decidealot calibrate LABELS --model SELECTOR`: fit, write, report (and plot)."""
     from decidealot import preflight
     from decidealot.device import resolve_device
     from decidealot.validation.labels import LabelError, read_labels
@@ -231,7 +230,7 @@ def _main(argv: Sequence[str] | None) -> int:
             from decidealot.providers.clm.encoder_server import main as encoder
 
             return int(encoder(passthrough))
-        from decidealot.mcp import main as mcp
+        from decidealot.mcp.stdio import main as mcp
 
         return int(mcp(passthrough))
     args = _parser().parse_args(args_list)

@@ -1,14 +1,9 @@
 """The service's settings: how a `DECIDEALOT_*` variable is declared, parsed and checked.
 
-A setting is a field of a frozen msgspec struct annotated with `setting(parse)`: its variable
-is `DECIDEALOT_` + the field name in capitals, and `parse(variable, raw)` turns the raw value
-into the field's value or raises `ConfigError`, one line naming the variable and what it
-accepts. `Settings` holds the core's own settings and, in `sections`, one struct per
-registered provider, declared the same way in the provider's descriptor; `decidealot.registry`
-reads them all from the environment at once. Nothing else in the service reads the
-environment, so a `DECIDEALOT_*` name no struct declares is a typo and is refused, with the
-closest name that is declared. The one exception: the OpenTelemetry SDK reads the OTEL_*
-variables checked here (see `decidealot.tracing`).
+A setting is a field of a frozen msgspec struct annotated with `setting(parse)`, its variable
+`DECIDEALOT_` + the field name in capitals; providers declare theirs the same way
+(`Settings.sections`). Nothing else reads the environment (but the OpenTelemetry SDK, OTEL_*:
+`decidealot.tracing`), so a `DECIDEALOT_*` name no struct declares is a typo and is refused.
 """
 
 from __future__ import annotations
@@ -19,13 +14,12 @@ import math
 import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Annotated, Literal, TypeVar, get_args, get_origin
+from typing import Annotated, Literal, get_args, get_origin
 
 import msgspec
 
 from decidealot import cpu
 
-T = TypeVar("T")
 Parse = Callable[[str, str], object]
 """`parse(variable, raw)`: the value of a setting, or `ConfigError`."""
 
@@ -48,7 +42,6 @@ def setting(parse: Parse) -> msgspec.Meta:
 
 
 def variable(field: str) -> str:
-    """The environment variable of setting `field`."""
     return PREFIX + field.upper()
 
 
@@ -128,8 +121,7 @@ def secret(name: str, raw: str) -> str:
 
 
 def secrets(name: str, raw: str) -> tuple[str, ...]:
-    """Several keys, one per line or comma-separated, so a key can be rotated: the new one is
-    added, clients move to it, the old one is removed, and no client is refused meanwhile."""
+    """Several keys, one per line or comma-separated, so a key rotates with no client refused."""
     keys = tuple(dict.fromkeys(key.strip() for key in re.split(r"[,\n]", raw) if key.strip()))
     if not keys:
         raise ConfigError(f"{name}: expected one or more keys, one per line or comma-separated")
@@ -139,8 +131,7 @@ def secrets(name: str, raw: str) -> tuple[str, ...]:
 
 
 SECRETS: tuple[Parse, ...] = (secret, secrets)
-"""The parsers of secret settings: masked in a settings repr, and each setting read by one
-of them may instead be read from a file named by its `_FILE` twin (see `read_section`)."""
+"""Parsers of secret settings: masked in a repr, and readable from their `_FILE` twin's file."""
 FILE_SUFFIX = "_FILE"
 
 
@@ -176,7 +167,6 @@ def _root_path(name: str, raw: str) -> str:
 
 
 def _origins(name: str, raw: str) -> tuple[str, ...]:
-    """Browser origins (`scheme://host[:port]`, no path), comma-separated, or `*` for any."""
     origins = tuple(dict.fromkeys(o.strip().rstrip("/") for o in raw.split(",") if o.strip()))
     if not origins:
         raise ConfigError(f"{name}: expected comma-separated origins such as https://app.example")
@@ -209,12 +199,7 @@ PRECISION_DEVICES = {
     "int8": ("cpu",),
     "fp16": ("cuda",),
 }
-"""`DECIDEALOT_PRECISION` values and the devices each runs on. auto (the default): what
-`decidealot.cpu.auto_precision` chooses for the device and CPU, checked by a load-time probe;
-fp32: exact parity with upstream; bf16: bf16 weights with fp32 norms, residual and readout on a
-CPU with bf16 units, CUDA autocast on a GPU (as upstream Laya runs there); int8: int8 encoder
-weights on a CPU with int8 dot-product units (providers/worker/int8.py); fp16: CUDA
-autocast."""
+"""`DECIDEALOT_PRECISION` values and the devices each runs on (docs/configuration.md#precision)."""
 
 
 def precision_problem(
@@ -238,8 +223,7 @@ def precision_problem(
 
 
 class Section(msgspec.Struct, frozen=True, kw_only=True):
-    """Base of every settings struct: its repr never shows a `secret` setting's value, so keys
-    never reach a log line or a traceback."""
+    """Its repr never shows a secret setting's value, so keys never reach a log or a traceback."""
 
     def __repr__(self) -> str:
         shown = []
@@ -254,8 +238,7 @@ class Section(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class Settings(Section, frozen=True, kw_only=True):
-    """The whole configuration: the core's settings, and each registered provider's own
-    `sections` (build one with `decidealot.registry.settings`, which fills them)."""
+    """The core's settings, and each provider's in `sections` (`registry.settings` fills them)."""
 
     host: Annotated[str, setting(text)] = "127.0.0.1"
     port: Annotated[int, setting(integer(low=1, high=65535))] = 8080
@@ -310,12 +293,8 @@ class Settings(Section, frozen=True, kw_only=True):
 def read_section(
     struct: type[msgspec.Struct], env: Mapping[str, str], known: set[str]
 ) -> dict[str, object]:
-    """The settings of `struct` present in `env`, parsed; every variable it declares goes into
-    `known` (empty values count as unset).
-
-    A secret setting (`SECRETS`) is also read from the file its `_FILE` twin names, the
-    convention of container images and of Kubernetes Secrets mounted as volumes, so the key
-    never sits in the environment; setting both is refused, naming both."""
+    """The settings of `struct` set in `env`, parsed (its variables go into `known`); a secret
+    may instead be in the file its `_FILE` twin names, so the key never sits in the environment."""
     values: dict[str, object] = {}
     for field in msgspec.structs.fields(struct):
         parse = _parser(field.type)
@@ -352,7 +331,6 @@ def _secret_file(name: str, raw: str) -> str:
 
 
 def _parser(annotation: object) -> Parse | None:
-    """The `parse` of a field annotated with `setting(parse)`, or None."""
     metas = get_args(annotation)[1:] if get_origin(annotation) is Annotated else ()
     extras = [meta.extra for meta in metas if isinstance(meta, msgspec.Meta) and meta.extra]
     return next((extra["parse"] for extra in extras if "parse" in extra), None)
@@ -371,17 +349,13 @@ def read_core(env: Mapping[str, str], known: set[str]) -> dict[str, object]:
 
 
 def refuse_unknown(env: Mapping[str, str], known: set[str]) -> None:
-    """A set `DECIDEALOT_*` variable no struct declares is a typo: refuse it, naming the
-    closest declared one."""
-    unknown = sorted(
-        name
-        for name, raw in env.items()
+    """A `DECIDEALOT_*` variable no struct declares is a typo: refused, naming the closest."""
+    refused = [
+        f"{name}: not a Decidealot setting; the closest one is "
+        + difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.0)[0]
+        for name, raw in sorted(env.items())
         if name.startswith(PREFIX) and raw.strip() and name not in known
-    )
-    refused = []
-    for name in unknown:
-        closest = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.0)[0]
-        refused.append(f"{name}: not a Decidealot setting; the closest one is {closest}")
+    ]
     if refused:
         raise ConfigError("; ".join(refused))
 
@@ -393,20 +367,12 @@ _OTLP_PROTOCOLS = ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PRO
 _OTEL_SDK_MODULES = ("opentelemetry.sdk", "opentelemetry.exporter.otlp.proto.http")
 
 
-def _importable(module: str) -> bool:
-    try:
-        return importlib.util.find_spec(module) is not None
-    except ModuleNotFoundError:  # a parent package is missing
-        return False
-
-
 def trace_exporters(env: Mapping[str, str]) -> tuple[str, ...]:
     """Tracing is off unless OTEL_TRACES_EXPORTER names otlp or an OTLP endpoint is set
     (and OTEL_SDK_DISABLED is not true); only OTLP over HTTP (http/protobuf) is supported."""
 
     def value(name: str) -> str | None:
-        raw = env.get(name)
-        return raw.strip() if raw is not None and raw.strip() else None
+        return (env.get(name) or "").strip() or None
 
     disabled = value("OTEL_SDK_DISABLED")
     if disabled is not None and boolean("OTEL_SDK_DISABLED", disabled):
@@ -432,7 +398,11 @@ def trace_exporters(env: Mapping[str, str]) -> tuple[str, ...]:
             if protocol.lower() != "http/protobuf":
                 raise ConfigError(f"{name}: expected http/protobuf, got {protocol!r}")
             break
-    if not all(map(_importable, _OTEL_SDK_MODULES)):
+    try:
+        installed = all(importlib.util.find_spec(module) for module in _OTEL_SDK_MODULES)
+    except ModuleNotFoundError:  # a parent package is missing
+        installed = False
+    if not installed:
         raise ConfigError(
             f"{switch}: tracing needs the OpenTelemetry SDK; install decidealot[otel]"
         )

@@ -1,8 +1,7 @@
 """Wire types of the Decidealot contract (seeds/003): requests, answers, listings and errors.
 
-Requests are decoded into these types only by `decidealot.validation.requests`, which reports every
-issue with TypeSafe's `loc` paths; everything past the validator holds validated structs.
-Field order in each struct is the order the contract's examples show.
+Requests are built only by `decidealot.validation.requests`, so everything past it holds
+validated structs. Field order in each struct is the order the contract's examples show.
 """
 
 from __future__ import annotations
@@ -60,10 +59,9 @@ class BatchRequest(msgspec.Struct, frozen=True):
 
 
 class Labelled(msgspec.Struct, frozen=True):
-    """One row of a label file (`decidealot calibrate`): a question and its right answer.
-
-    `gold` is the option's position in the contract's order: the choice label's among the
-    criteria, the score level, and for a noul 1 when the statement is true, 0 when false."""
+    """One row of a label file (`decidealot calibrate`): `gold` is the right answer's position
+    in the contract's order (the choice label's among the criteria, the score level, a noul's 1
+    when the statement is true, 0 when false)."""
 
     line: int
     state: State
@@ -100,9 +98,8 @@ class Usage(msgspec.Struct):
 
 
 class Cut(msgspec.Struct, frozen=True, omit_defaults=True):
-    """A question whose state the model read only in part: `read` of the state's `total`
-    tokens for that question; `item` is the request's index in a batch. Travels beside the
-    response body (the `Decidealot-Truncated` header, MCP `_meta`), never in it."""
+    """A question whose state the model read only in part (`read` of `total` tokens; `item`: the
+    request's index in a batch), told beside the body (`Decidealot-Truncated`, MCP `_meta`)."""
 
     question: str
     read: int
@@ -115,8 +112,7 @@ TRUNCATED_META = "decidealot/truncated"
 
 
 def truncated_header(cuts: list[Cut]) -> str:
-    """`cuts` as an RFC 8941 List of sf-strings with integer parameters `read`, `total` and,
-    in a batch, `item`."""
+    """`cuts` as an RFC 8941 List of sf-strings with integer parameters (docs/api.md)."""
     members = []
     for cut in cuts:
         item = "" if cut.item is None else f";item={cut.item}"
@@ -195,20 +191,17 @@ class CheckpointStatus(msgspec.Struct, kw_only=True):
 
     name: str
     precision: str
-    """What it runs in: fp32, bf16, int8 or fp16."""
     requested: str
     """The `DECIDEALOT_PRECISION` value it came from (`auto` by default)."""
     reason: str
     """Why: `requested`, what `auto` chose on which CPU flags, or the load probe's fallback."""
     folder: str
     verified: str | None
-    """`repo@revision` of the bundle's install record (every file's sha256 checked against
-    it); None for a local checkpoint the settings name, which nothing verified."""
+    """`repo@revision` of the install record that verified it; None for a local checkpoint."""
     int8_share: float
     """Share of its encoder's linear layers that run int8 (0 outside `int8`)."""
     calibration: str | None = None
-    """The calibration file it runs with (its `DECIDEALOT_*_CALIBRATION` setting); None: the
-    temperatures its checkpoint ships."""
+    """Its `DECIDEALOT_*_CALIBRATION` file; None: the temperatures its checkpoint ships."""
 
 
 class ProviderStatus(msgspec.Struct, kw_only=True):
@@ -222,15 +215,13 @@ class ProviderStatus(msgspec.Struct, kw_only=True):
     """Decisions holding its residency slot now."""
     checkpoints: list[CheckpointStatus] = []
     details: dict[str, Json] = {}
-    """What the provider itself reports: CLM `encoder_answered_last_call`, Jev
-    `catalog_age_seconds` (None before the first call or fetch)."""
+    """The provider's own (CLM `encoder_answered_last_call`, Jev `catalog_age_seconds`)."""
 
 
 class SlotStatus(msgspec.Struct, kw_only=True):
     total: int
     """`DECIDEALOT_MAX_RESIDENT_PROVIDERS`."""
     held_by: list[str]
-    """The local providers loaded now."""
 
 
 class DecisionStatus(msgspec.Struct, kw_only=True):

@@ -51,8 +51,7 @@ def int8_units(cpu: frozenset[str]) -> tuple[str, ...]:
 
 
 def missing_units(precision: str, cpu: frozenset[str]) -> str | None:
-    """Why `precision` would be slow on a CPU with flags `cpu` (naming the flags it lacks),
-    or None where it has the units (or the precision needs none)."""
+    """Why `precision` would be slow on a CPU with flags `cpu`, naming the flags it lacks."""
     wanted = {"bf16": BF16_UNITS, "int8": INT8_UNITS}.get(precision)
     if wanted is None or any(flag in cpu for flag in wanted):
         return None

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import msgspec
 
-from decidealot.contract import Json, Loc, ValidationIssue
+from decidealot.contract import ErrorBody, Json, Loc, ValidationErrorBody, ValidationIssue
 
 
 class DecidealotError(Exception):
@@ -25,6 +25,10 @@ class DecidealotError(Exception):
         if message is not None:
             self.message = message
         self.details: dict[str, Json] = details or {}
+
+    def envelope(self) -> ErrorBody | ValidationErrorBody:
+        """The body HTTP answers with, and an MCP tool error's text."""
+        return ErrorBody(self.code, self.message, self.details)
 
 
 class Unauthorized(DecidealotError):
@@ -81,19 +85,18 @@ class ProviderOverloaded(ProviderUnavailable):
 
 
 class RequestInvalid(DecidealotError):
-    """The 422 TypeSafe validation envelope: `{"detail": [issues]}`.
-
-    The validator raises it with issues located in the body. Provider code (gateway or worker)
-    raises it for input the model cannot take with issues located within the request
-    (`question`); the executor places them in the body (`within`), so one type carries every
-    input error across every boundary, the worker's frames included.
-    """
+    """The 422 TypeSafe validation envelope: `{"detail": [issues]}`. Provider code raises it
+    with issues located within the request (`question`), which the executor places in the body
+    (`within`): one type carries every input error across every boundary, frames included."""
 
     status, code, message = 422, "VALIDATION_ERROR", "the request is invalid"
 
     def __init__(self, issues: list[ValidationIssue]):
         super().__init__()
         self.issues = issues
+
+    def envelope(self) -> ValidationErrorBody:
+        return ValidationErrorBody(self.issues)
 
     @classmethod
     def question(
@@ -115,17 +118,12 @@ def state_too_long(total: int, question: str, room: int, reads: str) -> RequestI
     """The 422 of `DECIDEALOT_LONG_STATES=refuse`: the state has `total` tokens and
     `question`, the tightest, leaves `room` for it in what the model `reads` (e.g.
     "laya-english's 512-token rows"). Never echoes the state."""
-    return RequestInvalid(
-        [
-            ValidationIssue(
-                ["state"],
-                f"the state has {total} tokens and question {question!r} leaves room for "
-                f"{room} of them in {reads}; DECIDEALOT_LONG_STATES=refuse refuses a state "
-                "that would be cut: shorten it or split it over several requests",
-                "value_error",
-            )
-        ]
+    msg = (
+        f"the state has {total} tokens and question {question!r} leaves room for {room} of them "
+        f"in {reads}; DECIDEALOT_LONG_STATES=refuse refuses a state that would be cut: shorten "
+        "it or split it over several requests"
     )
+    return RequestInvalid([ValidationIssue(["state"], msg, "value_error")])
 
 
 def over_token_limit(cost: int, limit: int) -> RequestInvalid:

@@ -1,13 +1,8 @@
-"""Process-wide logging: one line per record, JSON or text, each carrying the request id.
+"""Process-wide logging: one line per record, JSON or text (docs/operations.md#logs).
 
-The request id lives in a context variable that the HTTP layer sets per request, so any log
-line written while serving a request (executor, providers, residency) carries it without
-passing it around; with tracing on, a line written inside a span carries its `trace_id` and
-`span_id` too, so a log search finds the trace and the trace view finds its lines. Log lines
-never carry state contents or keys: callers log names and sizes.
-
-`DECIDEALOT_LOG_FORMAT=auto` (the default) writes text to a terminal and JSON otherwise (a
-container's log collector, a file, a pipe).
+The request id lives in a context variable the HTTP layer sets per request, so every line
+written while serving it carries the id without passing it around (and, inside a span, the
+trace's ids). Lines never carry state contents or keys: callers log names and sizes.
 """
 
 from __future__ import annotations
@@ -26,8 +21,6 @@ request_id: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", d
 
 
 class _ContextFilter(logging.Filter):
-    """Stamps each record with the request id and, inside a span, the trace and span ids."""
-
     def filter(self, record: logging.LogRecord) -> bool:
         record.request_id = request_id.get()
         span = tracing.current()

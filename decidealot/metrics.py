@@ -1,15 +1,10 @@
 """The service's metrics on prometheus_client, and their text exposition for `/metrics`.
 
-Every metric is defined at the bottom of this module, so names, labels and help texts live in
-one place (docs/operations.md lists them). Call sites pass label values as keywords
-(`DECISIONS.inc(provider=..., model=..., outcome=...)`). Label values are bounded sets (route
-templates, provider and catalog names, fixed reasons), never request contents or keys.
-
-The metrics live in a private `CollectorRegistry` (never prometheus_client's global one, which
-other libraries in the process may fill), with prometheus_client's standard process, platform
-and garbage-collector collectors. `ServiceCollector` adds the gauges read from a service at
-scrape time (`decidealot_provider_loaded`), one per service, so that services sharing a process
-(tests) each report their own.
+Every metric is defined at the bottom of this module (docs/operations.md lists them); call
+sites pass label values as keywords, from bounded sets (route templates, provider names, fixed
+reasons), never request contents or keys. `REGISTRY` is private: prometheus_client's global one
+may be filled by other libraries. `ServiceCollector` adds what is read from one service at
+scrape time, so that services sharing a process (tests) each report their own.
 """
 
 from __future__ import annotations
@@ -41,12 +36,10 @@ prometheus_client.disable_created_metrics()
 
 
 class _Private:
-    """Registered in `REGISTRY.collectors` unless another registry is given."""
+    """Registered in `REGISTRY` unless another registry is given."""
 
     def __init__(self, *args: Any, registry: CollectorRegistry | None = None, **kw: Any) -> None:
-        super().__init__(
-            *args, registry=REGISTRY.collectors if registry is None else registry, **kw
-        )
+        super().__init__(*args, registry=REGISTRY if registry is None else registry, **kw)
 
 
 class Counter(_Private, prometheus_client.Counter):
@@ -88,15 +81,6 @@ class Histogram(_Private, prometheus_client.Histogram):
         (self.labels(**labels) if labels else super()).observe(amount)
 
 
-class Registry:
-    """The process's metrics: `collectors`, the private registry every metric here is in."""
-
-    def __init__(self) -> None:
-        self.collectors = CollectorRegistry()
-        for standard in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
-            self.collectors.register(standard)
-
-
 class ResidencyView(Protocol):
     """What `ServiceCollector` reads from `decidealot.residency.Residency`."""
 
@@ -113,7 +97,7 @@ class ServiceCollector:
         self._residency = residency
 
     def collect(self) -> Iterable[Metric]:
-        yield from REGISTRY.collectors.collect()
+        yield from REGISTRY.collect()
         loaded = GaugeMetricFamily(
             "decidealot_provider_loaded",
             "1 while a local provider's worker is loaded and healthy, else 0.",
@@ -124,13 +108,14 @@ class ServiceCollector:
         yield loaded
 
     def render(self) -> bytes:
-        """The `/metrics` body in the text format of `CONTENT_TYPE`."""
         return generate_latest(self)
 
 
 # -- the service's metrics --------------------------------------------------------------------
 
-REGISTRY = Registry()
+REGISTRY = CollectorRegistry()
+for _standard in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
+    REGISTRY.register(_standard)
 
 HTTP_REQUESTS = Counter(
     "decidealot_http_requests_total",

@@ -1,10 +1,8 @@
 """Checks `serve` and `prepare` run before anything listens: device, bundles, checkpoint files.
 
-Each of these would otherwise start and fail every request with a worker traceback: a checkpoint
-that lacks a file its engine reads or holds one it cannot parse (`registry.Bundle.checks`), a
-calibration file the engine refuses, `DECIDEALOT_DEVICE=cuda` where torch sees no GPU, bf16 or
-int8 on a CPU without their units (many times slower than fp32). Each is told here in one
-message naming the setting (or bundle) and the file. Nothing here imports torch.
+Each would otherwise start and fail every request with a worker traceback (a checkpoint file
+its engine cannot read, a calibration file it refuses, no GPU, bf16 or int8 without their CPU
+units), so each is told here in one message naming the setting or bundle. No torch here.
 """
 
 from __future__ import annotations
@@ -51,7 +49,6 @@ def _problems(path: Path, placed: Placed) -> list[str]:
 
 
 def _read(check: FileCheck | None, path: Path) -> str | None:
-    """What `check` finds wrong in the file's contents."""
     try:
         return check(path) if check is not None else None
     except OSError as exc:
@@ -59,11 +56,8 @@ def _read(check: FileCheck | None, path: Path) -> str | None:
 
 
 def checkpoint_problems(settings: Settings, *, overrides_only: bool = False) -> list[str]:
-    """One line per enabled checkpoint that lacks a file its engine reads.
-
-    With `overrides_only`, only the local checkpoints the settings name (checked before any
-    download); otherwise installed bundles too.
-    """
+    """One line per enabled checkpoint that lacks a file its engine reads; `overrides_only`:
+    only the local checkpoints the settings name (checked before any download)."""
     lines = []
     for placed in enabled_bundles(settings):
         override = placed.override(settings) is not None
@@ -100,7 +94,6 @@ def checked_checkpoint(settings: Settings, bundle: str) -> Path:
 
 
 def _calibrations(settings: Settings) -> Iterator[tuple[Descriptor, Calibration, str | None]]:
-    """Each enabled local checkpoint's calibration setting, and the file it names (or None)."""
     for descriptor in registry.enabled_local(settings):
         files = descriptor.calibration_files(descriptor.of(settings))
         for calibration in descriptor.calibrations:
@@ -108,8 +101,7 @@ def _calibrations(settings: Settings) -> Iterator[tuple[Descriptor, Calibration,
 
 
 def calibration_problems(settings: Settings) -> list[str]:
-    """One line per calibration file set for an enabled checkpoint that its engine would refuse,
-    naming the setting and the file."""
+    """One line per calibration file set for an enabled checkpoint that its engine would refuse."""
     lines = []
     for descriptor, calibration, path in _calibrations(settings):
         problem = None if path is None else _read(calibration.check, Path(path))
@@ -137,7 +129,6 @@ def report_calibrations(settings: Settings) -> None:
 
 
 def raise_all(problems: list[str]) -> None:
-    """One CheckpointError telling every problem, if there are any."""
     if len(problems) == 1:
         raise CheckpointError(problems[0])
     if problems:
@@ -145,18 +136,14 @@ def raise_all(problems: list[str]) -> None:
 
 
 def check_device(settings: Settings) -> None:
-    """`DECIDEALOT_DEVICE=cuda` must name a GPU torch can use, and `DECIDEALOT_PRECISION` a
-    precision the device (on CPU, its units) runs; raises ConfigError otherwise."""
+    """ConfigError unless torch has the GPU `cuda` names and the device runs the precision."""
     if registry.enabled_local(settings):
         check_cuda(settings)
         check_precision(settings)
 
 
 def ready_to_serve(settings: Settings, *, progress: bool, rehash: bool) -> None:
-    """Everything before listening: the device, local checkpoints, bundles, then installed ones.
-
-    Raises ConfigError, BundleError or CheckpointError with a message for the user.
-    """
+    """Everything before listening: the device, local checkpoints, bundles, then installed ones."""
     if not registry.enabled_local(settings):
         return
     check_device(settings)

@@ -1,11 +1,7 @@
 """The registered providers: what each declares in its descriptor, and the settings read with them.
 
-A provider is one folder with one `ProviderDescriptor`, registered as an entry point of the
-`decidealot.providers` group (the project's own four in pyproject.toml; another distribution
-adds a fifth the same way). The descriptor declares everything the rest of the service needs to
-know about it: its settings and their consistency rules, its bundles and the files each must
-hold, its selectors, its lane, and how it is built. Config, the bundle installer, the startup
-checks, the catalog and the service iterate the descriptors and name no provider.
+Each `ProviderDescriptor` is an entry point of the `decidealot.providers` group; the rest of the
+service iterates them and names no provider (docs/architecture.md, "A provider is one folder").
 """
 
 from __future__ import annotations
@@ -47,11 +43,10 @@ def json_object_problem(path: Path) -> str | None:
     return None if isinstance(value, dict) else "is not a JSON object"
 
 
-# The project's one safetensors header reader: `safetensors.safe_open` imports numpy (framework
-# "numpy") or torch ("pt") even to list a header, and the gateway imports neither.
 def safetensors_header(path: Path) -> str | None:
-    """A safetensors file: its 8-byte length, its JSON header, and data that covers every
-    tensor the header places; read without the safetensors package (see above)."""
+    """A safetensors file: its 8-byte length, its JSON header, and data for every tensor the
+    header places. Read by hand: `safetensors.safe_open` imports numpy or torch even to list a
+    header, and the gateway imports neither."""
     size = path.stat().st_size
     with path.open("rb") as stream:
         prefix = stream.read(8)
@@ -130,9 +125,8 @@ class Tiny:
     """How to write random checkpoints of a provider's bundles (`decidealot checkpoints tiny`)."""
 
     writer: str
-    """`module:function` writing them under a folder (bundle name -> path); like an engine
-    factory it runs in another process than the gateway (the CLI's, a test's), so it is named,
-    not imported: `decidealot.providers.tiny` calls it."""
+    """`module:function` writing them under a folder (bundle name -> path); named, not
+    imported: like an engine factory it runs outside the gateway (`decidealot.providers.tiny`)."""
     needs: str | None = None
     """What else the provider needs to run (the lines are printed commented out then)."""
 
@@ -144,8 +138,7 @@ class ProviderDescriptor(Generic[S]):
     name: str
     """`/health` and unload reports name it so; its settings' variables usually start with it."""
     order: int
-    """Where it stands in listings (`/health`, `/v1/models`); a local name wins a collision
-    with a hosted one whatever the order."""
+    """Its place in listings; a local name still wins a collision with a hosted one."""
     settings: type[S]
     """Its settings: a frozen struct whose fields are annotated with `config.setting`."""
     enabled: Callable[[S], bool]
@@ -154,9 +147,8 @@ class ProviderDescriptor(Generic[S]):
     build: Callable[[Settings, S], Provider]
     """The provider, from the settings with every checkpoint setting filled."""
     off: str = ""
-    """What a message says of it when it is off ("DECIDEALOT_LAYA_ENABLED=false"): a setting
-    that only matters while it is on (a bundle's, or one of `only_while_on`) and is set
-    anyway is refused with `<variable> is set but <off>`."""
+    """How messages say it is off ("DECIDEALOT_LAYA_ENABLED=false"): a setting that matters only
+    while it is on (a bundle's, `only_while_on`) is refused when set: `<var> is set but <off>`."""
     only_while_on: tuple[str, ...] = ()
     """Settings besides its bundles' that mean nothing while it is off."""
     local: bool = True
@@ -165,21 +157,18 @@ class ProviderDescriptor(Generic[S]):
     """The model names a local provider serves (a hosted one lists its own at run time)."""
     bundles: tuple[Bundle, ...] = ()
     lane_group: str | None = None
-    """On CPU, local providers of one group may hold the shared lane together (see
-    `lane_for`); None: a group of its own."""
+    """On CPU, providers of one group may hold the shared lane together; None: its own group."""
     free_of_lane: Callable[[S], bool] = lambda section: False
     """True where its settings take it off every lane (it then overlaps other models)."""
     check: Callable[[S], None] = lambda section: None
     """Raises `ConfigError` for other settings that each parse but contradict each other."""
     tiny: Tiny | None = None
     calibrations: tuple[Calibration, ...] = ()
-    """Its calibration-file settings, one per checkpoint that takes one."""
     calibrator: str = ""
     """`module:function` that fits a calibration file on labelled rows (`decidealot
     calibrate`); like `Tiny.writer` it imports torch, so it is named, not imported."""
 
     def of(self, settings: Settings) -> S:
-        """This provider's section of `settings`."""
         section = settings.sections.get(self.name)
         if section is None:
             return self.settings()
@@ -194,7 +183,6 @@ class ProviderDescriptor(Generic[S]):
         return {key: str(path) for key, path in files.items() if path is not None}
 
     def refuse_contradictions(self, section: S) -> None:
-        """`ConfigError` for a setting that is set while the provider is off, then `check`."""
         if not self.enabled(section):
             settings = (
                 *(b.setting for b in self.bundles),
@@ -207,12 +195,9 @@ class ProviderDescriptor(Generic[S]):
         self.check(section)
 
     def lane_for(self, section: S, device: str) -> tuple[str | None, str]:
-        """The residency lane and group of this local provider on `device`.
-
-        On CUDA every provider is its own group on lane "cuda": one provider's passes at a
-        time on the device. On CPU, providers of one `lane_group` share lane "local" together
-        (Laya and Von, so with two slots they overlap) and take turns with the others.
-        """
+        """The residency lane and group of this local provider on `device`: on CUDA its own
+        group on lane "cuda" (one provider's passes at a time on the device); on CPU providers of
+        one `lane_group` share lane "local" together (with two slots they overlap)."""
         if self.free_of_lane(section):
             return None, self.name
         if device == "cuda":
@@ -226,7 +211,6 @@ Descriptor = ProviderDescriptor[Any]
 
 @functools.cache
 def registered() -> tuple[Descriptor, ...]:
-    """Every registered provider, in listing order."""
     found: dict[str, Descriptor] = {}
     for point in _entry_points():
         if point.name in found:
@@ -257,12 +241,11 @@ def _entry_points() -> list[importlib.metadata.EntryPoint]:
 
 
 def descriptor(name: str) -> Descriptor:
-    """The registered provider `name` (KeyError if none is)."""
+    """KeyError when no provider `name` is registered."""
     return {each.name: each for each in registered()}[name]
 
 
 def enabled(settings: Settings) -> tuple[Descriptor, ...]:
-    """The providers `settings` turn on, in listing order."""
     return tuple(d for d in registered() if d.enabled(d.of(settings)))
 
 

@@ -1,8 +1,7 @@
 """JSON Schemas of the request bodies, with every bound the validator enforces.
 
-One source for the OpenAPI document (`decidealot.http.openapi`) and the MCP tool input schemas
-(`decidealot.mcp.tools`), so both state the same limits on questions, choice options and score
-levels as `decidealot.validation.requests` applies; msgspec derives the shapes from the wire types.
+One source for the OpenAPI document and the MCP tool input schemas, so both state the limits
+`decidealot.validation.requests` applies; msgspec derives the shapes from the wire types.
 """
 
 from __future__ import annotations
@@ -13,8 +12,6 @@ import msgspec
 
 from decidealot.contract import BatchRequest, SystemOneRequest
 from decidealot.validation import requests as validation
-
-QUESTION_TYPES = ("ChoiceQuestion", "ScoreQuestion", "NoulQuestion")
 
 CONFIG_DESCRIPTION = (
     f'CLM selectors: {{"temperature": t}} with 0 < t <= {validation.MAX_TEMPERATURE:g}. '
@@ -45,14 +42,10 @@ def _json_value(ref: dict[str, str]) -> dict[str, Any]:
 
 
 def request_components(ref_template: str, *, json_values: bool = False) -> dict[str, Any]:
-    """`SystemOneRequest`, `BatchRequest` and the three question types, by name, with refs
-    spelled by `ref_template`; unknown fields are refused, as the validator refuses them.
-
-    With `json_values`, the free JSON inside a state, instructions and criteria is spelled out
-    by a recursive `JsonValue` component (numbers bounded as the parser bounds them) for tools that
-    generate bodies; without, it is only typed as a string, object or array, which every MCP
-    client reads.
-    """
+    """`SystemOneRequest`, `BatchRequest` and the question types, by name, refs spelled by
+    `ref_template`. With `json_values` the free JSON in a state, instructions and criteria is a
+    recursive `JsonValue` (numbers bounded), for tools that generate bodies; without, only a
+    string, object or array, which every MCP client reads."""
     _, components = msgspec.json.schema_components(
         [SystemOneRequest, BatchRequest], ref_template=ref_template
     )
@@ -88,7 +81,7 @@ def request_components(ref_template: str, *, json_values: bool = False) -> dict[
         },
         "additionalProperties": False,
     }
-    for name in QUESTION_TYPES:
+    for name in ("ChoiceQuestion", "ScoreQuestion", "NoulQuestion"):
         components[name]["additionalProperties"] = False
         components[name]["properties"]["instructions"] = {"anyOf": text_or_null}
     components["ChoiceQuestion"]["properties"]["criteria"] = {

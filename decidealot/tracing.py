@@ -1,16 +1,10 @@
 """OpenTelemetry traces, off unless the standard OTEL_* variables configure an exporter.
 
-`setup` installs the SDK (the optional `decidealot[otel]` extra) with an OTLP/HTTP exporter
-when `Settings.trace_exporters` names one; the SDK then reads the rest of OTEL_* itself
-(headers, timeout, compression, sampler, resource attributes, batch delays). Until then every
-helper here costs one check and the SDK is never imported; the API package is a plain
-dependency because the MCP SDK needs it anyway, and its spans (one per MCP message, continuing
-a `_meta` traceparent) export through the same provider.
-
-Attributes are names, routes, sizes, counts and the request id. Spans never carry state,
-instruction or criterion text, keys, or exception messages (those may quote the state): a
-failing span records the exception's type only. Only W3C `traceparent`/`tracestate` travel,
-in and out; a caller's baggage is not forwarded to TypeSafe or the encoder.
+`setup` installs the SDK (the `decidealot[otel]` extra) when `Settings.trace_exporters` names an
+exporter; until then each helper here costs one check. The API package is a plain dependency
+because the MCP SDK needs it anyway. Spans never carry request text, keys or exception messages
+(which may quote the state), and only W3C `traceparent`/`tracestate` travel, in and out
+(docs/operations.md#traces).
 """
 
 from __future__ import annotations
@@ -40,10 +34,6 @@ P = ParamSpec("P")
 T = TypeVar("T")
 Kind = Literal["internal", "server", "client"]
 Attribute = str | int | float | bool
-Parent = Context
-"""Where a span continues a caller's trace: what `extract` returns."""
-
-DEFAULT_SERVICE_NAME = "decidealot"
 SHUTDOWN_SECONDS = 5.0
 """How long exiting waits for queued spans to reach the collector."""
 
@@ -78,7 +68,6 @@ _OFF = contextlib.nullcontext(Span(None))
 
 
 def setup(settings: Settings) -> None:
-    """Install the tracer provider when an exporter is configured; no-op otherwise."""
     global _tracer, _provider
     if not settings.trace_exporters or _provider is not None:
         return
@@ -89,7 +78,7 @@ def setup(settings: Settings) -> None:
 
     resource = Resource.create()  # OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES
     if str(resource.attributes.get(SERVICE_NAME, "")).startswith("unknown_service"):
-        resource = resource.merge(Resource({SERVICE_NAME: DEFAULT_SERVICE_NAME}))
+        resource = resource.merge(Resource({SERVICE_NAME: "decidealot"}))
     provider = TracerProvider(resource=resource, shutdown_on_exit=False)
     provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
     trace.set_tracer_provider(provider)
@@ -117,7 +106,7 @@ def span(
     name: str,
     *,
     kind: Kind = "internal",
-    parent: Parent | None = None,
+    parent: Context | None = None,
     attributes: Mapping[str, Attribute] | None = None,
     **named: Attribute,
 ) -> contextlib.AbstractContextManager[Span]:
@@ -133,7 +122,7 @@ def _live(
     tracer: trace.Tracer,
     name: str,
     kind: SpanKind,
-    parent: Parent | None,
+    parent: Context | None,
     attributes: dict[str, Attribute],
 ) -> Iterator[Span]:
     with tracer.start_as_current_span(
@@ -171,8 +160,7 @@ def traced(
 
 
 def annotate(attributes: Mapping[str, Attribute] | None = None, **named: Attribute) -> None:
-    """Add attributes to the current span (ours, or the MCP SDK's request span), as
-    `Span.set` does."""
+    """Add attributes to the current span (ours or the MCP SDK's), as `Span.set` does."""
     if _tracer is not None:
         Span(trace.get_current_span()).set(attributes, **named)
 
@@ -186,11 +174,7 @@ def current() -> SpanContext | None:
 
 
 def record(
-    name: str,
-    parent: SpanContext | None,
-    start: float,
-    end: float,
-    **named: Attribute,
+    name: str, parent: SpanContext | None, start: float, end: float, **named: Attribute
 ) -> None:
     """A span that already happened elsewhere (a forward pass in the worker): `start` and
     `end` are `time.time()` seconds. Nothing without a `parent` from `current()`."""
@@ -203,7 +187,7 @@ def record(
     finished.end(end_time=int(max(start, end) * 1e9))
 
 
-def extract(headers: Mapping[str, str] | Mapping[bytes, bytes] | None) -> Parent | None:
+def extract(headers: Mapping[str, str] | Mapping[bytes, bytes] | None) -> Context | None:
     """The caller's trace from its W3C `traceparent` (and `tracestate`): HTTP headers (str or
     raw ASGI bytes, lower-case names) or an MCP `_meta`. None when off, absent or invalid."""
     if _tracer is None or not headers:
@@ -215,14 +199,11 @@ def extract(headers: Mapping[str, str] | Mapping[bytes, bytes] | None) -> Parent
             value = value.decode("latin-1")
         if isinstance(value, str):
             carrier[header] = value
-    if "traceparent" not in carrier:
-        return None
     context = _PROPAGATOR.extract(carrier)
     return context if trace.get_current_span(context).get_span_context().is_valid else None
 
 
 def inject(headers: MutableMapping[str, str]) -> None:
-    """Add the current span's `traceparent` (and `tracestate`) to outbound `headers`."""
     if _tracer is not None:
         _PROPAGATOR.inject(headers)
 

@@ -1,11 +1,8 @@
 """What arrives through a request's `receive`: its body, and the client's hanging up.
 
-A body is held to the size limit on the wire (Content-Length refused up front, a chunked body as
-soon as it passes it) and again decoded, in bounded pieces, so neither a huge upload nor a zip
-bomb is ever held in memory; a zstd frame's window is bounded by the limit too, so decoding
-memory never depends on what a frame declares. A decision route races its work against the
-client's disconnect (`unless_gone`): the work is cancelled at once and the route answers 499,
-which only the access log and the metrics see.
+A body is held to the size limit on the wire and again decoded, in bounded pieces, so neither a
+huge upload nor a zip bomb is ever held in memory; a zstd frame's window is bounded by the limit
+too, so decoding memory never depends on what a frame declares.
 """
 
 from __future__ import annotations
@@ -47,9 +44,6 @@ _DISCARD_LIMITS = 8
 
 
 class Incoming:
-    """A request's `receive` that remembers whether the body has arrived to its end (at once
-    when the headers announce none)."""
-
     def __init__(self, receive: Receive, headers: Headers) -> None:
         self._receive = receive
         length = headers.get(b"content-length", b"").strip()
@@ -98,7 +92,6 @@ def check_media_type(headers: Headers) -> bool:
 
 
 def _decoder(headers: Headers) -> Callable[[bytes, int], bytes] | None:
-    """The Content-Encoding's decoder; None for identity."""
     encoding = headers.get(b"content-encoding", b"").strip().lower()
     if encoding in (b"", b"identity"):
         return None
@@ -110,7 +103,6 @@ def _decoder(headers: Headers) -> Callable[[bytes, int], bytes] | None:
 
 
 async def read_body(receive: Receive, headers: Headers, settings: Settings) -> bytes:
-    """The decoded body; raises 408, 413, 415 or 400."""
     form = check_media_type(headers)
     decode = _decoder(headers)
     limit = settings.max_request_bytes
@@ -207,7 +199,7 @@ def _window_refusal(data: bytes, window: int) -> RequestTooLarge:
 
 
 class ClientGone(Exception):
-    """The client disconnected before its answer was ready."""
+    """The client disconnected before its answer was ready: the route answers 499."""
 
 
 async def unless_gone(receive: Receive, work: Awaitable[T]) -> T:

@@ -26,8 +26,6 @@ ALLOWED_HEADERS = (
     "mcp-session-id",
     "last-event-id",
 )
-"""What a browser may send: the key, the body's encodings, a request id, a trace context and
-the MCP transport's headers."""
 EXPOSED_HEADERS = (
     "x-request-id",
     "x-typesafe-request-id",

@@ -1,13 +1,10 @@
-"""The ASGI layer in front of every route (404s and mounted apps such as /mcp included):
-`Gateway` observes each request (its id, the access line, the HTTP metrics, a trace span
-continuing the caller's `traceparent`, a last-resort 500), checks its bearer token
-(`BearerKeys`) and admits it unless the service is draining. A request still running when the
-drain runs out is cancelled by it (`Service.drain`) and answered 503 here, never cut off.
+"""The ASGI layer in front of every route (404s and /mcp included): `Gateway` gives each request
+its id, access line, HTTP metrics and trace span, checks its bearer token and admits it unless
+the service is draining; a request the drain cuts is answered 503 here, never cut off.
 
-Whatever answered a request before its body had all arrived (a 401 here, a 503 while draining,
-a 413 or 415 from a route, a 404), the rest of the body is then read and dropped
-(`Incoming.discard`, bounded): a server that closes a connection with bytes still coming makes
-the kernel reset it, and a client still writing sees the reset, not the answer.
+Whatever answered before the body had all arrived (a 401, a 503, a 413 or 415, a 404), the rest
+is then read and dropped (`Incoming.discard`, bounded): closing a connection with bytes still
+coming makes the kernel reset it, and a client still writing sees the reset, not the answer.
 """
 
 from __future__ import annotations
@@ -26,8 +23,7 @@ from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
 from decidealot import logs, metrics, tracing
 from decidealot.asgi.body import Incoming
-from decidealot.contract import ErrorBody, ValidationErrorBody
-from decidealot.errors import DecidealotError, RequestInvalid, ShuttingDown, Unauthorized
+from decidealot.errors import DecidealotError, ShuttingDown, Unauthorized
 from decidealot.ledger import CUT_SHORT
 from decidealot.service import Service
 
@@ -36,7 +32,7 @@ log = logging.getLogger("decidealot.http")
 PUBLIC_PATHS = frozenset({"/health", "/docs", "/docs/", "/openapi.json"})
 PUBLIC_PREFIXES = ("/docs/assets/", "/.well-known/")
 """The Swagger page, its assets and the document it loads hold no secret, and a browser cannot
-send a bearer token to open them (decidealot.http.docs). OAuth clients probe the well-known
+send a bearer token to open them (decidealot.http.app). OAuth clients probe the well-known
 paths after a 401: there is no OAuth here, and their 404 without a key tells a client so, where
 a 401 sends it on through discovery and registration to a dead end (docs/mcp.md)."""
 UNADMITTED_PATHS = frozenset({"/metrics"})
@@ -49,19 +45,11 @@ _REQUEST_ID = re.compile(
 
 
 def request_id_from(value: bytes | None) -> str:
-    """Echo a caller's UUID or ULID; anything else gets a fresh UUID."""
     if value is not None:
         text = value.decode("latin-1").strip()
         if _REQUEST_ID.fullmatch(text):
             return text
     return str(uuid.uuid4())
-
-
-def envelope_of(error: DecidealotError) -> ErrorBody | ValidationErrorBody:
-    """The body the HTTP API answers `error` with."""
-    if isinstance(error, RequestInvalid):
-        return ValidationErrorBody(error.issues)
-    return ErrorBody(error.code, error.message, error.details)
 
 
 async def send_json(
@@ -76,7 +64,7 @@ async def send_json(
 
 async def send_error(send: Send, error: DecidealotError, extra: list[tuple[bytes, bytes]]) -> None:
     headers = [(name.lower().encode(), value.encode()) for name, value in error.headers.items()]
-    await send_json(send, error.status, msgspec.json.encode(envelope_of(error)), headers + extra)
+    await send_json(send, error.status, msgspec.json.encode(error.envelope()), headers + extra)
 
 
 class BearerKeys:
@@ -88,7 +76,6 @@ class BearerKeys:
         self._keys = {key.encode(): hashlib.sha256(key.encode()).hexdigest()[:8] for key in keys}
 
     def match(self, headers: dict[bytes, bytes]) -> str:
-        """` key <id>` of the key the request's bearer token matches; "" when none does."""
         scheme, _, token = headers.get(b"authorization", b"").partition(b" ")
         token = token.strip()
         matched = ""

@@ -1,22 +1,23 @@
-"""Download, verify and install bundles, before the service listens (`serve`) and on its own
-(`prepare`).
+"""Download, verify and install bundles (`serve` before it listens, and `prepare`); no torch.
 
-It prepares files only: it never loads a model and never imports torch. Each bundle is fetched
-with huggingface_hub into a staging folder inside the model directory, every file is checked
-against its pinned size and sha256 (or, where no digest is pinned, against the hub's own digest
-at the pinned revision), and only then is the bundle renamed into place with an install record
-written last. A later start trusts that record after a quick size check and makes no request.
+Each bundle is fetched with huggingface_hub into a staging folder inside the model directory,
+every file checked against its pinned size and sha256 (else the hub's own digest at the pinned
+revision), and only then renamed into place, its install record written last: a later start
+trusts that record after a quick size check and makes no request.
 """
 
 from __future__ import annotations
 
 import errno
+import functools
+import io
 import logging
 import os
 import shutil
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx2
 import msgspec
@@ -32,6 +33,7 @@ from huggingface_hub.errors import (
     RepositoryNotFoundError,
     RevisionNotFoundError,
 )
+from tqdm import tqdm
 
 from decidealot.checkpoints.manifest import (
     GIT_SHA1,
@@ -48,8 +50,7 @@ from decidealot.checkpoints.manifest import (
     load_manifest,
     read_record,
 )
-from decidealot.checkpoints.paths import TINY_HINT, Placed, find, ownership_fix, to_download
-from decidealot.checkpoints.progress import mb, progress_class
+from decidealot.checkpoints.paths import TINY_HINT, Placed, ownership_fix, to_download
 from decidealot.config import Settings
 
 log = logging.getLogger("decidealot.bundles")
@@ -60,12 +61,39 @@ _START_AGAIN = "start again (verified files are kept)"
 _OTHER_FILE = (
     "the endpoint serves another file than the pinned one; check HF_ENDPOINT or fix the manifest"
 )
+_PROGRESS_LOG_SECONDS = 10.0
+
+
+class _LogProgress(tqdm):
+    """A tqdm that logs a line every few seconds (and at the end) instead of drawing a bar."""
+
+    monitor_interval = 0  # no tqdm monitor thread
+
+    def __init__(self, *args: Any, label: str, **kwargs: Any):
+        kwargs.update(desc=label, mininterval=_PROGRESS_LOG_SECONDS, file=io.StringIO())
+        super().__init__(*args, **kwargs)
+
+    def display(self, msg: str | None = None, pos: int | None = None) -> bool:
+        if self.total:
+            done, total = mb(self.n), mb(self.total)
+            percent = 100.0 * self.n / self.total
+            log.info("downloading %s: %s of %s (%.0f%%)", self.desc, done, total, percent)
+        else:
+            log.info("downloading %s: %s", self.desc, mb(self.n))
+        return True
+
+
+class _Bar(tqdm):
+    def __init__(self, *args: Any, label: str, **kwargs: Any):
+        super().__init__(*args, **(kwargs | {"desc": label, "unit_divisor": 1024}))
+
+
+def mb(n: int) -> str:
+    return f"{n / 1e6:.1f} MB"
 
 
 @dataclass(frozen=True)
 class _Remote:
-    """What the hub says about one file at the pinned revision."""
-
     file: ManifestFile
     size: int | None
     etag: str | None
@@ -73,9 +101,8 @@ class _Remote:
 
 
 class _Installer:
-    """Downloads, verifies and installs one bundle into the model directory."""
-
-    def __init__(self, manifest: Manifest, model_dir: Path, *, bar: bool):
+    def __init__(self, placed: Placed, manifest: Manifest, model_dir: Path, *, bar: bool):
+        self.placed = placed
         self.manifest = manifest
         self.model_dir = model_dir
         self.bar = bar
@@ -90,7 +117,6 @@ class _Installer:
             "revision": manifest.revision,
             "endpoint": self.endpoint,
         }
-        """Where `hf_hub_url` and `hf_hub_download` find a file of the bundle."""
 
     # messages
 
@@ -154,7 +180,7 @@ class _Installer:
             fix = (
                 "check network access, proxy settings (HTTPS_PROXY) and HF_ENDPOINT, install "
                 "the bundle with `decidealot prepare` on a connected machine and copy "
-                f"DECIDEALOT_MODEL_DIR, or {find(self.manifest.name).replacement}"
+                f"DECIDEALOT_MODEL_DIR, or {self.placed.replacement}"
             )
         elif isinstance(exc, OSError) and "Consistency check failed" in str(exc):
             what = (
@@ -176,7 +202,7 @@ class _Installer:
         return self.fail(
             f"not installed in {self.model_dir} and HF_HUB_OFFLINE is set",
             "unset HF_HUB_OFFLINE for the first start, copy in a model directory prepared with "
-            f"`decidealot prepare`, or {find(self.manifest.name).replacement}",
+            f"`decidealot prepare`, or {self.placed.replacement}",
         )
 
     # steps
@@ -210,7 +236,7 @@ class _Installer:
                 f"{self.target} exists but holds no install record, so it was not installed by "
                 "Decidealot",
                 "move it away to let Decidealot install the bundle, or use it as is by setting "
-                f"{find(self.manifest.name).bundle.variable}={self.target}",
+                f"{self.placed.bundle.variable}={self.target}",
             )
         return installed_problem(self.manifest, self.target, rehash=rehash)
 
@@ -225,7 +251,9 @@ class _Installer:
         return True
 
     def download_and_install(self) -> None:
-        _remove_stale_partials(self.staging)
+        # huggingface_hub names partial files per process; a killed process leaves them behind
+        for partial in (self.staging / ".cache").rglob("*.incomplete"):
+            partial.unlink(missing_ok=True)
         remotes = [self.remote(file) for file in self.manifest.files]
         present = [r for r in remotes if not r.absent]
         self.check_space(present)
@@ -289,7 +317,8 @@ class _Installer:
 
     def fetch_and_verify(self, remote: _Remote) -> RecordFile:
         m, file = self.manifest, remote.file
-        bar = progress_class(f"{m.name}/{file.path}", self.bar)
+        # a bar on a terminal, log lines otherwise
+        bar = functools.partial(_Bar if self.bar else _LogProgress, label=f"{m.name}/{file.path}")
         try:
             local = Path(
                 hf_hub_download(
@@ -337,13 +366,13 @@ class _Installer:
                 retry,
                 file.path,
             )
-        with local.open("rb") as handle:
-            os.fsync(handle.fileno())
+        _fsync(local)
         log.info("verified %s/%s (%s)", self.manifest.name, file.path, source)
         return RecordFile(file.path, size, sha256, source)
 
     def commit(self, verified: list[RecordFile]) -> None:
-        """Move verified files into a fresh folder, write the record last, rename into place."""
+        """The record is written last, then the folder renamed into place: a crash leaves no
+        bundle that looks installed."""
         m = self.manifest
         shutil.rmtree(self.ready, ignore_errors=True)
         for entry in verified:
@@ -351,54 +380,38 @@ class _Installer:
             dest.parent.mkdir(parents=True, exist_ok=True)
             os.replace(self.staged(entry.path), dest)
         record = InstallRecord(m.name, m.repo, m.revision, m.subfolder, tuple(verified))
-        _write_durably(self.ready / RECORD_NAME, msgspec.json.format(msgspec.json.encode(record)))
+        (self.ready / RECORD_NAME).write_bytes(msgspec.json.format(msgspec.json.encode(record)))
+        _fsync(self.ready / RECORD_NAME)
+        _fsync(self.ready)
         if self.target.exists():
             shutil.rmtree(self.old, ignore_errors=True)
             os.replace(self.target, self.old)
         os.replace(self.ready, self.target)
-        _fsync_dir(self.model_dir)
+        _fsync(self.model_dir)
         shutil.rmtree(self.old, ignore_errors=True)
         shutil.rmtree(self.staging, ignore_errors=True)
         log.info("bundle %s installed at %s", m.name, self.target)
 
 
-def _write_durably(path: Path, data: bytes) -> None:
-    with path.open("wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
-    _fsync_dir(path.parent)
-
-
-def _fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY)
+def _fsync(path: Path) -> None:
+    """A file's data, or a folder's entries, on disk (an fsync works on a read-only descriptor)."""
+    fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
 
 
-def _remove_stale_partials(staging: Path) -> None:
-    """huggingface_hub names partial files per process; a killed process leaves them behind."""
-    cache = staging / ".cache"
-    if cache.is_dir():
-        for partial in cache.rglob("*.incomplete"):
-            partial.unlink(missing_ok=True)
-
-
 def install_enabled(settings: Settings, *, progress: bool, rehash: bool = False) -> None:
-    """Make every enabled bundle installed and verified; raise BundleError otherwise.
-
-    Every bundle is tried, so one message names all that failed, each with what replaces it: a
-    user without hub access then fixes the configuration once, not once per bundle. `progress`
-    draws tqdm bars (pass `sys.stderr.isatty()`); without them, download progress goes to log
-    lines. `rehash` re-hashes installed files instead of trusting their install record and sizes.
-    """
+    """Make every enabled bundle installed and verified, or raise one BundleError naming all
+    that failed, each with what replaces it: a user without hub access fixes the configuration
+    once, not once per bundle. `progress`: tqdm bars, else log lines. `rehash`: re-hash
+    installed files instead of trusting their install record and sizes."""
     failed: list[tuple[Placed, BundleError]] = []
     for placed in to_download(settings):
         try:
             manifest = load_manifest(placed.manifests(settings), placed.name)
-            _Installer(manifest, settings.model_dir, bar=progress).install(rehash=rehash)
+            _Installer(placed, manifest, settings.model_dir, bar=progress).install(rehash=rehash)
         except BundleError as exc:
             failed.append((placed, exc))
     if len(failed) == 1:
@@ -406,11 +419,7 @@ def install_enabled(settings: Settings, *, progress: bool, rehash: bool = False)
     if failed:
         lines = [f"{len(failed)} enabled bundles cannot be prepared:"]
         for placed, exc in failed:
-            text = str(exc)
-            lines.append(
-                f"  {text}"
-                if placed.bundle.variable in text
-                else f"  {text}; or {placed.replacement}"
-            )
+            hint = "" if placed.bundle.variable in str(exc) else f"; or {placed.replacement}"
+            lines.append(f"  {exc}{hint}")
         lines.append(f"  ({TINY_HINT})")
         raise BundleError("\n".join(lines))

@@ -1,9 +1,7 @@
 """Bundle manifests and install records: what a bundle must hold, and what was verified.
 
 A manifest (`decidealot.bundles`, or `DECIDEALOT_BUNDLE_MANIFEST_DIR`) pins a bundle's hub
-repository, revision and files with their sizes and sha256; an install record, written last into
-an installed bundle, says what was verified against which pins. A later start trusts that record
-after a quick size check.
+repository, revision and files with their sizes and sha256.
 """
 
 from __future__ import annotations
@@ -63,7 +61,6 @@ class InstallRecord(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 
 def load_manifest(folder: Path, name: str) -> Manifest:
-    """Bundle `name`'s manifest from `folder`; BundleError naming the fix otherwise."""
     path = folder / f"{name}.json"
     fix = "restore the repository's bundles/ folder or point DECIDEALOT_BUNDLE_MANIFEST_DIR at it"
     try:

@@ -1,8 +1,4 @@
-"""Where each enabled bundle's checkpoint is: a local override, or the installed bundle.
-
-Bundles are declared by the providers' descriptors (`decidealot.registry.Bundle`); this module
-knows them only through the registry.
-"""
+"""Where each enabled bundle's checkpoint is: a local override, or the installed bundle."""
 
 from __future__ import annotations
 
@@ -36,8 +32,6 @@ def ownership_fix(folder: Path) -> str:
 
 
 class Placed(NamedTuple):
-    """A bundle and the provider it belongs to."""
-
     provider: Descriptor
     bundle: Bundle
 
@@ -55,12 +49,10 @@ class Placed(NamedTuple):
         )
 
     def override(self, settings: Settings) -> Path | None:
-        """The local checkpoint the settings name instead of the bundle, if any."""
         return getattr(self.provider.of(settings), self.bundle.setting)  # type: ignore[no-any-return]
 
     def path(self, settings: Settings) -> Path:
-        """The path the provider loads: the local override when set, else the installed
-        bundle."""
+        """The path the provider loads: the local override when set, else the installed one."""
         override = self.override(settings)
         if override is not None:
             return override
@@ -68,7 +60,6 @@ class Placed(NamedTuple):
         return installed / self.bundle.entry if self.bundle.entry else installed
 
     def manifests(self, settings: Settings) -> Path:
-        """The folder its manifest is read from."""
         return settings.bundle_manifest_dir or self.bundle.manifests or SHIPPED_MANIFESTS
 
 
@@ -84,14 +75,6 @@ def enabled_bundles(settings: Settings) -> list[Placed]:
 def to_download(settings: Settings) -> list[Placed]:
     """The enabled bundles no local checkpoint replaces: what `install.install_enabled` fetches."""
     return [p for p in enabled_bundles(settings) if p.override(settings) is None]
-
-
-def find(name: str) -> Placed:
-    for placed in every_bundle():
-        if placed.name == name:
-            return placed
-    known = ", ".join(p.name for p in every_bundle())
-    raise ValueError(f"unknown bundle {name!r}; known: {known}")
 
 
 def with_checkpoints(settings: Settings) -> Settings:

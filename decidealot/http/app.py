@@ -1,4 +1,9 @@
-"""The Litestar app: routes over the service, error envelopes, wrapped in the gateway layer."""
+"""The Litestar app: routes over the service, error envelopes, wrapped in the gateway layer.
+
+`GET /docs` is Swagger UI 5 (OpenAPI 3.1) from the `swagger-ui-bundle-v2` package, served here
+so that it works where no CDN is reachable; public, like the document, whose bearer security
+lets Swagger's Authorize button take the key for the calls the page makes.
+"""
 
 from __future__ import annotations
 
@@ -6,16 +11,19 @@ import logging
 from typing import Any
 
 import msgspec
-from litestar import Litestar, Request, Response, get, post
-from litestar.exceptions import HTTPException
+from litestar import Litestar, MediaType, Request, Response, get, post
+from litestar.exceptions import HTTPException, NotFoundException
+from litestar.params import FromPath
+from litestar.response import Redirect
+from swagger_ui_bundle import swagger_ui_path
 
 from decidealot import logs, metrics
 from decidealot.asgi.body import CLIENT_GONE, ClientGone, read_body, unless_gone
 from decidealot.asgi.edge import Cors, RootPath
-from decidealot.asgi.middleware import ASGIApp, Gateway, envelope_of
-from decidealot.contract import TRUNCATED_HEADER, Cut, ErrorBody, truncated_header
+from decidealot.asgi.middleware import ASGIApp, Gateway
+from decidealot.contract import TRUNCATED_HEADER, ErrorBody, truncated_header
 from decidealot.errors import DecidealotError, ShuttingDown
-from decidealot.http import docs, openapi
+from decidealot.http import openapi
 from decidealot.mcp.http import MCP_PATH, McpEndpoint
 from decidealot.service import Service
 from decidealot.validation.requests import validate_batch, validate_request
@@ -23,37 +31,49 @@ from decidealot.validation.strict_json import parse_json
 
 log = logging.getLogger("decidealot.http")
 
-_JSON = "application/json"
 _HTTP_CODES = {404: "NOT_FOUND", 405: "METHOD_NOT_ALLOWED"}
+_DOCS_ASSETS_PATH = "/docs/assets"
+_DOCS_ASSETS = {
+    "swagger-ui.css": "text/css",
+    "swagger-ui-bundle.js": "text/javascript",
+    "favicon-32x32.png": "image/png",
+}
+"""What the Swagger page loads, by file name in the bundle, with its media type."""
+
+# Relative URLs, so the page also works under a path prefix added by a proxy.
+_DOCS_PAGE = """<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>Decidealot API</title>
+<link rel="stylesheet" href="docs/assets/swagger-ui.css">
+<link rel="icon" type="image/png" href="docs/assets/favicon-32x32.png">
+</head><body>
+<div id="ui"></div>
+<script src="docs/assets/swagger-ui-bundle.js"></script>
+<script>
+window.ui = SwaggerUIBundle({ url: "openapi.json", dom_id: "#ui", validatorUrl: null });
+</script></body></html>"""
 
 
 def _json(value: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response[bytes]:
     return Response(
-        msgspec.json.encode(value), status_code=status, media_type=_JSON, headers=headers
+        msgspec.json.encode(value), status_code=status, media_type=MediaType.JSON, headers=headers
     )
-
-
-def _truncated(cuts: list[Cut]) -> dict[str, str] | None:
-    """`Decidealot-Truncated` when a model read a state only in part (docs/api.md)."""
-    return {TRUNCATED_HEADER: truncated_header(cuts)} if cuts else None
 
 
 def _on_error(_: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:
     if isinstance(exc, DecidealotError):
-        return _json(envelope_of(exc), exc.status, exc.headers)
+        return _json(exc.envelope(), exc.status, exc.headers)
     if isinstance(exc, HTTPException):
         fallback = "BAD_REQUEST" if exc.status_code < 500 else "INTERNAL_ERROR"
         code = _HTTP_CODES.get(exc.status_code, fallback)
         # Litestar's 405 names the route's methods in `Allow`, as RFC 9110 asks
         return _json(ErrorBody(code, str(exc.detail)), exc.status_code, exc.headers)
     logs.log_failure(log, exc, "a route")
-    return _json(envelope_of(DecidealotError()), 500)
+    return _json(DecidealotError().envelope(), 500)
 
 
 def create_app(service: Service) -> ASGIApp:
-    """The ASGI app for `service`: REST routes and the `/mcp` mount, behind the gateway layer
-    (request ids, auth, admission) like any route; in front of it, when set, the path prefix
-    (DECIDEALOT_ROOT_PATH) and CORS (DECIDEALOT_CORS_ORIGINS), `decidealot.asgi.edge`."""
+    """REST routes and the `/mcp` mount behind the gateway layer, like any route; in front of
+    it, when set, the path prefix and CORS (`decidealot.asgi.edge`)."""
     settings = service.settings
     mcp = McpEndpoint(service)
 
@@ -85,7 +105,9 @@ def create_app(service: Service) -> ASGIApp:
             else:
                 work = service.executor.decide(await validate_request(body, service.catalog))
             answered = await unless_gone(request.receive, work)
-            return _json(answered.body, headers=_truncated(answered.cuts))
+            cuts = answered.cuts  # a model read a state only in part: docs/api.md
+            truncated = {TRUNCATED_HEADER: truncated_header(cuts)} if cuts else None
+            return _json(answered.body, headers=truncated)
         except DecidealotError as exc:
             return _on_error(request, exc)
         except ClientGone:
@@ -108,25 +130,33 @@ def create_app(service: Service) -> ASGIApp:
         models = await openapi.accepted_models(service.catalog)
         return _json(openapi.document(settings, models))
 
+    # read from the package once, not on each request
+    assets = {name: ((swagger_ui_path / name).read_bytes(), m) for name, m in _DOCS_ASSETS.items()}
+
+    @get("/docs", sync_to_thread=False)
+    def docs_page(request: Request[Any, Any, Any]) -> Response[str] | Redirect:
+        # the router takes /docs/ for /docs (and its `path` for the route's); the raw one tells
+        if (request.scope.get("raw_path") or b"").endswith(b"/"):
+            return Redirect("../docs", status_code=308)  # relative: a proxy's prefix is kept
+        return Response(_DOCS_PAGE, media_type="text/html")
+
+    @get(_DOCS_ASSETS_PATH + "/{name:str}", sync_to_thread=False)
+    def docs_asset(name: FromPath[str]) -> Response[bytes]:
+        found = assets.get(name)
+        if found is None:
+            raise NotFoundException()
+        body, media_type = found
+        return Response(body, media_type=media_type, headers={"cache-control": "max-age=86400"})
+
     exposition = metrics.ServiceCollector(service.residency)
 
     @get("/metrics", sync_to_thread=False)
     def metrics_text() -> Response[bytes]:
         return Response(exposition.render(), media_type=metrics.MEDIA_TYPE)
 
+    handlers = [health, status, models, systemone, systemone_batch, unload, openapi_json]
     app = Litestar(
-        route_handlers=[
-            health,
-            status,
-            models,
-            systemone,
-            systemone_batch,
-            unload,
-            openapi_json,
-            *docs.route_handlers(),
-            metrics_text,
-            mcp.route,
-        ],
+        route_handlers=[*handlers, docs_page, docs_asset, metrics_text, mcp.route],
         lifespan=[mcp.running()],
         exception_handlers={Exception: _on_error},
         on_startup=[service.start],
@@ -138,7 +168,7 @@ def create_app(service: Service) -> ASGIApp:
     )
     routes = {route.path for route in app.routes if "{" not in route.path} - {MCP_PATH}
     served: ASGIApp = Gateway(
-        app, service, routes, mounts=[MCP_PATH, docs.ASSETS_PATH], largest_body=mcp.body_limit
+        app, service, routes, mounts=[MCP_PATH, _DOCS_ASSETS_PATH], largest_body=mcp.body_limit
     )
     if settings.cors_origins:
         served = Cors(served, settings.cors_origins)

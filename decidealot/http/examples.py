@@ -1,11 +1,7 @@
-"""The OpenAPI document's named examples: the contract's own requests (docs/api.md points to
-it), with `model` set to `laya` for the choice, the score and the noul, each beside an answer
-whose numbers illustrate the shape only and whose `model` names the checkpoint Laya's routing
-picks (docs/models.md). Swagger UI pre-fills a request body with its operation's first example
-and shows the response example of the same name beside it, so a person's first "Try it out"
-gets a decision, not a body generated from the schema (which the validator refuses). An example
-is listed only while every model it names is enabled (tests/e2e/test_docs_page.py sends every
-one to a real server).
+"""The OpenAPI document's named examples: the contract's own requests, each beside an answer
+whose numbers illustrate the shape only. Swagger UI pre-fills a body with its operation's first
+example, so a person's first "Try it out" gets a decision, not a body generated from the schema
+(which the validator refuses); an example is listed only while every model it names is enabled.
 """
 
 from __future__ import annotations
@@ -13,7 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
+
+from decidealot.contract import ValidationErrorBody
 from decidealot.errors import Unauthorized
+from decidealot.validation.requests import unknown_model
 
 
 @dataclass(frozen=True)
@@ -43,7 +43,6 @@ def _choice(probabilities: dict[str, float]) -> dict[str, Any]:
 
 
 def _answered(model: str, input_tokens: int, **answers: Any) -> dict[str, Any]:
-    """A decision's body, as the contract shapes it."""
     usage = {"input_tokens": input_tokens, "output_tokens": 0}
     return {"model": model, "answers": answers, "usage": usage}
 
@@ -189,16 +188,5 @@ UNLOADED = {
     "providers": [{"name": "laya", "wasLoaded": True}, {"name": "von", "wasLoaded": False}],
 }
 UNAUTHORIZED = {"code": Unauthorized.code, "message": Unauthorized.message, "details": {}}
-UNKNOWN_MODEL = {
-    "detail": [
-        {
-            "loc": ["body", "model"],
-            "msg": (
-                "Value error, unknown model 'unknown-model'; use a name returned by GET /v1/models"
-            ),
-            "type": "value_error",
-            "input": "unknown-model",
-        }
-    ]
-}
+UNKNOWN_MODEL = msgspec.to_builtins(ValidationErrorBody([unknown_model(["body"], "unknown-model")]))
 """The contract's error bodies, shown beside the answers."""

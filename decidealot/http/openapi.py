@@ -52,7 +52,6 @@ _TRUNCATED: dict[str, Any] = {
 def _content(
     schema: str | dict[str, Any], named: dict[str, Any] | None = None, media: str = _JSON
 ) -> dict[str, Any]:
-    """A body of `schema` (a component's name, or a schema itself), with its named examples."""
     body: dict[str, Any] = {"schema": _ref(schema) if isinstance(schema, str) else schema}
     if named:
         body["examples"] = named
@@ -62,7 +61,6 @@ def _content(
 def _response(
     schema: str | dict[str, Any], description: str, examples: dict[str, Any] | None = None
 ) -> dict[str, Any]:
-    """A JSON response, with `examples` (name -> value) when given."""
     return {"description": description, "content": _content(schema, _named(examples or {}))}
 
 
@@ -177,6 +175,11 @@ def document(settings: Settings, models: dict[str, bool] | None = None) -> dict[
         else {info.name for d in registry.enabled_local(settings) for info in d.selectors}
     )
 
+    def operation(
+        method: str, summary: str, responses: dict[str, Any], **more: Any
+    ) -> dict[str, Any]:
+        return {method: {"summary": summary, **more, "responses": responses}}
+
     def decision(
         request: str, response: str, summary: str, named: dict[str, Example]
     ) -> dict[str, Any]:
@@ -186,53 +189,65 @@ def document(settings: Settings, models: dict[str, bool] | None = None) -> dict[
             "content": _content(response, _named(shown, answers=True)),
             "headers": {"Decidealot-Truncated": _TRUNCATED},
         }
-        return {
-            "post": {
-                "summary": summary,
-                "requestBody": {"required": True, "content": _content(request, _named(shown))},
-                "responses": {"200": answers, **guarded, **body_errors},
-            }
-        }
+        body = {"required": True, "content": _content(request, _named(shown))}
+        responses = {"200": answers, **guarded, **body_errors}
+        return operation("post", summary, responses, requestBody=body)
 
     rpc = {"jsonrpc": "2.0"}
     mcp_examples: dict[str, Any] = {"tools-list": {**rpc, "id": 1, "method": "tools/list"}}
     if examples.NOUL.models <= accepted:
         call = {"name": "system_one", "arguments": examples.NOUL.request}
         mcp_examples["system-one"] = {**rpc, "id": 2, "method": "tools/call", "params": call}
+    mcp_request = {"required": True, "content": _content(_JSON_RPC_MESSAGE, _named(mcp_examples))}
+    mcp_responses = {
+        "200": {
+            "description": "The JSON-RPC response, as a server-sent event.",
+            "content": _content(_SSE_EVENT, media="text/event-stream"),
+        },
+        "202": {"description": "A notification or response, accepted."},
+        "400": {
+            "description": (
+                "A JSON-RPC error: not JSON (-32700), a batch or not one JSON-RPC 2.0 message "
+                "(-32600), a protocol version header that disagrees with the body (-32020) or "
+                "names no version served (-32022); or MALFORMED_BODY, a gzip/zstd body that "
+                "cannot be decoded."
+            ),
+            "content": _content({"anyOf": [_ref("JSONRPCError"), _ref("ErrorBody")]}),
+        },
+        **guarded,
+        "403": _text("The SDK's DNS-rebinding check: an Origin not allowed."),
+        "406": _response("JSONRPCError", "Accept does not admit both JSON and event streams."),
+        **{k: _ERRORS[k] for k in ("408", "413", "415", "503")},
+        "421": _text("The SDK's DNS-rebinding check: a Host not allowed."),
+    }
 
     document: dict[str, Any] = {
         "openapi": "3.1.0",
         "info": {"title": "Decidealot", "version": "0.1.0"},
         "paths": {
-            "/health": {
-                "get": {
-                    "summary": "Liveness and configured providers (never needs auth)",
-                    "security": [],
-                    "responses": {
-                        "200": _response("Health", "Serving."),
-                        "503": _response("ErrorBody", "PROVIDER_UNAVAILABLE: shutting down."),
-                    },
-                }
-            },
-            "/v1/status": {
-                "get": {
-                    "summary": "What runs: providers, checkpoints, precision and why, slots",
-                    "responses": {
-                        "200": _response("Status", "The service's state now."),
-                        **guarded,
-                    },
-                }
-            },
-            "/v1/models": {
-                "get": {
-                    "summary": "Every accepted model name",
-                    "responses": {
-                        "200": _response("ModelList", "The catalog."),
-                        **guarded,
-                        "503": _response("ErrorBody", "The hosted catalog is unavailable."),
-                    },
-                }
-            },
+            "/health": operation(
+                "get",
+                "Liveness and configured providers (never needs auth)",
+                {
+                    "200": _response("Health", "Serving."),
+                    "503": _response("ErrorBody", "PROVIDER_UNAVAILABLE: shutting down."),
+                },
+                security=[],
+            ),
+            "/v1/status": operation(
+                "get",
+                "What runs: providers, checkpoints, precision and why, slots",
+                {"200": _response("Status", "The service's state now."), **guarded},
+            ),
+            "/v1/models": operation(
+                "get",
+                "Every accepted model name",
+                {
+                    "200": _response("ModelList", "The catalog."),
+                    **guarded,
+                    "503": _response("ErrorBody", "The hosted catalog is unavailable."),
+                },
+            ),
             "/v1/systemone": decision(
                 "SystemOneRequest", "SystemOneResponse", "One decision", examples.DECISIONS
             ),
@@ -242,55 +257,23 @@ def document(settings: Settings, models: dict[str, bool] | None = None) -> dict[
                 "Independent decisions, all or nothing",
                 examples.BATCHES,
             ),
-            "/v1/models/unload": {
-                "post": {
-                    "summary": "Unload every loaded local provider (idempotent)",
-                    "responses": {
-                        "200": _response(
-                            "UnloadResponse",
-                            "What was loaded before.",
-                            {"unloaded": examples.UNLOADED},
-                        ),
-                        **guarded,
-                        "409": _response("ErrorBody", "PROVIDER_BUSY: a decision is running."),
-                    },
-                }
-            },
-            "/mcp": {
-                "post": {
-                    "summary": "MCP over streamable HTTP (stateless JSON-RPC); see docs/mcp.md",
-                    "requestBody": {
-                        "required": True,
-                        "content": _content(_JSON_RPC_MESSAGE, _named(mcp_examples)),
-                    },
-                    "responses": {
-                        "200": {
-                            "description": "The JSON-RPC response, as a server-sent event.",
-                            "content": _content(_SSE_EVENT, media="text/event-stream"),
-                        },
-                        "202": {"description": "A notification or response, accepted."},
-                        "400": {
-                            "description": (
-                                "A JSON-RPC error: not JSON (-32700), a batch or not one "
-                                "JSON-RPC 2.0 message (-32600), a protocol version header "
-                                "that disagrees with the body (-32020) or names no version "
-                                "served (-32022); or MALFORMED_BODY, a gzip/zstd body that "
-                                "cannot be decoded."
-                            ),
-                            "content": _content(
-                                {"anyOf": [_ref("JSONRPCError"), _ref("ErrorBody")]}
-                            ),
-                        },
-                        **guarded,
-                        "403": _text("The SDK's DNS-rebinding check: an Origin not allowed."),
-                        "406": _response(
-                            "JSONRPCError", "Accept does not admit both JSON and event streams."
-                        ),
-                        **{k: _ERRORS[k] for k in ("408", "413", "415", "503")},
-                        "421": _text("The SDK's DNS-rebinding check: a Host not allowed."),
-                    },
-                }
-            },
+            "/v1/models/unload": operation(
+                "post",
+                "Unload every loaded local provider (idempotent)",
+                {
+                    "200": _response(
+                        "UnloadResponse", "What was loaded before.", {"unloaded": examples.UNLOADED}
+                    ),
+                    **guarded,
+                    "409": _response("ErrorBody", "PROVIDER_BUSY: a decision is running."),
+                },
+            ),
+            "/mcp": operation(
+                "post",
+                "MCP over streamable HTTP (stateless JSON-RPC); see docs/mcp.md",
+                mcp_responses,
+                requestBody=mcp_request,
+            ),
         },
         "components": {"schemas": _schemas(settings)},
     }

@@ -1,8 +1,7 @@
 """MCP over streamable HTTP at `/mcp`, behind the same gateway as the REST API (bearer auth,
 request ids, admission), and stateless: every POST stands alone, so replicas need no session
 affinity (the tools never call back into the client). A POST body is read under the REST API's
-rules and envelopes (`read_body`, here with JSON required), then `checked` and its version
-routing settled (`_misrouted`) before the SDK gets it as plain JSON; other methods get a 405.
+rules (`read_body`), `checked` and its version routing settled before the SDK gets plain JSON.
 """
 
 from __future__ import annotations
@@ -85,9 +84,8 @@ def transport_security(
 
 
 def _plain(scope: Scope, receive: Receive, body: bytes) -> tuple[Scope, Receive]:
-    """The request as the SDK should see it once `body` has been read and decoded: no
-    Content-Encoding, the decoded Content-Length, plain `application/json`, and the body as
-    one message; later messages (the client's disconnect) still come from the server."""
+    """The request as the SDK should see it once `body` is read and decoded: plain JSON headers,
+    the body as one message; later ones (the client's disconnect) still come from the server."""
     headers = [
         (name, value)
         for name, value in scope["headers"]
@@ -136,16 +134,12 @@ def _misrouted(message: JSONRPCMessage, headers: dict[bytes, bytes]) -> JsonRpcR
 class McpEndpoint:
     """The `/mcp` mount for one service: `route` goes into the app's handlers, `running()` into
     its lifespan, which Litestar leaves before `on_shutdown`, so MCP sessions stop before the
-    service closes. `running()` can be entered once; requests reach the route only while it is.
-    """
+    service closes. `running()` can be entered once; requests reach the route only while it is."""
 
     def __init__(self, service: Service) -> None:
         settings = service.settings
-        body_settings = msgspec.structs.replace(
-            settings, max_request_bytes=settings.max_request_bytes + _FRAMING_BYTES
-        )
-        self.body_limit = body_settings.max_request_bytes
-        """The largest body /mcp reads: DECIDEALOT_MAX_REQUEST_BYTES and the framing."""
+        self.body_limit = settings.max_request_bytes + _FRAMING_BYTES
+        body_settings = msgspec.structs.replace(settings, max_request_bytes=self.body_limit)
         manager = self._manager = StreamableHTTPSessionManager(
             app=build_server(ServiceBackend(service, admits=False)),  # the gateway admits /mcp
             stateless=True,
@@ -184,5 +178,4 @@ class McpEndpoint:
         self.route = mcp_endpoint
 
     def running(self) -> AbstractAsyncContextManager[None]:
-        """The session manager's lifetime: its task group serves every MCP request."""
         return self._manager.run()

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Iterator
-from contextlib import AbstractContextManager, asynccontextmanager, contextmanager, nullcontext
+from collections.abc import AsyncIterator
+from contextlib import AbstractContextManager, asynccontextmanager, nullcontext
 from typing import Any, NamedTuple, Protocol
 
 import msgspec
@@ -30,14 +30,7 @@ from mcp_types import (
 )
 
 from decidealot import __version__, logs, tracing
-from decidealot.contract import (
-    TRUNCATED_META,
-    Cut,
-    ErrorBody,
-    Json,
-    ValidationErrorBody,
-    ValidationIssue,
-)
+from decidealot.contract import TRUNCATED_META, Cut, Json, ValidationIssue
 from decidealot.errors import DecidealotError, RequestInvalid, RequestTooLarge, ShuttingDown
 from decidealot.ledger import ADMITTED, CUT_SHORT
 from decidealot.mcp.strict import SERVED_VERSIONS, rejection
@@ -82,22 +75,13 @@ class Backend(Protocol):
 
 
 def failure_of(error: DecidealotError) -> ToolFailure:
-    """The envelope the HTTP API answers `error` with (not `decidealot.asgi.middleware`'s, which
-    would bring Litestar into `decidealot mcp`)."""
-    body: msgspec.Struct
-    if isinstance(error, RequestInvalid):
-        body = ValidationErrorBody(error.issues)
-    else:
-        body = ErrorBody(error.code, error.message, error.details)
-    return ToolFailure(error.status, msgspec.to_builtins(body))
+    return ToolFailure(error.status, msgspec.to_builtins(error.envelope()))
 
 
 class ServiceBackend:
-    """Runs tool calls on this process's `Service`, through the HTTP API's validator.
-
-    `admits`: each call is admitted here (stdio). False where the transport has admitted the
-    request already (the gateway admits every `/mcp` request, and a drain that runs out cuts
-    it there), so that the drain's count and the pending bound see an MCP request once."""
+    """Runs tool calls on this process's `Service`, through the HTTP API's validator. `admits`
+    each call (stdio), or not where the gateway admitted the `/mcp` request already, so that
+    the drain's count and the pending bound see an MCP request once."""
 
     def __init__(self, service: Service, *, admits: bool = True) -> None:
         self._service = service
@@ -134,8 +118,16 @@ class ServiceBackend:
         elif not service.ledger.enter(task):
             raise failure_of(ShuttingDown())
         try:
-            with admission, self._cut_answered(task):
-                yield
+            with admission:
+                try:
+                    yield
+                except asyncio.CancelledError:
+                    # a drain that ran out cut the call (asked here: `admission` forgets it on
+                    # exit): answered `CUT_SHORT`, as the gateway answers an HTTP request it cut
+                    if task is None or not service.ledger.was_cut(task):
+                        raise
+                    task.uncancel()
+                    raise failure_of(CUT_SHORT) from None
         except DecidealotError as error:
             raise failure_of(error) from None
         except ToolFailure:
@@ -147,21 +139,8 @@ class ServiceBackend:
             if self._admits:
                 service.ledger.leave(task)
 
-    @contextmanager
-    def _cut_answered(self, task: asyncio.Task[Any] | None) -> Iterator[None]:
-        """A call the drain cancelled when it ran out is answered `CUT_SHORT`, as the gateway
-        answers an HTTP request it cut."""
-        try:
-            yield
-        except asyncio.CancelledError:
-            if task is None or not self._service.ledger.was_cut(task):
-                raise
-            task.uncancel()
-            raise failure_of(CUT_SHORT) from None
-
 
 def build_server(backend: Backend) -> Server[Any]:
-    """A low-level MCP server whose tools are `TOOLS`, answered by `backend`."""
     if not logging.getLogger().isEnabledFor(logging.DEBUG):
         # the SDK logs every stateless HTTP request at INFO: keep its lines for debug runs
         logging.getLogger("mcp").setLevel(logging.WARNING)
@@ -187,7 +166,13 @@ def build_server(backend: Backend) -> Server[Any]:
             if (refused := rejection(arguments)) is not None:  # by the transport's strict parse
                 raise ToolFailure(422, refused)
             if arguments and params.name in (LIST_MODELS, UNLOAD_MODELS):
-                raise _extra_arguments(arguments)
+                # tools without parameters reject any, as the validator rejects unknown fields
+                extra = "Extra inputs are not permitted"
+                issues = [
+                    ValidationIssue(["body", name], extra, "extra_forbidden", value)
+                    for name, value in arguments.items()
+                ]
+                raise failure_of(RequestInvalid(issues))
             body, cuts = await backend.call(params.name, arguments)
         except ToolFailure as failure:
             log.info("tool %s failed with status %d", params.name, failure.status)
@@ -219,17 +204,7 @@ def build_server(backend: Backend) -> Server[Any]:
     return server
 
 
-def _extra_arguments(arguments: Arguments) -> ToolFailure:
-    """Tools without parameters reject any, as the validator rejects unknown body fields."""
-    issues = [
-        ValidationIssue(["body", name], "Extra inputs are not permitted", "extra_forbidden", value)
-        for name, value in arguments.items()
-    ]
-    return failure_of(RequestInvalid(issues))
-
-
 def _names(models: Json) -> list[str] | None:
-    """The names in a list_models result."""
     listed = models.get("models") if isinstance(models, dict) else None
     if not isinstance(listed, list):
         return None

@@ -29,13 +29,7 @@ from mcp.server.stdio import stdio_server
 from mcp.shared.dispatcher import coerce_request_id
 from mcp.shared.jsonrpc_dispatcher import cancelled_request_id_from_params
 from mcp.shared.message import SessionMessage
-from mcp_types import (
-    JSONRPCError,
-    JSONRPCNotification,
-    JSONRPCRequest,
-    JSONRPCResponse,
-    RequestId,
-)
+from mcp_types import JSONRPCError, JSONRPCNotification, JSONRPCRequest, JSONRPCResponse, RequestId
 
 from decidealot import logs, tracing
 from decidealot.config import ConfigError, Settings
@@ -69,8 +63,16 @@ _UNWIND_SECONDS = 0.5
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Serve MCP on stdin/stdout until the client closes it; the exit status."""
-    args = _parser().parse_args(argv)
+    parser = argparse.ArgumentParser(
+        prog="decidealot mcp", description="Serve Decidealot's MCP tools over stdio."
+    )
+    parser.add_argument(
+        "--url",
+        type=_base_url,
+        help="forward tool calls to the Decidealot at this base URL (e.g. http://127.0.0.1:8080) "
+        "instead of running providers here; its key is read from DECIDEALOT_API_KEY",
+    )
+    args = parser.parse_args(argv)
     try:
         settings = from_env()
     except ConfigError as exc:
@@ -93,19 +95,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         asyncio.run(_serve(settings, args.url))
     tracing.shutdown()
     return 0
-
-
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="decidealot mcp", description="Serve Decidealot's MCP tools over stdio."
-    )
-    parser.add_argument(
-        "--url",
-        type=_base_url,
-        help="forward tool calls to the Decidealot at this base URL (e.g. http://127.0.0.1:8080) "
-        "instead of running providers here; its key is read from DECIDEALOT_API_KEY",
-    )
-    return parser
 
 
 def _base_url(raw: str) -> str:
@@ -199,12 +188,8 @@ class _Owed:
 
     def settle(self, request_id: RequestId) -> None:
         """`request_id` was answered, or cancelled (the spec forbids answering a cancelled
-        request); an id not owed is ignored."""
-        key = coerce_request_id(request_id)
-        if self._ids[key] > 1:
-            self._ids[key] -= 1
-        else:
-            self._ids.pop(key, None)
+        request); an id not owed is ignored (a Counter's `-=` keeps positive counts only)."""
+        self._ids -= Counter([coerce_request_id(request_id)])
         if not self._ids:
             self._none.set()
 
@@ -217,8 +202,7 @@ async def _relay(
     to_client: MemoryObjectSendStream[SessionMessage],
     owed: _Owed,
 ) -> None:
-    """The SDK's messages and `_screened`'s refusals to the SDK's stdout writer, each answer
-    settling its request."""
+    """The SDK's messages and `_screened`'s refusals to stdout, each answer settling its request."""
     async with from_server, to_client:
         async for message in from_server:
             await to_client.send(message)

@@ -1,17 +1,12 @@
 """What both transports check each incoming JSON-RPC message against before the SDK parses it,
-and what a message they refuse is told.
+and what a message they refuse is told (docs/mcp.md).
 
-The SDK parses leniently: a duplicate key keeps its last value, `10**30` and `NaN` are numbers, a
-lone surrogate is a string. So `screen` replaces the raw `arguments` of a `tools/call` that the
-HTTP API's strict parser refuses by a marker holding its 422 envelope, which the tool handler
-answers (`rejection`) as a tool error: the same issues, at the same positions, as the same bytes
-sent as an HTTP body; arguments that pass are left byte for byte. `checked` then holds the whole
-message to the SDK's schema, strictly: not JSON is a parse error (-32700), a batch or anything
-else outside the schema an invalid request (-32600).
-
-Versions: the SDK names only 2026-07-28 in `server/discover` and its -32022 errors; both
-transports name every version served (`SERVED_VERSIONS`: 2024-11-05 to 2025-11-25 through
-`initialize`, 2026-07-28 per request; docs/mcp.md).
+The SDK parses leniently (a duplicate key keeps its last value, `10**30` and `NaN` are numbers, a
+lone surrogate is a string), so `screen` replaces the raw `arguments` of a `tools/call` that the
+HTTP API's strict parser refuses by a marker holding its 422 envelope, answered as a tool error
+(`rejection`) with the issues the same bytes get as an HTTP body; arguments that pass are left
+byte for byte. `checked` then holds the whole message to the SDK's schema, strictly. The SDK
+names only 2026-07-28 in `server/discover` and -32022; both transports name `SERVED_VERSIONS`.
 """
 
 from __future__ import annotations
@@ -52,8 +47,6 @@ Span = tuple[int, int]
 
 
 def screen(message: bytes) -> bytes:
-    """`message` as the SDK should parse it: unchanged unless it is a `tools/call` whose
-    arguments the strict parser refuses, which then carries the refusal instead."""
     # surrogateescape: undecodable bytes survive the round trip, and the strict parser
     # reports them as the HTTP API does
     text = message.decode("utf-8", errors="surrogateescape")

@@ -13,7 +13,7 @@ import msgspec
 from mcp_types import Tool, ToolAnnotations
 
 from decidealot.contract import BatchResponse, ModelList, SystemOneResponse, UnloadResponse
-from decidealot.schema import CONFIG_DESCRIPTION, declare_models, request_components
+from decidealot.schema import declare_models, request_components
 
 SYSTEM_ONE = "system_one"
 SYSTEM_ONE_BATCH = "system_one_batch"
@@ -92,7 +92,6 @@ _REQUEST_FIELD_DESCRIPTIONS = {
         "or noul (criteria: optional {true, false} descriptions). State the question and its "
         "rules in `instructions`."
     ),
-    "config": CONFIG_DESCRIPTION,
 }
 
 
@@ -106,7 +105,6 @@ def _object_schema(root: type[msgspec.Struct]) -> dict[str, Any]:
 
 
 def _rooted(root: str, components: dict[str, Any]) -> dict[str, Any]:
-    """Component `root` as a whole schema, with the other components as its $defs."""
     components = _plain_json_schema(components)
     schema: dict[str, Any] = components.pop(root)
     schema.pop("title", None)
@@ -126,27 +124,17 @@ def _plain_json_schema(value: Any) -> Any:
     return value
 
 
-def _described(request: dict[str, Any]) -> None:
-    for name, text in _REQUEST_FIELD_DESCRIPTIONS.items():
-        request["properties"][name]["description"] = text
-
-
-def _system_one_input() -> dict[str, Any]:
-    """The `POST /v1/systemone` body with the validator's bounds, as the OpenAPI document's."""
+def _input(root: str) -> dict[str, Any]:
+    """The `root` body with the validator's bounds, its fields described for an agent."""
     components = request_components(_DEFS)
-    del components["BatchRequest"]
-    schema = _rooted("SystemOneRequest", components)
-    _described(schema)
-    return schema
-
-
-def _batch_input() -> dict[str, Any]:
-    schema = _rooted("BatchRequest", request_components(_DEFS))
-    schema["properties"]["requests"]["description"] = (
+    for name, text in _REQUEST_FIELD_DESCRIPTIONS.items():
+        components["SystemOneRequest"]["properties"][name]["description"] = text
+    components["BatchRequest"]["properties"]["requests"]["description"] = (
         "Complete system_one arguments, one per decision; results keep this order."
     )
-    _described(schema["$defs"]["SystemOneRequest"])
-    return schema
+    if root != "BatchRequest":
+        del components["BatchRequest"]
+    return _rooted(root, components)
 
 
 _NO_ARGUMENTS: dict[str, Any] = {"type": "object", "properties": {}, "additionalProperties": False}
@@ -158,7 +146,7 @@ TOOLS: dict[str, Tool] = {
             name=SYSTEM_ONE,
             title="System One decision",
             description=_SYSTEM_ONE_DESCRIPTION,
-            input_schema=_system_one_input(),
+            input_schema=_input("SystemOneRequest"),
             output_schema=_object_schema(SystemOneResponse),
             annotations=ToolAnnotations(read_only_hint=True, idempotent_hint=True),
         ),
@@ -166,7 +154,7 @@ TOOLS: dict[str, Tool] = {
             name=SYSTEM_ONE_BATCH,
             title="System One decisions, batched",
             description=_SYSTEM_ONE_BATCH_DESCRIPTION,
-            input_schema=_batch_input(),
+            input_schema=_input("BatchRequest"),
             output_schema=_object_schema(BatchResponse),
             annotations=ToolAnnotations(read_only_hint=True, idempotent_hint=True),
         ),

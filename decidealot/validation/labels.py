@@ -1,12 +1,6 @@
-"""Label files for `decidealot calibrate`: JSON lines in von-sdk 1.3.7's `von calibrate` format.
-
-Each line is `{"state", "question": {"type", "instructions", "criteria"}, "gold"}`, or the
-shorthand `{"state", "instructions", "choices", "gold"}` for a choice (`choices` an object of
-label -> description, or a list of labels, each its own description). `gold` is a choice's
-label, a score's level index (0 up; an integer or its digits), or a noul's truth: yes / true /
-1 or no / false / 0 (any case, as von reads them). Blank lines are skipped. The question is
-checked by the rules a request's questions meet, so a row the service would refuse is an error
-naming its line, as is a gold that is none of its question's answers.
+"""Label files for `decidealot calibrate`: JSON lines in von-sdk 1.3.7's `von calibrate` format
+(docs/models.md shows each kind of row). Each row's question is checked by the rules a
+request's questions meet, so a row the service would refuse is an error naming its line.
 """
 
 from __future__ import annotations

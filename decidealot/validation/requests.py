@@ -1,15 +1,10 @@
 """The System One request rules: decoded JSON -> validated, routed requests, or every issue.
 
-HTTP and MCP both call `strict_json.parse_json`, then `validate_request` / `validate_batch`; nothing
-reaches a provider before they return, and each request comes back with the route its model resolved
-to, which the executor runs it on (nothing resolves a name twice). Issues use TypeSafe's
-(FastAPI/pydantic) 422 shape, with the question type in `loc` the way pydantic reports a
-discriminated union: `["body", "questions", "urgency", "score", "criteria"]`. All issues of a body
-are reported at once, not just the first.
-
-Bounds beyond TypeSafe's schema (documented in docs/api.md): question names 1-128 characters,
-choice labels 1-256 characters, at most 1024 questions, 1-255 choice options, 2-10 score
-levels; the body as a whole is bounded by DECIDEALOT_MAX_REQUEST_BYTES.
+HTTP and MCP both call `strict_json.parse_json`, then `validate_request` / `validate_batch`;
+each request comes back with the route its model resolved to (nothing resolves a name twice).
+Issues use TypeSafe's (FastAPI/pydantic) 422 shape, the question type in `loc` as pydantic
+reports a discriminated union (`["body", "questions", "urgency", "score", "criteria"]`), all of
+a body's at once. The bounds beyond TypeSafe's schema are docs/api.md's table.
 
 Why not pydantic, which is installed and whose messages these are: it reports a model's unknown
 fields after its fields, not in the body's order; its `missing` issue echoes the parent object
@@ -288,16 +283,20 @@ def _check_criteria(tag: str, criteria: Json, loc: Loc, issues: _Issues) -> None
             _check_text(description, [*loc, label], issues, allow_null=True)
 
 
+def unknown_model(loc: Loc, model: str) -> ValidationIssue:
+    """A name the catalog does not accept (the OpenAPI document's example too)."""
+    msg = f"Value error, unknown model {model!r}; use a name returned by GET /v1/models"
+    return ValidationIssue([*loc, "model"], msg, "value_error", model)
+
+
 def _finish(draft: _Draft, routes: dict[str, Route | None], issues: _Issues) -> Routed | None:
-    """Check the model name and its config schema; build the request if all of it is valid."""
     if draft.model is None:
         return None
     route = routes.get(draft.model)
     if route is _UNCHECKED:
         return None
     if route is None:
-        msg = f"unknown model {draft.model!r}; use a name returned by GET /v1/models"
-        issues.add([*draft.loc, "model"], f"Value error, {msg}", "value_error", draft.model)
+        issues.append(unknown_model(draft.loc, draft.model))
         return None
     config = draft.fields["config"]
     if not isinstance(config, dict):

@@ -34,6 +34,11 @@ LAYA_COMMIT = hashlib.sha1(b"tiny laya", usedforsecurity=False).hexdigest()
 CLM_COMMIT = hashlib.sha1(b"tiny clm", usedforsecurity=False).hexdigest()
 
 
+def _path(bundle: str, settings: Settings) -> Path:
+    """Where the providers are told bundle `bundle`'s checkpoint is."""
+    return next(p for p in paths.every_bundle() if p.name == bundle).path(settings)
+
+
 def _bytes(seed: str, n: int) -> bytes:
     out = bytearray()
     block = seed.encode()
@@ -212,7 +217,7 @@ def test_install_then_second_start_makes_no_request(hub_repo: TinyHub) -> None:
     settings = hub_repo.settings()
     bundles.install_enabled(settings, progress=False)
 
-    folder = paths.find("von-1.1").path(settings)
+    folder = _path("von-1.1", settings)
     assert folder == hub_repo.models / "von-1.1"
     for path, (content, _) in hub_repo.von.items():
         assert (folder / path).read_bytes() == content
@@ -254,11 +259,11 @@ def test_laya_subfolders_and_clm_head_install_where_providers_look(
     )
 
     for name in names[:3]:
-        folder = paths.find(name).path(settings)
+        folder = _path(name, settings)
         assert json.loads((folder / "rl_agent_config.json").read_bytes()) == {"encoder": name}
         assert (folder / "encoder" / "config.json").is_file()
         assert not (folder / "multilingual").exists()
-    head = paths.find("clm-0.1-8b").path(settings)
+    head = _path("clm-0.1-8b", settings)
     assert head == hub_repo.models / "clm-0.1-8b" / "CLM_v0.1-8B.pt"
     assert head.read_bytes() == hub_repo.clm_head
 
@@ -268,7 +273,7 @@ def test_local_overrides_skip_their_bundles(hub_repo: TinyHub, tmp_path: Path) -
     own.mkdir()
     settings = hub_repo.settings(von_checkpoint=own)
     assert paths.to_download(settings) == []
-    assert paths.find("von-1.1").path(settings) == own
+    assert _path("von-1.1", settings) == own
     bundles.install_enabled(settings, progress=False)
     assert hub_repo.hub.requests == []
 
@@ -548,7 +553,7 @@ def test_shipped_manifests_hold_what_providers_load(tmp_path: Path) -> None:
             "encoder/config.json",
         },
         "von-1.1": {"config.json", "tokenizer.json", "option_marker.pt", "marker_calibration.json"},
-        "clm-0.1-8b": {paths.find("clm-0.1-8b").path(settings).name},
+        "clm-0.1-8b": {_path("clm-0.1-8b", settings).name},
     }
     needed["laya-multilingual"] = needed["laya-typed-decisions"] = needed["laya-english"]
     for name, manifest in shipped.items():

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from decidealot import cli, device, preflight, registry
-from decidealot.checkpoints.paths import enabled_bundles, find
+from decidealot.checkpoints.paths import enabled_bundles
 from tests.support.cli import NO_LOCAL
 
 
@@ -143,7 +143,7 @@ def test_checkpoint_problems_follow_the_descriptors(tmp_path: Path) -> None:
     assert f"bundle von-1.1 (installed at {tmp_path / 'von-1.1'}): the directory is missing" in (
         problems
     )
-    head = find("clm-0.1-8b").path(settings)
+    head = next(p for p in enabled_bundles(settings) if p.name == "clm-0.1-8b").path(settings)
     assert head == tmp_path / "clm-0.1-8b" / "CLM_v0.1-8B.pt"
     assert f"bundle clm-0.1-8b (installed at {head}): the head file is missing" in problems
     assert preflight.checkpoint_problems(settings, overrides_only=True) == []

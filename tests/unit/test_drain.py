@@ -12,6 +12,9 @@ from typing import Any
 
 from decidealot import registry
 from decidealot.asgi.middleware import Gateway
+from decidealot.ledger import ADMITTED
+from decidealot.mcp.server import ServiceBackend, ToolFailure
+from decidealot.mcp.tools import LIST_MODELS
 from decidealot.service import Service
 
 
@@ -79,3 +82,42 @@ async def test_the_drain_answers_what_finishes_and_cuts_the_rest_with_a_503() ->
     assert started[-1] == {"type": "http.response.body", "body": b""}
     assert refused[0]["status"] == 503
     assert json.loads(refused[1]["body"])["message"] == "the service is shutting down"
+
+
+async def test_an_mcp_tool_call_the_drain_cuts_is_answered_as_a_tool_error() -> None:
+    """Over /mcp the gateway admitted the request, so the drain cancels the tool call in its
+    place (`Ledger.cut_instead`); over stdio the call was admitted itself. Either way the call
+    fails as the HTTP API answers a cut request, and the transport's request completes."""
+    service = Service(registry.settings(), providers=[])
+    never = asyncio.Event()
+
+    async def models() -> None:
+        await never.wait()
+
+    service.models = models  # type: ignore[method-assign]
+    failures: list[ToolFailure] = []
+
+    async def tool_call(admits: bool) -> None:
+        try:
+            await ServiceBackend(service, admits=admits).call(LIST_MODELS, {})
+        except ToolFailure as failure:
+            failures.append(failure)
+
+    async def over_mcp() -> None:
+        request = asyncio.current_task()
+        assert service.ledger.enter(request)
+        ADMITTED.set(request)
+        try:
+            await asyncio.create_task(tool_call(admits=False))
+        finally:
+            service.ledger.leave(request)
+
+    calls = [asyncio.create_task(over_mcp()), asyncio.create_task(tool_call(admits=True))]
+    await asyncio.sleep(0.05)
+    await asyncio.wait_for(service.ledger.drain(0.05), 5)
+    await asyncio.wait_for(asyncio.gather(*calls), 5)
+
+    assert [failure.status for failure in failures] == [503, 503]
+    assert {failure.envelope["message"] for failure in failures} == {
+        "the service shut down before this request finished"
+    }

@@ -47,7 +47,7 @@ def render(registry: CollectorRegistry) -> str:
 
 def value(name: str, **labels: str) -> float:
     """A sample of the process's registry now (0 before its first observation)."""
-    return metrics.REGISTRY.collectors.get_sample_value(name, labels) or 0.0
+    return metrics.REGISTRY.get_sample_value(name, labels) or 0.0
 
 
 def unloads(**labels: str) -> float:
@@ -141,7 +141,7 @@ def test_an_info_keeps_one_series_per_checkpoint() -> None:
 def test_the_service_metrics_are_in_the_private_registry_only() -> None:
     from prometheus_client import REGISTRY as GLOBAL
 
-    assert metrics.REGISTRY.collectors.get_sample_value("decidealot_pending_requests") is not None
+    assert metrics.REGISTRY.get_sample_value("decidealot_pending_requests") is not None
     assert GLOBAL.get_sample_value("decidealot_pending_requests") is None
 
 

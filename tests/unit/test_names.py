@@ -43,13 +43,12 @@ SAME_ROLE_FUNCTIONS: dict[str, tuple[frozenset[str], str]] = {
         frozenset(
             {
                 "decidealot.cli",
-                "decidealot.mcp",
                 "decidealot.mcp.stdio",
                 "decidealot.providers.clm.encoder_server",
                 "decidealot.providers.engine.proc",
             }
         ),
-        "each program's entry point (decidealot.mcp's only defers the stdio import)",
+        "each program's entry point",
     ),
     "answer": (
         frozenset(

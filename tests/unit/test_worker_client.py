@@ -115,7 +115,7 @@ async def until(condition, what: str, seconds: float = 10.0) -> None:  # type: i
 
 def share(checkpoint: str) -> float | None:
     labels = {"provider": "scripted", "checkpoint": checkpoint}
-    return metrics.REGISTRY.collectors.get_sample_value(GAUGE, labels)
+    return metrics.REGISTRY.get_sample_value(GAUGE, labels)
 
 
 def loaded(checkpoint: str, int8_layers: int) -> Loaded:

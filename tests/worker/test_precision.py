@@ -340,7 +340,7 @@ async def _reported_share(labels: dict[str, str], precision: str) -> float | Non
     """The share the worker's `Loaded` frame (read after `Ready`) set for this load."""
     expected = 1.0 if precision == "int8" else 0.0
     for _ in range(100):
-        share = metrics.REGISTRY.collectors.get_sample_value("decidealot_int8_linear_share", labels)
+        share = metrics.REGISTRY.get_sample_value("decidealot_int8_linear_share", labels)
         if share == expected:
             break
         await asyncio.sleep(0.05)
