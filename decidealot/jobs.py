@@ -1,8 +1,6 @@
-"""What the gateway's core and a worker exchange through a local runtime: the engine to build
-(`EngineSpec`), each request's `Job` and its `Decision`, and how each checkpoint loaded
-(`CheckpointLoad`). The messages that carry them, and the engine protocol a worker hosts, are
-the seam's (`decidealot.providers.engine.protocol`); these live at the bottom because the
-executor, residency and `/v1/status` read them too.
+"""What the gateway's core and a worker exchange through a local runtime. The messages that
+carry them are the seam's (`decidealot.providers.engine.protocol`); these live at the bottom
+because the executor and `/v1/status` read them too.
 """
 
 from __future__ import annotations
@@ -13,24 +11,21 @@ from decidealot.contract import Answer, Cut, Json, Question, State
 
 
 class EngineSpec(msgspec.Struct, frozen=True):
-    """How to build an engine: sent to the worker in its first frame."""
-
     factory: str
     """`module:function` returning an engine, e.g.
     `decidealot.providers.laya.worker.engine:create`."""
 
     checkpoints: dict[str, str]
-    """Checkpoint key -> local path (file or directory) for every checkpoint it may serve."""
+    """Key -> local path (file or directory) of every checkpoint it may serve."""
 
     preload: list[str] = []
     """Checkpoint keys to load before the worker reports healthy."""
 
     device: str = "cpu"
-    """`cpu` or `cuda` (already resolved from `auto`)."""
+    """Resolved from `auto`."""
 
     torch_threads: int = 0
     """0 keeps torch's default."""
-
     options: dict[str, Json] = {}
     """Provider-specific settings (e.g. CLM's text-byte bound)."""
 
@@ -63,9 +58,8 @@ class Decision(msgspec.Struct):
 class CheckpointLoad(msgspec.Struct, frozen=True):
     """A checkpoint an engine loaded (at start when preloaded, else on its first job, before that
     job's answer): the precision it runs in, the `DECIDEALOT_PRECISION` value it came from
-    (`requested`) and why (`reason`), which linear layers of its encoder run int8 and which roles
-    the int8 probe kept fp32. `path` is its folder, for the log line and `/v1/status`; nothing of
-    its contents."""
+    (`requested`) and why (`reason`), and which linear layers run int8 (the rest, by role, kept
+    fp32 by the int8 probe). `path` is its folder; nothing of its contents."""
 
     checkpoint: str
     path: str
@@ -80,5 +74,4 @@ class CheckpointLoad(msgspec.Struct, frozen=True):
 
     @property
     def int8_share(self) -> float:
-        """The share (0-1) of its encoder's linear layers that run int8."""
         return self.int8_layers / self.linear_layers if self.linear_layers else 0.0

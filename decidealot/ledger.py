@@ -1,11 +1,8 @@
-"""`Ledger`: the gateway's one record of the work in flight.
-
-It holds each admitted request (HTTP or MCP), which of them hold a place under
-`DECIDEALOT_MAX_PENDING_REQUESTS` (a decision request for a local provider: a batch counts once),
-and each local decision, waiting for its provider's residency slot or holding it. Admission, the
-drain, residency's evictions and unload's 409, `/v1/status` and `/metrics` all read it here;
-nothing else counts this work. (A worker's client keeps the futures of its jobs by id, because
-answers come back by id from another process: that is their way back, not a count.)
+"""`Ledger`: the gateway's one record of the work in flight: each admitted request (HTTP or
+MCP), which of them hold a place under `DECIDEALOT_MAX_PENDING_REQUESTS` (a local decision
+request; a batch counts once), and each local decision's claim on its provider's residency slot.
+Admission, the drain, residency's evictions and unload's 409, `/v1/status` and `/metrics` read it
+here; nothing else counts this work.
 """
 
 from __future__ import annotations
@@ -42,7 +39,6 @@ class Claim:
         ledger._waiting[provider] += 1
 
     def hold(self) -> None:
-        """It holds its provider's slot now."""
         ledger = self._ledger
         ledger._waiting[self.provider] -= 1
         ledger._holding[self.provider] += 1
@@ -57,13 +53,10 @@ class Ledger:
     def __init__(self, max_pending: int = 0) -> None:
         self.max_pending = max_pending
         self.draining = False
-        self.requests = 0
-        """Requests admitted and not yet finished: what a drain waits for."""
-        self.pending = 0
-        """Decision requests admitted to local providers and not yet answered."""
+        self.requests = 0  # what a drain waits for
+        self.pending = 0  # under DECIDEALOT_MAX_PENDING_REQUESTS
         self._tasks: set[asyncio.Task[Any]] = set()
-        """The admitted requests' own tasks (or the tasks doing their work): what a drain that
-        runs out cancels."""
+        """The admitted requests' own tasks (or those doing their work): what a drain cuts."""
         self._cut: set[asyncio.Task[Any]] = set()
         self._idle = asyncio.Event()
         self._idle.set()
@@ -73,8 +66,7 @@ class Ledger:
     # -- requests ------------------------------------------------------------------------------
 
     def enter(self, task: asyncio.Task[Any] | None = None) -> bool:
-        """Admit one request; False once draining. `task` is the request's own: a drain that
-        runs out cancels it."""
+        """False once draining. A drain that runs out cancels `task`."""
         if self.draining:
             return False
         self.requests += 1
@@ -113,13 +105,12 @@ class Ledger:
             self._tasks.add(request)
 
     def was_cut(self, task: asyncio.Task[Any]) -> bool:
-        """Whether the drain cancelled `task` (then its request is answered `CUT_SHORT`)."""
+        """Then its request is answered `CUT_SHORT`."""
         return task in self._cut
 
     async def drain(self, seconds: float) -> None:
-        """Refuse new requests (503 `ShuttingDown`) and let the admitted ones run for up to
-        `seconds` (`DECIDEALOT_DRAIN_SECONDS`); then cancel the ones still running, whose
-        requests are answered 503, and wait briefly for them to unwind."""
+        """New requests are refused (503); admitted ones run for up to `seconds`
+        (`DECIDEALOT_DRAIN_SECONDS`), then are cancelled (answered 503) and may unwind."""
         self.draining = True
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._idle.wait(), seconds)
@@ -142,8 +133,7 @@ class Ledger:
 
     @contextlib.contextmanager
     def pending_request(self) -> Iterator[None]:
-        """Hold a place under `DECIDEALOT_MAX_PENDING_REQUESTS` while a decision request for a
-        local provider runs; `ProviderOverloaded` (503) when none is free."""
+        """`ProviderOverloaded` (503) when none is free."""
         with tracing.span("admission", pending=self.pending):
             if self.max_pending and self.pending >= self.max_pending:
                 metrics.ADMISSION_REJECTED.inc()
@@ -158,7 +148,7 @@ class Ledger:
 
     @contextlib.contextmanager
     def claim(self, provider: str) -> Iterator[Claim]:
-        """One local decision of `provider`, waiting until its claim `hold()`s the slot."""
+        """Waiting until residency's `hold()`."""
         claim = Claim(self, provider)
         try:
             yield claim
@@ -166,9 +156,8 @@ class Ledger:
             claim.end()
 
     def waiting(self, provider: str | None = None) -> int:
-        """Local decisions waiting for a residency slot (of `provider`; None: any)."""
+        """Local decisions waiting for a slot (of `provider`; None: any)."""
         return self._waiting[provider] if provider else sum(self._waiting.values())
 
     def holding(self, provider: str | None = None) -> int:
-        """Local decisions holding a residency slot (of `provider`; None: any)."""
         return self._holding[provider] if provider else sum(self._holding.values())

@@ -43,12 +43,8 @@ class Provider(Protocol):
 @runtime_checkable
 class HostedProvider(Provider, Protocol):
     async def decide(self, selector: str, request: SystemOneRequest) -> SystemOneResponse:
-        """Answer one validated request for `selector` (one of `models()`' names).
-
-        Raises `RequestInvalid` for input the model cannot take (its issues located within
-        the request: the executor places them in the body) and `ProviderUnavailable` for
-        anything that stops the provider from answering.
-        """
+        """`RequestInvalid` for input the model cannot take (its issues located within the
+        request), `ProviderUnavailable` for anything else that stops it answering."""
 
 
 @runtime_checkable
@@ -64,21 +60,16 @@ class LocalRuntime(Protocol):
         """True while the worker is up and healthy; turns False by itself if it dies."""
 
     async def load(self, replacing: LocalRuntime | None = None) -> None:
-        """Start the worker and wait until it reports healthy; raise ProviderUnavailable.
-
-        `replacing` is a loaded runtime residency evicts to make room for this one: it is
-        unloaded before this one's model loads, whether the load then succeeds or not, so one
-        slot never holds two models. A runtime may take over what `replacing` leaves behind
-        (the process runtime: its worker process, emptied in place)."""
+        """ProviderUnavailable where it cannot. `replacing` (evicted to make room) is unloaded
+        before this model loads, whether the load succeeds or not: one slot never holds two
+        models. A runtime may take over what it leaves (its worker process, emptied)."""
 
     async def unload(self) -> None:
         """Stop the worker so its memory returns to the system; idempotent."""
 
     async def submit(self, job: Job, sent: Callable[[], None] | None = None) -> Decision:
-        """Run one job on the loaded worker; `sent` is called once the job is on its way to
-        the worker (a batch then forwards its next item, so the two can share passes).
-        Raises `RequestInvalid` or `ProviderUnavailable`; cancelling the call withdraws the
-        job."""
+        """`sent` is called once the job is on its way (a batch then forwards its next item,
+        so the two can share passes); cancelling the call withdraws the job."""
 
     def checkpoints(self) -> list[CheckpointLoad]:
         """How its worker loaded each checkpoint it holds, in load order (`/v1/status`)."""
@@ -107,8 +98,7 @@ class JobToMake(Protocol):
     """`make` runs inside the residency hold, on the lane (CLM's encoder shares the serial
     lane); otherwise before the hold."""
 
-    async def make(self) -> MadeJob:
-        """The job that answers the accepted request, and the tokens its calls spent."""
+    async def make(self) -> MadeJob: ...
 
 
 @runtime_checkable

@@ -1,26 +1,16 @@
-"""The gateway's side of the seam: `WorkerClient`, the one handle on a worker process, and
-`ProcessRuntime`, the local runtime residency loads and unloads over such clients.
-
-A client owns its process (through a `Link`), the one task that reads its frames, its watchdog,
-the futures of its jobs in flight and what it reported loading. Its `State` says what the
-process is doing; only the client changes it:
+"""The gateway's side of the seam: `WorkerClient`, the one handle on a worker process (its
+process, reader, watchdog, jobs in flight and loads), and `ProcessRuntime`, the local runtime
+residency loads and unloads over such clients. Only the client changes its `State`:
 
     spare --start--> starting --Ready--> ready --release--> releasing --Released--> spare
     any state --exit, garbage, hung pass, stall--> lost;  --stop--> stopped
 
-A model switch (residency evicting one provider for another) hands a released client, process
-and all, to the next provider's runtime, so a switch pays for the model, not for an interpreter
-and torch. A worker that exits, sends garbage, runs one pass past
-`DECIDEALOT_PROVIDER_TIMEOUT_SECONDS`, or stalls (work waits, and for as long it has sent nothing,
-not even a heartbeat, and used no CPU; or it holds jobs and runs nothing) is killed: every job in
-flight on it fails with `ProviderUnavailable`, its runtime is no longer loaded, and the next
-request starts a new worker. Building an engine (which loads its preloaded checkpoints) is bounded
-by `DECIDEALOT_PROVIDER_START_TIMEOUT_SECONDS`, and so is preparing one job (which may load a
-checkpoint on its first use). A job whose caller is cancelled is withdrawn with `Cancel`.
-
-Workers never outlive the gateway: they end when their stdin closes, and the kernel kills them
-when the gateway dies (`PR_SET_PDEATHSIG`, which fires when the thread that started the worker
-exits, i.e. the event loop's thread).
+A model switch hands a released client, process and all, to the next provider's runtime: a
+switch pays for the model, not for an interpreter and torch. A lost worker is killed, its jobs
+fail with `ProviderUnavailable`, and the next request starts a new one (the watchdog's rules:
+docs/architecture.md, "The seam"). Workers never outlive the gateway: they end when their stdin
+closes, and the kernel kills them when the gateway dies (`PR_SET_PDEATHSIG`, which fires when
+the thread that started the worker exits, i.e. the event loop's thread).
 """
 
 from __future__ import annotations
@@ -89,9 +79,7 @@ STDERR_LINE_LIMIT = 1 << 20
 
 
 def start_frame(spec: EngineSpec, settings: Settings) -> Start:
-    """The first frame to a worker of `spec` (its device resolved): what one pass may hold, how
-    many run at once, the most tokens one job may cost, and a heartbeat a few times per pass
-    timeout."""
+    """A heartbeat a few times per pass timeout, so that a stall shows well within it."""
     return Start(
         spec,
         token_budget(settings, spec.device),
@@ -108,30 +96,27 @@ def background(work: Coroutine[object, object, None]) -> asyncio.Task[None]:
 
 
 class Link(Protocol):
-    """A client's connection to its worker: a subprocess's pipes, or, in tests and benches, a
-    worker loop in a thread (`inprocess`)."""
+    """A client's connection to its worker: a subprocess's pipes, or a worker loop in a thread
+    (`inprocess`)."""
 
     pid: int
     stderr: asyncio.StreamReader | None
 
     async def send(self, frame: bytes) -> None:
-        """Write one encoded frame; nothing when the worker has gone (its reader finds out)."""
+        """Nothing when the worker has gone: its reader finds out."""
 
-    async def receive(self) -> bytes | None:
-        """The next frame's payload; None once the worker has ended."""
+    async def receive(self) -> bytes | None: ...
 
     def kill(self) -> None: ...
 
-    async def wait(self) -> int:
-        """Its exit status, once it has ended."""
+    async def wait(self) -> int: ...
 
     async def close(self, kill: bool) -> None:
-        """End the worker: its input closes, then a kill after `EXIT_GRACE_SECONDS` (at once
-        with `kill`); returns once it has ended."""
+        """Its input closes, then a kill after `EXIT_GRACE_SECONDS` (at once with `kill`)."""
 
     def moving(self) -> bool:
-        """Whether the worker used CPU since the last call (and is not stopped); False where
-        that cannot be read."""
+        """Whether it used CPU since the last call and is not stopped (False where unknown):
+        a worker whose import holds the GIL sends nothing for a second, but is not stalled."""
 
 
 class PipeLink:
@@ -231,26 +216,23 @@ class WorkerClient:
         self._pass_timeout = settings.provider_timeout_seconds
         self._start_timeout = settings.provider_start_timeout_seconds
         self.log = log
-        """Its current owner's logger: its stderr lines go there too."""
+        """Its current owner's: its stderr lines go there too."""
         self.owner = ""
         """The provider whose engine it runs, for metric labels."""
         self.state = State.SPARE
         self.loads: dict[str, CheckpointLoad] = {}
-        """Checkpoint -> how the engine loaded it, for `/v1/status` and the gauges."""
         self._jobs: dict[int, _Waiter] = {}
-        """Job id -> its waiter: answers come back by id from another process, so their way
-        back is kept here; the ledger of in-flight work is `decidealot.ledger`."""
+        """Answers come back by id from another process: this is their way back, not a count
+        (the gateway's one ledger of work is `decidealot.ledger`)."""
         self._ids = itertools.count(1)
         self._answer: asyncio.Future[Ready | Failed | Released | None] | None = None
         """The `Start` or `Release` waiting for its answer (None: the worker went away)."""
-        loop = asyncio.get_running_loop()
-        self._heard = loop.time()
+        self._heard = asyncio.get_running_loop().time()
         """When it last sent a frame, or when work began to wait on it."""
+        # what runs there and since when (loop time), by its heartbeats
         self._passes: dict[int, float] = {}
-        """Compute thread -> when its running pass began (loop time), by its heartbeats."""
         self._preparing: float | None = None
         self._quiet: float | None = None
-        """Since when it holds jobs and runs nothing, by its heartbeats."""
         self._tasks = [background(self._read())]
         self._watchdog = background(self._watch())
         if link.stderr is not None:
@@ -261,8 +243,7 @@ class WorkerClient:
         return self._link.pid
 
     async def start(self, start: Start, owner: str, log: logging.Logger) -> None:
-        """Build `start`'s engine in this spare worker; ProviderUnavailable (the worker stopped)
-        if it cannot."""
+        """ProviderUnavailable, the worker stopped, where the engine cannot be built."""
         assert self.state is State.SPARE
         self.owner, self.log, self.state = owner, log, State.STARTING
         answer = await self._ask(start, self._start_timeout)
@@ -279,8 +260,7 @@ class WorkerClient:
         raise ProviderUnavailable(START_FAILED)
 
     async def release(self) -> bool:
-        """Drop the engine but keep the process: its jobs in flight fail, it returns the
-        engine's memory and waits for another `Start`. False when it does not answer within
+        """Drop the engine, keep the process; False when it does not answer within
         `EXIT_GRACE_SECONDS` (then it is killed)."""
         assert self.state is State.READY
         self.state = State.RELEASING
@@ -300,8 +280,7 @@ class WorkerClient:
         return True
 
     async def stop(self, *, kill: bool = False) -> None:
-        """End the process: its stdin closes (a worker exits by itself), then a kill after a
-        grace; at once with `kill`."""
+        """Its stdin closes (a worker exits by itself), then a kill after a grace."""
         self.state = State.STOPPED
         self._watchdog.cancel()
         self._end_engine(STOPPED)
@@ -310,8 +289,7 @@ class WorkerClient:
         self.log.info("worker stopped (pid %d)", self.pid)
 
     async def submit(self, job: Job, sent: Callable[[], None] | None = None) -> Decision:
-        """Run one job, batched with whatever else is in flight; `sent` is called once its
-        frame is written. Cancelling the call withdraws the job."""
+        """`sent` is called once the job is written; cancelling the call withdraws the job."""
         if self.state is not State.READY:
             raise ProviderUnavailable(NOT_LOADED)
         job_id = next(self._ids)
@@ -341,7 +319,7 @@ class WorkerClient:
     async def _ask(
         self, frame: Start | Release, timeout: float
     ) -> Ready | Failed | Released | None:
-        """Send `frame` and wait for its answer; None on a timeout or a lost worker."""
+        """Its answer; None on a timeout or a lost worker."""
         self._heard = asyncio.get_running_loop().time()
         answer = self._answer = asyncio.get_running_loop().create_future()
         await self._link.send(encode(frame))
@@ -356,9 +334,8 @@ class WorkerClient:
             self._answer = None
 
     def _end_engine(self, message: str) -> None:
-        """The engine is gone (released, stopped or lost): every job in flight fails with
-        `message`, and the gauges of the checkpoints it reported go, so that `/metrics`
-        describes no checkpoint that is not loaded."""
+        """Its jobs fail with `message`, and its checkpoints' gauges go: `/metrics` describes
+        no checkpoint that is not loaded."""
         for waiter in self._jobs.values():
             if not waiter.future.done():
                 waiter.future.set_exception(ProviderUnavailable(message))
@@ -372,7 +349,7 @@ class WorkerClient:
             self._answer.set_result(None)
 
     def _lose(self, reason: str, message: str) -> None:
-        """Kill the worker; counted as a failure where it was serving (`reason`)."""
+        """Counted as a failure where it was serving."""
         if self.state in (State.LOST, State.STOPPED):
             return
         if self.state is State.READY:
@@ -454,10 +431,8 @@ class WorkerClient:
             )
 
     def _loaded(self, load: CheckpointLoad) -> None:
-        """One line saying the precision the checkpoint runs in and why (a warning where bf16's
-        load probe put fp32 back), its gauges, and a warning when `DECIDEALOT_PRECISION=int8`
-        left some linear layers in fp32 (answers then move less, and cost more, than int8
-        promises)."""
+        """A warning where bf16's probe put fp32 back, or where int8 left layers in fp32 (its
+        answers then move less, and cost more, than int8 promises)."""
         self.loads[load.checkpoint] = load
         owner, checkpoint = self.owner, load.checkpoint
         self.log.log(
@@ -492,8 +467,8 @@ class WorkerClient:
             )
 
     async def _forward_stderr(self, stderr: asyncio.StreamReader) -> None:
-        """The worker's stderr into its owner's log, a line per record; lines that start with a
-        level name take it, continuation lines (tracebacks) keep the previous one."""
+        """A line per record; a line starting with a level name takes it, continuation lines
+        (tracebacks) keep the previous one."""
         level = logging.WARNING
         while True:
             try:
@@ -514,7 +489,6 @@ class WorkerClient:
     # -- the watchdog ------------------------------------------------------------------------
 
     async def _watch(self) -> None:
-        """Check a few times per pass timeout, until the worker stops or is lost."""
         loop = asyncio.get_running_loop()
         while self.state not in (State.LOST, State.STOPPED):
             await asyncio.sleep(min(self._pass_timeout / 4, 1.0))
@@ -542,9 +516,8 @@ class WorkerClient:
 
 
 class ProcessRuntime:
-    """A local provider's worker (`decidealot.protocols.LocalRuntime`): a `WorkerClient` while
-    loaded. It applies `DECIDEALOT_DEVICE` and `DECIDEALOT_TORCH_THREADS` to the spec it is
-    given, so every local provider honours them the same way."""
+    """A local provider's worker (`LocalRuntime`). It applies `DECIDEALOT_DEVICE` and
+    `DECIDEALOT_TORCH_THREADS` to the spec, so every local provider honours them alike."""
 
     def __init__(self, name: str, spec: EngineSpec, settings: Settings) -> None:
         self.name = name
@@ -552,14 +525,12 @@ class ProcessRuntime:
         self.spec = msgspec.structs.replace(
             spec, device=self.device, torch_threads=settings.torch_threads
         )
-        """The engine its worker runs, device and torch threads resolved."""
         self._settings = settings
         self._python = settings.worker_python or sys.executable
         self._client: WorkerClient | None = None
         self._lifecycle = asyncio.Lock()
         self._log = log.getChild(name)
         self._restarting = False
-        """A worker of this runtime was lost: its next start counts as a restart."""
 
     @property
     def loaded(self) -> bool:
@@ -571,9 +542,8 @@ class ProcessRuntime:
         return list(client.loads.values()) if client is not None and self.loaded else []
 
     async def load(self, replacing: LocalRuntime | None = None) -> None:
-        """Start the worker. `replacing` (a runtime residency evicts to make room) is unloaded
-        first; when it is a `ProcessRuntime` of the same kind, its worker process is taken over
-        with its engine dropped and its memory returned, instead of a new one started."""
+        """`replacing` (evicted to make room) unloads first; a `ProcessRuntime` of the same kind
+        hands its worker process over instead."""
         async with self._lifecycle:
             spare = None
             if isinstance(replacing, ProcessRuntime) and replacing._reuses(self):
@@ -606,20 +576,16 @@ class ProcessRuntime:
                 await client.stop()
 
     async def submit(self, job: Job, sent: Callable[[], None] | None = None) -> Decision:
-        """Raises `RequestInvalid` for input the engine rejects and `ProviderUnavailable` when
-        the worker is not loaded, dies, hangs or fails on this job."""
         client = self._client
         if client is None:
             raise ProviderUnavailable(NOT_LOADED)
         return await client.submit(job, sent)
 
     def _reuses(self, other: ProcessRuntime) -> bool:
-        """Whether `other` may take over this runtime's worker process."""
         return type(other) is type(self) and other._python == self._python
 
     async def _release(self) -> WorkerClient | None:
-        """Unload, but hand over the worker process with its engine dropped; None when there is
-        none to hand over (not loaded, or it did not release in time and was killed)."""
+        """Unload, handing the worker process over; None when there is none to hand over."""
         async with self._lifecycle:
             client = self._take()
             if client is None:
@@ -630,8 +596,7 @@ class ProcessRuntime:
             return client if await client.release() else None
 
     def _take(self) -> WorkerClient | None:
-        """This runtime's client, which it no longer holds; a lost one makes the next start a
-        restart."""
+        """A lost one makes the next start a restart."""
         client, self._client = self._client, None
         if client is not None and client.state is State.LOST:
             self._restarting = True

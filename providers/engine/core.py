@@ -1,20 +1,13 @@
-"""`EngineCore`: one engine's jobs, from their arrival to their answers, with no I/O.
+"""`EngineCore`: one engine's jobs, from their arrival to their answers, with no I/O (every
+message goes to `emit`).
 
-Threads:
-
-- prepare: runs `engine.prepare` (tokenisation, and a checkpoint's load on its first use) while
-  passes run, and refuses a job over the token limit before any of its rows reaches a pass;
-- compute (`compute_threads` of them): each takes the planner's next turn (rows of concurrent
-  jobs, the job of the fewest turns first, within the token budget) and runs its passes,
-  reporting each with `PassDone`. There is no wait for a batch to fill: a turn is whatever waits
-  when a thread is free. Several compute threads let one-thread CPU passes use every core; rows
-  are independent, so each job's answer is the same whichever rows shared its passes and
-  whichever thread ran them.
-
-A failing pass of several jobs is rerun job by job, so an error reaches only the job that caused
-it. A cancelled job's rows not yet in a pass are withdrawn; those in a pass run on and are
-dropped. Every message goes to `emit` (the pipe in a worker process). Log lines name exception
-types and code locations, never exception messages: those may quote the state.
+The prepare thread runs `engine.prepare` while passes run, and refuses a job over the token
+limit before any of its rows reaches a pass. Each compute thread takes the planner's next turn
+and runs its passes: there is no wait for a batch to fill, and several threads let one-thread
+CPU passes use every core (rows are independent: a job's answer is the same whichever rows and
+thread ran it). A failing pass of several jobs is rerun job by job, so an error reaches only the
+job that caused it; a cancelled job's rows not yet in a pass are withdrawn. Log lines name
+exception types and places, never messages: those may quote the state.
 """
 
 from __future__ import annotations
@@ -54,9 +47,6 @@ def describe(exc: BaseException) -> str:
 
 
 class EngineCore:
-    """Runs one engine's jobs: prepares them on one thread, plans their rows into passes and
-    runs those on `compute_threads` threads."""
-
     def __init__(
         self,
         engine: Engine,
@@ -70,22 +60,18 @@ class EngineCore:
         self._compute_threads = compute_threads
         self._job_token_limit = job_token_limit
         self._incoming: queue.SimpleQueue[tuple[int, Job] | None] = queue.SimpleQueue()
-        self._changed = threading.Condition()
-        """Guards everything below."""
+        self._changed = threading.Condition()  # guards everything below
         self._planner = Planner(token_budget, engine.shape)
         self._stopped = False
-        self._computing = 0
-        """Compute threads running a turn."""
+        self._computing = 0  # compute threads running a turn
+        # what runs and since when (`time.monotonic`), for heartbeats
         self._passes: dict[int, float] = {}
-        """Compute thread -> when its running pass began (`time.monotonic`)."""
         self._preparing: float | None = None
-        """When the running `prepare` began."""
         self._moved = time.monotonic()
         """When a job last arrived at an empty core, or a pass or prepare last began or ended."""
         self._threads: list[threading.Thread] = []
 
     def start(self) -> None:
-        """Run the prepare thread and every compute thread in the background."""
         self._threads = [threading.Thread(target=self._prepare_jobs, name="prepare", daemon=True)]
         self._threads += [
             threading.Thread(target=self._compute, args=(n,), name=f"compute-{n}", daemon=True)
@@ -107,7 +93,7 @@ class EngineCore:
             self._planner.remove(job_id)
 
     def heartbeat(self) -> Heartbeat | None:
-        """What runs and for how long; None while the core holds nothing and runs nothing."""
+        """None while the core holds nothing and runs nothing."""
         with self._changed:
             if not self._planner and not self._passes and self._preparing is None:
                 return None
@@ -118,15 +104,14 @@ class EngineCore:
         return Heartbeat(passes, preparing, now - self._moved if quiet else 0.0)
 
     def stop(self) -> None:
-        """End the threads once their current pass is done."""
+        """The threads end once their current pass is done."""
         with self._changed:
             self._stopped = True
             self._changed.notify_all()
         self._incoming.put(None)
 
     def close(self) -> None:
-        """Drop every job not yet answered, stop, and wait for the threads to end (each finishes
-        the pass it runs), so that nothing refers to the engine any more."""
+        """Drop every job, stop, and wait for the threads: then nothing refers to the engine."""
         with self._changed:
             self._planner.clear()
         self.stop()
@@ -165,7 +150,6 @@ class EngineCore:
             self._finish(planned)
 
     def _compute(self, thread: int) -> None:
-        """One compute thread's loop; `compute_threads` of them share the planner."""
         while True:
             with self._changed:
                 while not (turn := self._planner.take()):
@@ -184,8 +168,6 @@ class EngineCore:
                 trim()
 
     def _run(self, thread: int, each: PlannedPass) -> None:
-        """One forward pass; a failing pass of several jobs is rerun job by job, so an error
-        reaches only the job that caused it."""
         with self._changed:
             rows = [(job, index) for job, index in each.rows if self._planner.live(job)]
             if not rows:
@@ -249,7 +231,7 @@ class EngineCore:
         self._send(job_id, frame)
 
     def _send(self, job_id: int, frame: FromWorker) -> None:
-        """A job's answer; one that msgpack cannot carry fails the job instead."""
+        """An answer msgpack cannot carry fails the job instead."""
         try:
             self._emit(frame)
         except (msgspec.EncodeError, TypeError, ValueError, OverflowError) as exc:

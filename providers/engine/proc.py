@@ -1,13 +1,10 @@
 """The worker process of one local provider (`python -m decidealot.providers.engine`): the loop
 around an `EngineCore`, its pipes and its exit.
 
-Torch and checkpoints live only in this process, so unloading a provider is ending it. Frames
-arrive on stdin and leave on stdout, which nothing else may write to (stray prints land on
-stderr, which the gateway forwards to its log). Each `Start` builds an engine and runs its jobs
-in a core until a `Release`: then the engine is dropped, its memory returned to the system and
-`Released` answered, and the next `Start` builds the next engine in the same process, so a
-model switch costs no new interpreter and no second torch import. At the end of stdin (the
-gateway closed it or died) the process ends at once, whatever runs.
+Torch and checkpoints live only in this process, so unloading a provider is ending it. Each
+`Start` builds an engine and runs its jobs until a `Release`; then its memory goes back to the
+system, and the next `Start` builds the next engine in the same process (a model switch costs no
+new interpreter and no second torch import). At the end of stdin the process ends at once.
 """
 
 from __future__ import annotations
@@ -53,12 +50,10 @@ _PR_SET_PDEATHSIG = 1
 
 
 def build_engine(spec: EngineSpec, report: ReportLoad) -> Engine:
-    """Import `spec.factory` and call it, with torch's thread count applied (the one place that
-    sets it: OpenMP's and MKL's before torch is imported, torch's after).
-
-    What the imports made is frozen out of the garbage collector's reach (`gc.freeze`): it
-    lives as long as the process, and a full collection over torch's objects would otherwise
-    slow every model switch (docs/performance.md, "Model switches")."""
+    """The one place that sets torch's thread count (OpenMP's and MKL's before torch is
+    imported, torch's after). What the imports made lives as long as the process: frozen out of
+    the collector's reach, or a full collection over torch's objects would slow every model
+    switch (docs/performance.md, "Model switches")."""
     if spec.torch_threads > 0:
         for variable in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
             os.environ[variable] = str(spec.torch_threads)
@@ -72,8 +67,7 @@ def build_engine(spec: EngineSpec, report: ReportLoad) -> Engine:
 
 
 class _Pulse:
-    """The heartbeat thread: while the worker builds an engine or its core holds work, a
-    `Heartbeat` every `Start.heartbeat_seconds`. It needs only the GIL, so it goes quiet when
+    """The heartbeat thread, while an engine builds or the core holds work: it goes quiet when
     the process is stopped or wedged, which is what the client looks for."""
 
     def __init__(self, emit: Callable[[FromWorker], None], interval: float) -> None:
@@ -81,7 +75,6 @@ class _Pulse:
         self.interval = interval
         self.core: EngineCore | None = None
         self.building: float | None = None
-        """When the engine being built began (`time.monotonic`)."""
         self._stop = threading.Event()
         threading.Thread(target=self._run, name="heartbeat", daemon=True).start()
 
@@ -105,11 +98,8 @@ class _Pulse:
 
 
 def host_engines(receive: Callable[[], ToWorker | None], emit: Callable[[FromWorker], None]) -> int:
-    """Build each `Start`'s engine and run its jobs until the input ends; the exit status: 0
-    at the end of the input, 1 when an engine cannot be built, 2 for a frame out of place.
-
-    `receive` blocks for the next message (None at the end); `emit` sends one, from any
-    thread. A worker process runs this on its pipes; `inprocess` on queues in a thread."""
+    """The exit status: 0 at the end of the input, 1 when an engine cannot be built, 2 for a
+    frame out of place. `emit` is called from any thread; `inprocess` runs this on queues."""
     pulse: _Pulse | None = None
     try:
         while True:
@@ -140,8 +130,7 @@ def _run_engine(
     emit: Callable[[FromWorker], None],
     pulse: _Pulse,
 ) -> int | None:
-    """Build `start`'s engine and run its jobs until a `Release` (None, with nothing left that
-    refers to the engine, so that its memory can go) or an exit status."""
+    """None at a `Release`, with nothing left that refers to the engine (its memory can go)."""
     pulse.interval, pulse.building = start.heartbeat_seconds, time.monotonic()
     try:
         engine = build_engine(start.spec, lambda load: emit(Loaded(load)))
@@ -179,22 +168,19 @@ def _run_engine(
 
 
 def release_memory() -> int:
-    """Give the memory of the dropped engine back to the system (`memory.release_freed`: a
-    freed checkpoint's tensors otherwise stay in the process's arenas); the resident bytes
-    after it."""
+    """A freed checkpoint's tensors otherwise stay in the process's arenas."""
     release_freed()
     return resident_bytes()
 
 
 class _FrameWriter:
-    """Serialises frame writes from the loop, heartbeat, prepare and compute threads."""
+    """Serialises writes from the loop, heartbeat, prepare and compute threads."""
 
     def __init__(self, stream: BinaryIO) -> None:
         self._stream = stream
         self._lock = threading.Lock()
 
     def write(self, frame: FromWorker) -> None:
-        """Raises what msgpack raises for a frame it cannot carry; nothing is written then."""
         data = encode(frame)
         try:
             with self._lock:
@@ -205,8 +191,7 @@ class _FrameWriter:
 
 
 def _take_frame_pipes() -> tuple[BinaryIO, BinaryIO]:
-    """Private handles on the frame pipes; fds 0 and 1 become /dev/null and stderr, so that
-    nothing else can write to the frames."""
+    """fds 0 and 1 become /dev/null and stderr: a stray print cannot corrupt the frames."""
     frames_in = os.fdopen(os.dup(0), "rb")
     frames_out = os.fdopen(os.dup(1), "wb")
     devnull = os.open(os.devnull, os.O_RDONLY)
@@ -219,8 +204,8 @@ def _take_frame_pipes() -> tuple[BinaryIO, BinaryIO]:
 
 
 def main() -> None:
-    """The process: dies with its gateway, leaves Ctrl-C to it, and ends with `host_engines`' status
-    at once (`os._exit`), without waiting for a pass that still runs."""
+    """Dies with its gateway, leaves Ctrl-C to it, and exits at once, never waiting for a pass
+    that still runs."""
     if sys.platform.startswith("linux"):  # the kernel kills this process when the gateway dies
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)

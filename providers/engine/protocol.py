@@ -1,21 +1,18 @@
 """The seam's protocol: the engine a worker hosts, and the messages between the gateway's
 `client` and a worker's `proc` loop and `core`.
 
-An engine `prepare`s a job into rows (tokenisation, on the worker's prepare thread); the core's
-planner packs rows of concurrent jobs of one `group` into forward passes within the token budget
-and calls `forward` once per pass; once every row of a job has its output, `finish` reads the
-job's answers out of them. Rows never see each other (padding is masked), so a job's answers do
-not depend on which rows shared its passes. Engines import torch; nothing in the gateway imports
-an engine module.
+An engine `prepare`s a job into rows; the core's planner packs rows of concurrent jobs of one
+`group` into forward passes and calls `forward` once per pass; `finish` reads a job's answers
+out of its rows' outputs. Rows never see each other (padding is masked), so a job's answers do
+not depend on which rows shared its passes.
 
 Messages are length-prefixed msgspec msgpack frames on the worker's stdin and stdout. The
-gateway sends `Start`, then `Submit` per job, `Cancel` for a job whose caller has gone and
-`Release` to drop the engine but keep the process (a model switch). The worker answers a `Start`
-with `Ready` or `Failed` and a `Release` with `Released`; each job not cancelled with exactly one
-`Result`, `Rejected` or `JobFailed`; each checkpoint it loads with one `Loaded`, when it loads;
-each forward pass with a `PassDone`; and while it holds work, a `Heartbeat` every
-`Start.heartbeat_seconds`, saying what runs and for how long, so that the client tells a slow
-worker from a stalled one. No message carries an exception's text: it may quote the state.
+gateway sends `Start`, `Submit` per job, `Cancel` for a job whose caller has gone and `Release`
+(a model switch: drop the engine, keep the process). The worker answers a `Start` with `Ready`
+or `Failed`, a `Release` with `Released`, each job not cancelled with one `Result`, `Rejected`
+or `JobFailed`; it reports each checkpoint it loads (`Loaded`), each pass (`PassDone`) and, while
+it holds work, what runs (`Heartbeat`), so that the client tells a slow worker from a stalled
+one. No message carries an exception's text: it may quote the state.
 """
 
 from __future__ import annotations
@@ -42,13 +39,13 @@ class Row(Protocol):
 
 
 class PreparedJob(Protocol):
-    """An engine's prepared form of a job; the core reads only these three fields."""
+    """What the core reads of an engine's prepared job."""
 
     group: Hashable
     """Rows of equal group may share a forward pass (e.g. the same checkpoint)."""
 
     rows: Sequence[Row]
-    """The job's rows in the job's own order; `finish` receives one output per row."""
+    """In the job's own order; `finish` receives one output per row."""
 
     input_tokens: int
     """What `usage.input_tokens` will report; `DECIDEALOT_MAX_REQUEST_TOKENS` bounds it."""
@@ -91,8 +88,7 @@ def ignore_load(load: CheckpointLoad) -> None:
 
 
 class Start(msgspec.Struct, tag="start", frozen=True):
-    """First frame to a worker (and the first after each `Released`): the engine to build, how
-    much one pass may hold, how many run at once, and how often to say it is alive."""
+    """The engine to build (first, and after each `Released`)."""
 
     spec: EngineSpec
     batch_token_budget: int
@@ -117,13 +113,10 @@ class Cancel(msgspec.Struct, tag="cancel", frozen=True):
 
 
 class Release(msgspec.Struct, tag="release", frozen=True):
-    """Drop the engine (jobs not yet answered are dropped with it), return its memory, answer
-    `Released` and wait for the next `Start`."""
+    """Drop the engine and its unanswered jobs, return its memory, wait for the next `Start`."""
 
 
 class Ready(msgspec.Struct, tag="ready", frozen=True):
-    """The engine is built and its preloaded checkpoints are in memory."""
-
     device: str
 
 
@@ -138,8 +131,7 @@ class Failed(msgspec.Struct, tag="failed", frozen=True):
 
 
 class Released(msgspec.Struct, tag="released", frozen=True):
-    """The engine is gone and its memory returned; `rss_bytes` is the process's resident memory
-    now (0 where it cannot be read)."""
+    """`rss_bytes`: the process's resident memory once the engine's went (0: unknown)."""
 
     rss_bytes: int
 
@@ -164,9 +156,8 @@ class JobFailed(msgspec.Struct, tag="job_failed", frozen=True):
 
 
 class PassDone(msgspec.Struct, tag="pass", frozen=True):
-    """A forward pass that ran on compute thread `thread`: the jobs with rows in it, its rows,
-    its padded tokens, when it started (`time.time()`) and how long `engine.forward` took.
-    Sent before the results of the jobs it completed; metrics and traces read it."""
+    """A forward pass (`started`: `time.time()`; `tokens`: padded), sent before the results of
+    the jobs it completed; metrics and traces read it."""
 
     thread: int
     jobs: list[int]
@@ -177,9 +168,8 @@ class PassDone(msgspec.Struct, tag="pass", frozen=True):
 
 
 class Heartbeat(msgspec.Struct, tag="beat", frozen=True):
-    """The worker is alive and holds work (jobs, or an engine to build): for how many seconds
-    each running pass has run, by compute thread; the running prepare (which may load a
-    checkpoint) or engine build; and, while it holds jobs with nothing running, that quiet."""
+    """Seconds each running pass has run (by compute thread), the running prepare or engine
+    build has run, and the worker has held jobs with nothing running."""
 
     passes: dict[int, float] = {}
     preparing: float = 0.0
@@ -207,8 +197,7 @@ class FrameError(Exception):
 
 
 def encode(frame: ToWorker | FromWorker) -> bytes:
-    """The frame with its length prefix, ready for one write. Raises what msgpack raises for
-    what it cannot carry (an integer beyond 64 bits), before anything is written."""
+    """Raises what msgpack raises for what it cannot carry (an integer beyond 64 bits)."""
     payload = _encoder.encode(frame)
     return _LENGTH.pack(len(payload)) + payload
 
@@ -235,7 +224,7 @@ def _length(prefix: bytes) -> int:
 
 
 def read_payload(stream: BinaryIO) -> bytes | None:
-    """Blocking read of one frame's payload; None at a clean end of stream."""
+    """None at a clean end of stream."""
     prefix = stream.read(_LENGTH.size)
     if not prefix:
         return None
@@ -249,7 +238,7 @@ def read_payload(stream: BinaryIO) -> bytes | None:
 
 
 async def read_payload_async(reader: asyncio.StreamReader) -> bytes | None:
-    """One frame's payload from an asyncio stream; None at a clean end of stream."""
+    """None at a clean end of stream."""
     try:
         prefix = await reader.readexactly(_LENGTH.size)
     except asyncio.IncompleteReadError as exc:
