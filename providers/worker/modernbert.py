@@ -1,29 +1,34 @@
-"""ModernBERT's encoder in plain torch: what Laya and Von run, without importing transformers.
+"""ModernBERT's encoder in plain torch, and what Laya's and Von's engines share around it.
 
-transformers' `ModernBertModel` is about a hundred lines of arithmetic behind `modeling_utils`,
-whose import cost a worker start more than torch itself (docs/performance.md, "Model
-switches"). This is the same arithmetic, op for op and in the same order, with the same
-parameter names, so upstream's state dicts load strictly and a row's hidden states equal
-transformers' (tests/worker/test_modernbert.py). The modules are built on the meta device and
-`load` assigns them the checkpoint's tensors: no weight is allocated or copied before it loads.
+transformers' `ModernBertModel` is a hundred lines of arithmetic behind `modeling_utils`, whose
+import cost a worker start more than torch itself (docs/performance.md, "Model switches"). This
+is that arithmetic, op for op and in order, with its parameter names: upstream's state dicts
+load strictly and hidden states equal transformers' (tests/worker/test_modernbert.py). Modules
+are built on the meta device and `load` assigns them the checkpoint's tensors (no copy).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import threading
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from decidealot.config import LONG_STATES
+from decidealot.contract import Cut
+from decidealot.errors import state_too_long
+from decidealot.jobs import EngineSpec
+from decidealot.providers.engine.protocol import ReportLoad
 from decidealot.providers.json_files import read_json_object
 from decidealot.providers.worker import int8
 from decidealot.providers.worker.bf16 import Lowered, lower_guarded
-from decidealot.providers.worker.precision import AUTOCAST
+from decidealot.providers.worker.precision import AUTOCAST, checkpoint_load, engine_precision
 
 FULL = "full_attention"
 SLIDING = "sliding_attention"
@@ -51,20 +56,14 @@ class Config:
     attention_bias: bool = False
     mlp_bias: bool = False
     local_attention: int = 128
-    rope_theta: tuple[tuple[str, float], ...] = ()
-    """(layer type, RoPE theta) per layer type."""
+    rope_theta: tuple[tuple[str, float], ...] = ()  # (layer type, theta) pairs
     hidden_activation: str = "gelu"
     model_type: str = ""
-    """Must be `modernbert` (`of` refuses a config without it)."""
 
     @property
     def sliding_window(self) -> int:
         """Half the local window: a sliding layer's key is at most this far from its query."""
         return self.local_attention // 2
-
-    @property
-    def num_hidden_layers(self) -> int:
-        return len(self.layer_types)
 
     @property
     def head_dim(self) -> int:
@@ -239,7 +238,7 @@ class ModernBert(nn.Module):
         super().__init__()
         self.config = config
         self.embeddings = Embeddings(config)
-        self.layers = nn.ModuleList(Layer(config, i) for i in range(config.num_hidden_layers))
+        self.layers = nn.ModuleList(Layer(config, i) for i in range(len(config.layer_types)))
         self.final_norm = nn.LayerNorm(
             config.hidden_size, eps=config.norm_eps, bias=config.norm_bias
         )
@@ -353,7 +352,6 @@ class Precision(NamedTuple):
     amp_dtype: torch.dtype
     """The autocast dtype of a pass (`autocast`): CUDA's bf16 or fp16, else fp32 (none)."""
     linears: int8.Quantised
-    """How many of the encoder's linear layers run int8 (none outside `int8`)."""
     lowered: Lowered | None
     """Under bf16 on a CPU: whether the encoder kept its bf16 weights after the probe."""
 
@@ -391,3 +389,71 @@ def autocast(device: torch.device, dtype: torch.dtype) -> AbstractContextManager
     if dtype == torch.float32:
         return nullcontext()
     return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+class Loaded(Protocol):
+    linears: int8.Quantised
+    lowered: Lowered | None
+
+
+M = TypeVar("M", bound=Loaded)
+
+
+class Checkpoints(Generic[M]):
+    """A Laya or Von engine's checkpoints by key, each loaded once (at create where
+    `spec.preload` names it, else on its first job) and reported, whichever thread asks first;
+    and the options both engines read: `calibrations` (key -> the file that replaces the
+    checkpoint's own), `long_states` (`DECIDEALOT_LONG_STATES`) and the precision."""
+
+    def __init__(
+        self,
+        engine: str,
+        spec: EngineSpec,
+        report: ReportLoad,
+        load: Callable[[str, torch.device, str, str | None], M],
+        *,
+        keys: Sequence[str],
+        on_cuda: str,
+    ) -> None:
+        calibrations = spec.options.get("calibrations", {})
+        if not isinstance(calibrations, dict) or not all(
+            key in keys and isinstance(path, str) for key, path in calibrations.items()
+        ):
+            raise ValueError(
+                f"{engine} engine option calibrations must map checkpoint keys {list(keys)} "
+                "to files"
+            )
+        self.long_states = spec.options.get("long_states", "cut")
+        if self.long_states not in LONG_STATES:
+            raise ValueError(f"{engine} engine option long_states must be one of {LONG_STATES}")
+        self.device = torch.device(spec.device)
+        self._engine, self._report, self._load = engine, report, load
+        self._paths, self._calibrations = dict(spec.checkpoints), calibrations
+        # `on_cuda`: what `auto` means on a GPU, the precision the engine's upstream runs there
+        self._precision = engine_precision(spec.options, spec.device, on_cuda=on_cuda)
+        self._loaded: dict[str, M] = {}
+        self._lock = threading.Lock()
+        for key in spec.preload:
+            self(key)
+
+    def __call__(self, key: str) -> M:
+        loaded = self._loaded.get(key)
+        if loaded is not None:
+            return loaded
+        if key not in self._paths:
+            raise ValueError(f"{self._engine} checkpoint {key!r} is not configured")
+        with self._lock:
+            if key not in self._loaded:
+                path, calibration = self._paths[key], self._calibrations.get(key)
+                loaded = self._load(path, self.device, self._precision.precision, calibration)
+                self._report(
+                    checkpoint_load(key, path, self._precision, loaded.linears, loaded.lowered)
+                )
+                self._loaded[key] = loaded
+            return self._loaded[key]
+
+    def refuse_cuts(self, cuts: Sequence[Cut], reads: str) -> None:
+        """Under `long_states=refuse`, the 422 for the question whose state was cut most."""
+        if cuts and self.long_states == "refuse":
+            tightest = min(cuts, key=lambda cut: cut.read)
+            raise state_too_long(tightest.total, tightest.question, tightest.read, reads)

@@ -202,10 +202,10 @@ def test_a_checkpoint_loads_once_under_concurrent_first_jobs(
 ) -> None:
     from decidealot.providers.von.worker import engine as engine_module
 
-    loads: list[Path] = []
+    loads: list[str] = []
     model_class = engine_module.VonModel
 
-    def slow_model(directory: Path, *args: Any) -> Any:
+    def slow_model(directory: str, *args: Any) -> Any:
         loads.append(directory)
         time.sleep(0.2)  # both threads ask while the first load is under way
         return model_class(directory, *args)
@@ -220,7 +220,7 @@ def test_a_checkpoint_loads_once_under_concurrent_first_jobs(
     job = _job("a state", {"n": {"type": "noul"}})
     with ThreadPoolExecutor(2) as pool:
         prepared = list(pool.map(lambda _: engine.prepare(job), range(2)))
-    assert loads == [von_dirs["plain"]]
+    assert loads == [str(von_dirs["plain"])]
     assert len(run_together(engine, prepared)) == 2
 
 

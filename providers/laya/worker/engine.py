@@ -3,23 +3,20 @@ Padding is masked, so a job's answers do not depend on what it shared passes wit
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
-from typing import cast
 
 import torch
 
-from decidealot.config import LONG_STATES
 from decidealot.contract import Cut, Question
-from decidealot.errors import RequestInvalid, state_too_long
+from decidealot.errors import RequestInvalid
 from decidealot.jobs import Decision, EngineSpec, Job
 from decidealot.providers.engine.protocol import PassShape, ReportLoad, ignore_load
 from decidealot.providers.laya import CHECKPOINTS
 from decidealot.providers.laya.worker import readout
 from decidealot.providers.laya.worker.model import PASS_INPUTS, Checkpoint, load_checkpoint
 from decidealot.providers.laya.worker.render import LayaRow, fill, render_heads, state_ids, windows
-from decidealot.providers.worker.precision import checkpoint_load, engine_precision
+from decidealot.providers.worker.modernbert import Checkpoints
 
 PASS_TOKEN_LIMIT = 262_144
 """Padded tokens (rows x longest row) above which a turn is cut into several passes."""
@@ -45,47 +42,19 @@ class LayaPreparedJob:
 
 
 class LayaEngine:
-    """Serves the three Laya checkpoints; each loads once, at create or on its first job.
-    `prepare` and `forward` may be called from several threads at once."""
+    """Serves the three Laya checkpoints; `prepare` and `forward` may run in several threads."""
 
     def __init__(self, spec: EngineSpec, report: ReportLoad = ignore_load):
         unknown = set(spec.checkpoints) - set(CHECKPOINTS)
         if unknown:
             raise ValueError(f"unknown Laya checkpoint keys: {sorted(unknown)}")
-        self._paths = dict(spec.checkpoints)
-        self._calibrations = calibrations(spec, CHECKPOINTS)
-        self._long_states = spec.options.get("long_states", "cut")
-        if self._long_states not in LONG_STATES:
-            raise ValueError(f"Laya engine option long_states must be one of {LONG_STATES}")
-        self._device = torch.device(spec.device)
-        # On a GPU upstream Laya autocasts to bf16 (its shipped `amp_dtype`): `auto` does too.
-        self._precision = engine_precision(spec.options, spec.device, on_cuda="bf16")
         # On CUDA a pass is worth a large batch: cut only past the token limit.
-        cpu = self._device.type == "cpu"
+        cpu = torch.device(spec.device).type == "cpu"
         self.shape = PassShape(PASS_TOKEN_LIMIT, CPU_PASS_COST if cpu else None)
-        self._loaded: dict[str, Checkpoint] = {}
-        self._load_lock = threading.Lock()
-        self._report = report
-        for key in spec.preload:
-            self._checkpoint(key)
-
-    def _checkpoint(self, key: str) -> Checkpoint:
-        loaded = self._loaded.get(key)
-        if loaded is not None:
-            return loaded
-        if key not in self._paths:
-            raise ValueError(f"Laya checkpoint {key!r} is not configured")
-        with self._load_lock:
-            if key not in self._loaded:
-                path = self._paths[key]
-                loaded = load_checkpoint(
-                    path, self._device, self._precision.precision, self._calibrations.get(key)
-                )
-                self._report(
-                    checkpoint_load(key, path, self._precision, loaded.linears, loaded.lowered)
-                )
-                self._loaded[key] = loaded
-            return self._loaded[key]
+        # On a GPU upstream Laya autocasts to bf16 (its shipped `amp_dtype`): `auto` does too.
+        self._checkpoint = Checkpoints(
+            "Laya", spec, report, load_checkpoint, keys=CHECKPOINTS, on_cuda="bf16"
+        )
 
     def prepare(self, job: Job) -> LayaPreparedJob:
         """One row per question, or under `windows` one per question per window of a state
@@ -100,7 +69,7 @@ class LayaEngine:
         heads = render_heads(job.questions, checkpoint.texts, specials, budget)
         state = state_ids(job.state, encode, specials)
         split = [state]
-        if self._long_states == "windows" and heads:
+        if self._checkpoint.long_states == "windows" and heads:
             if min(head.room for head in heads) == 0:
                 raise RequestInvalid.question(
                     None, "the questions' options fill the whole row, leaving no room for the state"
@@ -116,17 +85,19 @@ class LayaEngine:
                 fill(head, ids, False, specials, budget) for ids in encode(texts) for head in heads
             ]
         cuts = _cuts(list(job.questions), rows, len(split), len(state))
-        if cuts and self._long_states == "refuse":
-            tightest = min(cuts, key=lambda cut: cut.read)
-            reads = f"laya-{job.checkpoint}'s {budget.max_len}-token rows"
-            raise state_too_long(tightest.total, tightest.question, tightest.read, reads)
+        self._checkpoint.refuse_cuts(cuts, f"laya-{job.checkpoint}'s {budget.max_len}-token rows")
         tokens = sum(len(row.ids) for row in rows)
         return LayaPreparedJob(
             checkpoint, job.checkpoint, tokens, job.questions, rows, len(split), cuts
         )
 
     def forward(self, group: Hashable, rows: Sequence[LayaRow]) -> list[list[float]]:
-        return self._forward(cast(Checkpoint, group), rows)
+        """One padded pass; each row's logits trimmed to its own option count."""
+        assert isinstance(group, Checkpoint)
+        inputs = pass_inputs(rows, group.pad_id)
+        out = group.forward({name: t.to(group.device) for name, t in inputs.items()})
+        values = out.cpu().tolist()
+        return [values[i][: len(row.markers)] for i, row in enumerate(rows)]
 
     def finish(self, prepared: LayaPreparedJob, outputs: Sequence[object]) -> Decision:
         """Each question's answer; over windows, upstream `predict_long`'s deciding window's."""
@@ -142,13 +113,6 @@ class LayaEngine:
             answers[name] = per_window[deciding]
         model = f"laya-{prepared.key}"
         return Decision(model, answers, prepared.input_tokens, prepared.cuts)
-
-    def _forward(self, checkpoint: Checkpoint, rows: Sequence[LayaRow]) -> list[list[float]]:
-        """One padded pass; returns each row's logits trimmed to its own option count."""
-        inputs = pass_inputs(rows, checkpoint.pad_id)
-        out = checkpoint.forward({name: t.to(self._device) for name, t in inputs.items()})
-        values = out.cpu().tolist()
-        return [values[i][: len(row.markers)] for i, row in enumerate(rows)]
 
 
 def _cuts(names: list[str], rows: list[LayaRow], windows: int, total: int) -> list[Cut]:
@@ -179,17 +143,5 @@ def pass_inputs(rows: Sequence[LayaRow], pad_id: int) -> dict[str, torch.Tensor]
     return dict(zip(PASS_INPUTS, tensors, strict=True))
 
 
-def calibrations(spec: EngineSpec, keys: Sequence[str]) -> dict[str, str]:
-    """`spec.options["calibrations"]`: checkpoint key -> the file that replaces its temperatures."""
-    given = spec.options.get("calibrations", {})
-    if not isinstance(given, dict) or not all(
-        key in keys and isinstance(path, str) for key, path in given.items()
-    ):
-        raise ValueError(f"calibrations must map checkpoint keys {list(keys)} to file paths")
-    return dict(given)
-
-
-def create(spec: EngineSpec, report: ReportLoad = ignore_load) -> LayaEngine:
-    """The engine factory `EngineSpec.factory` names (`proc.build_engine` has applied the torch
-    threads)."""
-    return LayaEngine(spec, report)
+create = LayaEngine
+"""The factory `EngineSpec.factory` names."""

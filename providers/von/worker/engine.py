@@ -3,21 +3,18 @@ zero-shot noul) -> padded forward passes -> answers, the same alone or batched."
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
-from decidealot.config import LONG_STATES
 from decidealot.contract import Answer, ChoiceQuestion, Cut, NoulQuestion, Question
-from decidealot.errors import RequestInvalid, state_too_long
+from decidealot.errors import RequestInvalid
 from decidealot.jobs import Decision, EngineSpec, Job
 from decidealot.providers.engine.protocol import PassShape, ReportLoad, ignore_load
 from decidealot.providers.von.worker import readout, render
 from decidealot.providers.von.worker.model import CPU_PASS_TOKENS, WINDOW, VonModel, VonRow
-from decidealot.providers.worker.precision import checkpoint_load, engine_precision
+from decidealot.providers.worker.modernbert import Checkpoints
 
 DEFAULT_MAX_STATE_TOKENS = WINDOW
 """Upstream's `VON_MAX_STATE_TOKENS` default; `EngineSpec.options["max_state_tokens"]` lowers it."""
@@ -41,65 +38,30 @@ class _Plan:
 
 @dataclass(frozen=True)
 class VonPreparedJob:
-    """A tokenised job, ready to share a forward pass with others of its checkpoint."""
+    """A tokenised job, ready to share a forward pass with others of its checkpoint (`group`)."""
 
-    checkpoint: str
+    group: str
     rows: list[VonRow]
     plans: list[_Plan]
     input_tokens: int
-    group: str
     cuts: list[Cut]
     """The questions whose state was cut in the middle."""
 
 
 class VonEngine:
-    """Serves the checkpoints of one `EngineSpec`; a checkpoint loads once, on first use.
-    `prepare` and `forward` may be called from several threads at once."""
+    """Serves the checkpoints of one `EngineSpec`; `prepare` and `forward` may run in several
+    threads."""
 
     def __init__(self, spec: EngineSpec, report: ReportLoad = ignore_load):
-        self._checkpoints = {key: Path(path) for key, path in spec.checkpoints.items()}
-        calibrations = spec.options.get("calibrations", {})
-        if not isinstance(calibrations, dict) or not all(
-            key in self._checkpoints and isinstance(path, str) for key, path in calibrations.items()
-        ):
-            raise ValueError("Von engine option calibrations must map checkpoint keys to files")
-        self._calibrations = {key: Path(path) for key, path in calibrations.items()}
-        """Checkpoint key -> the file that replaces its `marker_calibration.json`."""
-        self._device = torch.device(spec.device)
-        self.shape = PassShape(CPU_PASS_TOKENS if self._device.type == "cpu" else None)
+        self.shape = PassShape(CPU_PASS_TOKENS if torch.device(spec.device).type == "cpu" else None)
         max_state_tokens = spec.options.get("max_state_tokens", DEFAULT_MAX_STATE_TOKENS)
         if not isinstance(max_state_tokens, int) or max_state_tokens < 1:
             raise ValueError("Von engine option max_state_tokens must be a positive integer")
         self._max_state_tokens = max_state_tokens
-        self._long_states = spec.options.get("long_states", "cut")
-        if self._long_states not in LONG_STATES:  # `DECIDEALOT_LONG_STATES`, handed over
-            raise ValueError(f"Von engine option long_states must be one of {LONG_STATES}")
         # Upstream Von runs fp32 on a GPU too (von.md): so does `auto` there.
-        self._precision = engine_precision(spec.options, spec.device, on_cuda="fp32")
-        self._models: dict[str, VonModel] = {}
-        self._load_lock = threading.Lock()
-        self._report = report
-        for key in spec.preload:
-            self._model(key)
-
-    def _model(self, checkpoint: str) -> VonModel:
-        model = self._models.get(checkpoint)
-        if model is not None:
-            return model
-        if checkpoint not in self._checkpoints:
-            raise ValueError(f"Von engine has no checkpoint {checkpoint!r}")
-        with self._load_lock:
-            if checkpoint not in self._models:
-                path = self._checkpoints[checkpoint]
-                calibration = self._calibrations.get(checkpoint)
-                model = VonModel(path, self._device, self._precision.precision, calibration)
-                self._report(
-                    checkpoint_load(
-                        checkpoint, str(path), self._precision, model.linears, model.lowered
-                    )
-                )
-                self._models[checkpoint] = model
-            return self._models[checkpoint]
+        self._model = Checkpoints(
+            "Von", spec, report, VonModel, keys=list(spec.checkpoints), on_cuda="fp32"
+        )
 
     def prepare(self, job: Job) -> VonPreparedJob:
         model = self._model(job.checkpoint)
@@ -144,15 +106,12 @@ class VonEngine:
                 fitted_tokens[fitted] = max(1, len(fitted_ids))
             state_tokens = fitted_tokens.get(fitted, 1)
             plans.append(_Plan(name, question, row, null_row, state_tokens, fitted))
-        if cuts and self._long_states == "refuse":
-            tightest = min(cuts, key=lambda cut: cut.read)
-            reads = f"{job.checkpoint}'s {WINDOW}-token window"
-            raise state_too_long(tightest.total, tightest.question, tightest.read, reads)
+        self._model.refuse_cuts(cuts, f"{job.checkpoint}'s {WINDOW}-token window")
         if rows:
             input_tokens = sum(len(row.ids) for row in rows)
         else:  # upstream's estimate when no pass ran
             input_tokens = max(1, len(state) // 4) + max(1, instruction_chars // 4)
-        return VonPreparedJob(job.checkpoint, rows, plans, input_tokens, job.checkpoint, cuts)
+        return VonPreparedJob(job.checkpoint, rows, plans, input_tokens, cuts)
 
     @staticmethod
     def _row(
@@ -178,18 +137,18 @@ class VonEngine:
             return self._model(str(group)).logits(rows)
 
     def finish(self, prepared: VonPreparedJob, outputs: Sequence[object]) -> Decision:
-        model = self._model(prepared.checkpoint)
+        model = self._model(prepared.group)
         logits: list[torch.Tensor] = list(outputs)  # type: ignore[arg-type]
         with torch.inference_mode():
             answers = {plan.name: self._answer(model, plan, logits) for plan in prepared.plans}
-        return Decision(prepared.checkpoint, answers, prepared.input_tokens, prepared.cuts)
+        return Decision(prepared.group, answers, prepared.input_tokens, prepared.cuts)
 
     def tempered(
         self, prepared: VonPreparedJob, outputs: Sequence[object]
     ) -> dict[str, tuple[torch.Tensor, int]]:
         """Each scored question's logits as its temperature divides them (a zero-shot noul's
         debiased) and its state's tokens, even without a map: what `von calibrate` records."""
-        model = self._model(prepared.checkpoint)
+        model = self._model(prepared.group)
         logits: list[torch.Tensor] = list(outputs)  # type: ignore[arg-type]
         found = {}
         for plan in prepared.plans:
@@ -220,6 +179,5 @@ class VonEngine:
         return readout.answer(question, row_logits, probs)
 
 
-def create(spec: EngineSpec, report: ReportLoad = ignore_load) -> VonEngine:
-    """The worker's entry point (`decidealot.providers.von.worker.engine:create`)."""
-    return VonEngine(spec, report)
+create = VonEngine
+"""The factory `EngineSpec.factory` names."""

@@ -95,28 +95,22 @@ def _independent_layout(row: VonRow, length: int) -> tuple[list[int], list[int]]
     return spans, positions
 
 
-def _additive(allowed: torch.Tensor) -> torch.Tensor:
-    """Float mask (0 allowed, most negative blocked): boolean 4-D masks are only honoured by
-    sdpa, while additive ones mean the same under every attention implementation."""
-    blocked = torch.finfo(torch.float32).min
-    return torch.zeros(allowed.shape, dtype=torch.float32, device=allowed.device).masked_fill(
-        ~allowed, blocked
-    )
-
-
 class VonModel:
     """A loaded Von checkpoint: tokenizer, encoder, scorer and calibration, on one device."""
 
     def __init__(
         self,
-        directory: Path,
+        directory: str | Path,
         device: torch.device,
         precision: str = "fp32",
-        calibration: Path | None = None,
+        calibration: str | Path | None = None,
     ):
         """Load `directory` onto `device` in `precision` (resolved), with its own calibration
         file or `calibration`, which replaces it whole (upstream's `VON_CALIBRATION`)."""
-        self.calibration = load_calibration(calibration or directory / "marker_calibration.json")
+        directory = Path(directory)
+        self.calibration = load_calibration(
+            Path(calibration or directory / "marker_calibration.json")
+        )
         try:
             config = modernbert.Config.read(directory / "config.json")
         except modernbert.ModernBertConfigError as exc:
@@ -188,34 +182,27 @@ class VonModel:
         return logits
 
     def _pass(self, rows: Sequence[VonRow]) -> list[torch.Tensor]:
-        """Score `rows` in one padded forward pass; one logit vector per row."""
         lengths = [len(row.ids) for row in rows]
         length = max(lengths)
         ids = torch.tensor([[*row.ids, *[self.pad_id] * (length - len(row.ids))] for row in rows])
         valid = torch.arange(length)[None, :] < torch.tensor(lengths)[:, None]
         ids, valid = ids.to(self.device), valid.to(self.device)
         with modernbert.autocast(self.device, self.amp_dtype):
-            hidden = self._encode(rows, ids, valid, length)
-        states = hidden.float()
+            if self.calibration.independent_options:
+                masks, positions = self._independent_masks(rows, length, valid)
+                hidden = self.encoder(input_ids=ids, attention_mask=masks, position_ids=positions)
+            else:
+                hidden = self.encoder(input_ids=ids, attention_mask=valid.long())
+        states = hidden.last_hidden_state.float()
         markers = torch.cat([states[b, row.markers] for b, row in enumerate(rows)])
         return list(self.scorer(markers).split([len(row.markers) for row in rows]))
-
-    def _encode(
-        self, rows: Sequence[VonRow], ids: torch.Tensor, valid: torch.Tensor, length: int
-    ) -> torch.Tensor:
-        """The encoder's last hidden states for one padded pass, in either attention mode."""
-        if self.calibration.independent_options:
-            masks, positions = self._independent_masks(rows, length, valid)
-            hidden = self.encoder(input_ids=ids, attention_mask=masks, position_ids=positions)
-        else:
-            hidden = self.encoder(input_ids=ids, attention_mask=valid.long())
-        return hidden.last_hidden_state
 
     def _independent_masks(
         self, rows: Sequence[VonRow], length: int, valid: torch.Tensor
     ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         """Each option sees the prefix and itself only, at positions restarting after the
-        prefix; sliding layers window on those reset positions, not on raw indices."""
+        prefix; sliding layers window on those reset positions, not on raw indices. Boolean
+        masks: the encoder makes them additive in the dtype its attention runs in."""
         layouts = [_independent_layout(row, length) for row in rows]
         spans = torch.tensor([s for s, _ in layouts], dtype=torch.long, device=self.device)
         positions = torch.tensor([p for _, p in layouts], dtype=torch.long, device=self.device)
@@ -229,8 +216,7 @@ class VonModel:
         near = positions.to(torch.int32)
         distance = (near.unsqueeze(2) - near.unsqueeze(1)).abs_()
         sliding = (distance <= self.half_window).logical_and_(allowed).logical_or_(eye)
-        masks = {
-            "full_attention": _additive(full.unsqueeze(1)),
-            "sliding_attention": _additive(sliding.unsqueeze(1)),
-        }
-        return masks, positions
+        return {
+            modernbert.FULL: full.unsqueeze(1),
+            modernbert.SLIDING: sliding.unsqueeze(1),
+        }, positions
