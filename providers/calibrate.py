@@ -2,9 +2,7 @@
 
 Each provider's calibrator (`ProviderDescriptor.calibrator`) fits a file in its upstream's
 format by its upstream's method, on rows run as a worker runs them (its engine and planner, in
-this process): `finish` answers each row (the probabilities before) and the provider reads what
-it fits from the same pass. Every used row is then scored once by a cross-fitted fold's fit
-that did not see it.
+this process). Every used row is then scored by a cross-fitted fold's fit that did not see it.
 """
 
 from __future__ import annotations
@@ -41,8 +39,7 @@ class Setup:
     """What the command hands a provider's calibrator."""
 
     checkpoint: Path
-    key: str
-    """The checkpoint's key in the provider's engine."""
+    key: str  # in the provider's engine
     current: Path | None
     """The calibration file the service runs it with (its setting), or None: its own."""
     labels: Sequence[Labelled]
@@ -71,7 +68,6 @@ class Outcome:
 
     body: dict[str, Any]
     summary: list[str]
-    """Lines saying what was fitted (and what the upstream method left unfitted)."""
     rows: int
     skipped: list[tuple[int, str]]
     """(line, why) for every row the model cannot take."""
@@ -81,7 +77,6 @@ class Outcome:
     """Per used row, in contract order: probabilities now, cross-fitted ones, the answer."""
 
     def held_out(self, rows: Sequence[LabelRow[Any]], after: Mapping[int, list[float]]) -> None:
-        """Score `rows` (the used ones) with `after`, each row's cross-fitted probabilities."""
         self.before = [row.before for row in rows]
         self.after = [after[i] for i in range(len(rows))]
         self.gold = [row.label.gold for row in rows]
@@ -102,8 +97,7 @@ def build(setup: Setup, factory: str) -> Engine:
     return build_engine(spec, ignore_load)
 
 
-QUESTION = "q"
-"""The one question of a label row's job."""
+QUESTION = "q"  # the one question of a label row's job
 
 
 def collect(
@@ -111,9 +105,8 @@ def collect(
     read: Callable[[PreparedJob, Sequence[object]], R],
     setup: Setup,
 ) -> tuple[list[LabelRow[R]], list[tuple[int, str]]]:
-    """Every label row through `engine` as one-question jobs on `setup.key`, `CHUNK_ROWS` at a
-    time. A row the engine refuses (`RequestInvalid`) is skipped with its reason; `ValueError`
-    when no row is left."""
+    """Every label row through `engine`, `CHUNK_ROWS` at a time; a row the engine refuses
+    (`RequestInvalid`) is skipped with its reason; `ValueError` when no row is left."""
 
     def finish(prepared: PreparedJob, outputs: Sequence[object]) -> tuple[Decision, R]:
         return engine.finish(prepared, outputs), read(prepared, outputs)
@@ -197,7 +190,6 @@ def expected_calibration_error(
 
 
 def report(outcome: Outcome, out: Path) -> list[str]:
-    """The lines `decidealot calibrate` prints."""
     lines = [f"rows used: {outcome.rows}", f"rows skipped: {len(outcome.skipped)}"]
     lines += [f"  line {line}: {why}" for line, why in outcome.skipped]
     lines += outcome.summary

@@ -7,10 +7,13 @@ answers carry no meaning. torch is imported here, so only the CLI, tests and ben
 
 from __future__ import annotations
 
+import json
 import pkgutil
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import ModernBertConfig, PreTrainedTokenizerFast
 from transformers.utils import logging as transformers_logging
 
@@ -48,6 +51,40 @@ def modernbert_config(
         "eos_token_id": tok.sep_token_id,
     }
     return ModernBertConfig(**(values | extra))
+
+
+def bpe_tokenizer(
+    out: Path,
+    corpus: Sequence[str],
+    roles: dict[str, str],
+    vocab_size: int,
+    *,
+    finish: Callable[[Tokenizer], None] = lambda backend: None,
+    drop: Sequence[str] = (),
+    **options: Any,
+) -> PreTrainedTokenizerFast:
+    """A byte-level BPE tokenizer (any UTF-8 text, no unknown tokens) with `roles`' special
+    tokens, saved to `out`; `drop`: keys its `tokenizer_config.json` leaves out."""
+    backend = Tokenizer(models.BPE(unk_token=roles["unk_token"]))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=list(dict.fromkeys(roles.values())),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    backend.train_from_iterator(corpus, trainer=trainer)
+    finish(backend)
+    tok = PreTrainedTokenizerFast(tokenizer_object=backend, **roles, **options)
+    tok.save_pretrained(str(out))
+    path = out / "tokenizer_config.json"
+    config = json.loads(path.read_text())
+    config["tokenizer_class"] = "PreTrainedTokenizerFast"
+    for key in drop:
+        config.pop(key, None)
+    path.write_text(json.dumps(config, indent=2))
+    return tok
 
 
 def write_checkpoints(directory: Path) -> list[tuple[Descriptor, dict[str, Path]]]:

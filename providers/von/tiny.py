@@ -12,11 +12,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import AddedToken, Tokenizer
 from tokenizers.processors import TemplateProcessing
-from transformers import ModernBertModel, PreTrainedTokenizerFast
+from transformers import ModernBertModel
 
-from decidealot.providers.tiny import MODERNBERT_BASE, MODERNBERT_VOCAB_SIZE, modernbert_config
+from decidealot.providers import tiny as shared
 
 _CORPUS = [
     "The customer requests a refund for a duplicate payment of 1250 dollars.",
@@ -59,7 +59,7 @@ _SHAPES: dict[str, dict[str, Any]] = {
         "local_attention": 128,
         "initializer_range": 0.02,
     },
-    "base": {**MODERNBERT_BASE, "vocab_size": MODERNBERT_VOCAB_SIZE},
+    "base": {**shared.MODERNBERT_BASE, "vocab_size": shared.MODERNBERT_VOCAB_SIZE},
 }
 """`tiny` is the test checkpoint; `long` is `tiny` cut to one global layer and one head, for
 states past the 8192-token window, where a pass costs what its masks cost; `small` (7.7M
@@ -77,17 +77,8 @@ DEFAULT_CALIBRATION_MAP: dict[str, float] = {
 DEFAULT_NOUL_PRIOR: dict[str, float] = {"a": 0.6, "b": 0.05}
 
 
-def _build_tokenizer(out: Path) -> PreTrainedTokenizerFast:
-    backend = Tokenizer(models.BPE(unk_token="[UNK]"))
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    backend.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=300,
-        special_tokens=list(_ROLES.values()),
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    backend.train_from_iterator(_CORPUS, trainer=trainer)
+def _mask_and_template(backend: Tokenizer) -> None:
+    """`[MASK]` absorbs the space before it; rows are `[CLS] ... [SEP]`, as Von's tokenizer."""
     backend.add_special_tokens([AddedToken("[MASK]", lstrip=True, special=True)])
     cls_id, sep_id = backend.token_to_id("[CLS]"), backend.token_to_id("[SEP]")
     backend.post_processor = TemplateProcessing(
@@ -95,13 +86,6 @@ def _build_tokenizer(out: Path) -> PreTrainedTokenizerFast:
         pair="[CLS] $A [SEP] $B [SEP]",
         special_tokens=[("[CLS]", cls_id), ("[SEP]", sep_id)],
     )
-    tok = PreTrainedTokenizerFast(tokenizer_object=backend, **_ROLES, model_max_length=8192)
-    tok.save_pretrained(str(out))
-    config_path = out / "tokenizer_config.json"
-    config = json.loads(config_path.read_text())
-    config["tokenizer_class"] = "PreTrainedTokenizerFast"
-    config_path.write_text(json.dumps(config, indent=2))
-    return tok
 
 
 def _scorer_weights(hidden: int) -> dict[str, torch.Tensor]:
@@ -138,8 +122,10 @@ def build_von_checkpoint(
     if size not in SIZES:
         raise ValueError(f"unknown Von checkpoint size {size!r}; expected one of {SIZES}")
     path.mkdir(parents=True, exist_ok=True)
-    tok = _build_tokenizer(path)
-    config = modernbert_config(tok, _SHAPES[size])
+    tok = shared.bpe_tokenizer(
+        path, _CORPUS, _ROLES, 300, finish=_mask_and_template, model_max_length=8192
+    )
+    config = shared.modernbert_config(tok, _SHAPES[size])
     torch.manual_seed(seed)
     encoder = ModernBertModel(config)
     encoder.save_pretrained(str(path))
