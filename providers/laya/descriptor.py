@@ -22,21 +22,16 @@ from decidealot.registry import (
 
 RELEASE = "2026-09-23"
 
-SELECTORS = (
-    ModelInfo("laya", "Laya System One decisions with automatic checkpoint routing.", RELEASE),
-    ModelInfo("laya-auto", "Alias for laya with automatic checkpoint routing.", RELEASE),
-    ModelInfo("laya-latest", "Alias for the current Laya release.", RELEASE),
-    ModelInfo("laya-english", "Laya English checkpoint for English Latin-script content.", RELEASE),
-    ModelInfo(
-        "laya-multilingual",
-        "Laya multilingual checkpoint for other languages and scripts.",
-        RELEASE,
-    ),
-    ModelInfo(
-        "laya-typed-decisions",
-        "Laya checkpoint tuned for structured workflow decisions.",
-        RELEASE,
-    ),
+SELECTORS = tuple(
+    ModelInfo(name, description, RELEASE)
+    for name, description in (
+        ("laya", "Laya System One decisions with automatic checkpoint routing."),
+        ("laya-auto", "Alias for laya with automatic checkpoint routing."),
+        ("laya-latest", "Alias for the current Laya release."),
+        ("laya-english", "Laya English checkpoint for English Latin-script content."),
+        ("laya-multilingual", "Laya multilingual checkpoint for other languages and scripts."),
+        ("laya-typed-decisions", "Laya checkpoint tuned for structured workflow decisions."),
+    )
 )
 
 FILES = (

@@ -23,8 +23,7 @@ from torch import nn
 from decidealot.config import LONG_STATES
 from decidealot.contract import Cut
 from decidealot.errors import state_too_long
-from decidealot.jobs import EngineSpec
-from decidealot.providers.engine.protocol import ReportLoad
+from decidealot.jobs import CheckpointLoad, EngineSpec
 from decidealot.providers.json_files import read_json_object
 from decidealot.providers.worker import int8
 from decidealot.providers.worker.bf16 import Lowered, lower_guarded
@@ -391,12 +390,12 @@ def autocast(device: torch.device, dtype: torch.dtype) -> AbstractContextManager
     return torch.autocast(device_type=device.type, dtype=dtype)
 
 
-class Loaded(Protocol):
+class HasPrecision(Protocol):
     linears: int8.Quantised
     lowered: Lowered | None
 
 
-M = TypeVar("M", bound=Loaded)
+M = TypeVar("M", bound=HasPrecision)
 
 
 class Checkpoints(Generic[M]):
@@ -409,7 +408,7 @@ class Checkpoints(Generic[M]):
         self,
         engine: str,
         spec: EngineSpec,
-        report: ReportLoad,
+        report: Callable[[CheckpointLoad], None],
         load: Callable[[str, torch.device, str, str | None], M],
         *,
         keys: Sequence[str],

@@ -1,13 +1,11 @@
 """CLM's worker engine: the projection heads over the vectors the gateway sends, and the readout.
 
-`CLM_v0.1-8B.pt` is a `torch.save` dict of `state_head` and `action_head` (two same-shaped
-MLPs, parameter names as upstream's so its files load strictly), `logit_scale` and `cfg`.
-`Job.vectors` holds each distinct text's vector once (float32 in host byte order: gateway and
-worker share a host) and `Job.vector_index` which rows each question uses, so 400 questions
-over the same 255 labels carry 255 option rows, not 102,000. Rows are L2-normalised in numpy
-with upstream's exact float32 operations (at scale 100 a last-bit difference in the norm shows
-in the probabilities), and the readout is `softmax(scale * cos / temperature)` as in upstream
-`contrastive-lm` 0.1.0.
+`CLM_v0.1-8B.pt` is a `torch.save` dict of `state_head` and `action_head` (two same-shaped MLPs
+with upstream's parameter names), `logit_scale` and `cfg`. `Job.vectors` holds each distinct
+text's vector once (float32 in host byte order: gateway and worker share a host). Rows are
+L2-normalised in numpy with upstream's exact float32 operations (at scale 100 a last-bit
+difference in the norm shows in the probabilities); the readout is
+`softmax(scale * cos / temperature)` as in upstream `contrastive-lm` 0.1.0.
 """
 
 from __future__ import annotations
@@ -83,12 +81,10 @@ class HeadPair:
     state: Head
     action: Head
     scale: float
-    """min(exp(logit_scale), 100)."""
     cfg: HeadConfig
 
 
 def load_heads(path: Path, device: str) -> HeadPair:
-    """Load a head file weights-only; raise HeadFileError for anything unusable."""
     try:
         data = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
@@ -139,17 +135,12 @@ class ClmPreparedJob:
     row of a pass: the heads are tiny, and a job's answers then match upstream's, and its own
     answers alone, to the bit."""
 
-    tokens: int
-    """Distinct vectors this job adds to a pass."""
-    group: str
-    """The checkpoint key: jobs of one head share a pass."""
+    tokens: int  # the distinct vectors it adds to a pass
+    group: str  # the checkpoint key
     job: Job
-    vectors: torch.Tensor
-    """Unit-length float32 rows, each distinct vector once."""
-    state_rows: torch.Tensor
-    """Per question, its state's row in `vectors`."""
-    option_rows: torch.Tensor
-    """Every question's option rows in `vectors`, question after question."""
+    vectors: torch.Tensor  # unit-length rows, each distinct vector once
+    state_rows: torch.Tensor  # per question, its state's row in `vectors`
+    option_rows: torch.Tensor  # every question's option rows, question after question
     option_counts: list[int]
     input_tokens = 0  # the head reads vectors; the gateway adds the encoder's prompt tokens
 

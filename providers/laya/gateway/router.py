@@ -70,15 +70,10 @@ def named_checkpoint(selector: str, question_names: Iterable[str]) -> str | None
     return None
 
 
-def route(selector: str, state: State, question_names: Iterable[str]) -> str:
-    """The checkpoint key (`english`, `multilingual`, `typed-decisions`) for one request."""
-    return named_checkpoint(selector, question_names) or detect_checkpoint(state)
-
-
 async def checkpoint_for(selector: str, request: SystemOneRequest) -> str:
-    """`route` for a request, on the loop unless detection must walk a state costlier than
-    `INLINE_DETECTION_COST` (it reads every line of every string value, as upstream, and a
-    state may be megabytes): then in a thread."""
+    """The checkpoint key (`english`, ...) for a request, on the loop unless detection must walk
+    a state costlier than `INLINE_DETECTION_COST` (it reads every line of every string value,
+    as upstream, and a state may be megabytes): then in a thread."""
     named = named_checkpoint(selector, request.questions)
     if named is not None:
         return named

@@ -155,8 +155,7 @@ class Checkpoint:
 
 
 def probe(model: DecisionModel, specials: Specials, budget: Budget) -> Callable[[], torch.Tensor]:
-    """Option probabilities of random rows with four markers each, through `model`: what the
-    load checks int8 or bf16 against fp32 on."""
+    """What `at_precision` checks int8 or bf16 against fp32 on: random rows' probabilities."""
     ids, markers = modernbert.probe_rows(model.encoder.config, min(budget.max_len, PROBE_LENGTH))
     marker_pos = markers.expand(len(ids), -1).contiguous()
     ids.scatter_(1, marker_pos, specials.mask_id)

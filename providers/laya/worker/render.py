@@ -111,11 +111,7 @@ def _noul_option(label: str, description: Json, default: str) -> str:
 
 
 def question_type(question: Question) -> str:
-    if isinstance(question, ChoiceQuestion):
-        return "choice"
-    if isinstance(question, ScoreQuestion):
-        return "score"
-    return "noul"
+    return type(question).__struct_config__.tag  # type: ignore[return-value]
 
 
 def state_ids(state: State, encode: Encode, specials: Specials) -> list[int]:

@@ -9,12 +9,12 @@ a row's logits do not depend on what it is batched with.
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from cachetools import LRUCache
 from torch import nn
 
 from decidealot.providers.json_files import read_json_object
@@ -127,9 +127,8 @@ class VonModel:
         self._load_weights(directory / "option_marker.pt")
         self.half_window: int = config.sliding_window
         self.device = device
-        self._shared_logits: OrderedDict[tuple[int, ...], torch.Tensor] = OrderedDict()
-        self._shared_lock = threading.Lock()
-        """Guards `_shared_logits`: a worker may run several passes at once."""
+        self._shared_logits: LRUCache[tuple[int, ...], torch.Tensor] = LRUCache(SHARED_CACHE_ROWS)
+        self._shared_lock = threading.Lock()  # several passes may run at once
         self.encoder.to(device).eval()
         self.scorer.to(device).eval()
         self.amp_dtype, self.linears, self.lowered = modernbert.at_precision(
@@ -137,8 +136,7 @@ class VonModel:
         )
 
     def _probe(self) -> Callable[[], torch.Tensor]:
-        """Option probabilities of random rows with four markers each, through the encoder
-        and scorer: what the load checks int8 or bf16 against fp32 on."""
+        """What `at_precision` checks int8 or bf16 against fp32 on: random rows' probabilities."""
         ids, markers = modernbert.probe_rows(self.encoder.config)
         ids[ids == self.mask_id] = self.pad_id
         ids[:, markers] = self.mask_id
@@ -171,14 +169,12 @@ class VonModel:
     def _shared(self, row: VonRow) -> torch.Tensor:
         key = tuple(row.ids)
         with self._shared_lock:
-            if (cached := self._shared_logits.get(key)) is not None:
-                self._shared_logits.move_to_end(key)
-                return cached
+            cached = self._shared_logits.get(key)  # a hit is the most recently used now
+        if cached is not None:
+            return cached
         (logits,) = self._pass([row])
         with self._shared_lock:
-            self._shared_logits[key] = logits.clone()
-            if len(self._shared_logits) > SHARED_CACHE_ROWS:
-                self._shared_logits.popitem(last=False)
+            self._shared_logits[key] = logits.clone()  # the least recently used goes when full
         return logits
 
     def _pass(self, rows: Sequence[VonRow]) -> list[torch.Tensor]:
