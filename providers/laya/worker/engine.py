@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 
@@ -14,7 +15,7 @@ from decidealot.jobs import Decision, EngineSpec, Job
 from decidealot.providers.engine.protocol import PassShape, ReportLoad, ignore_load
 from decidealot.providers.laya import CHECKPOINTS
 from decidealot.providers.laya.worker import readout
-from decidealot.providers.laya.worker.model import PASS_INPUTS, Checkpoint, load_checkpoint
+from decidealot.providers.laya.worker.model import Checkpoint, load_checkpoint
 from decidealot.providers.laya.worker.render import LayaRow, fill, render_heads, state_ids, windows
 from decidealot.providers.worker.modernbert import Checkpoints
 
@@ -92,12 +93,7 @@ class LayaEngine:
         )
 
     def forward(self, group: Hashable, rows: Sequence[LayaRow]) -> list[list[float]]:
-        """One padded pass; each row's logits trimmed to its own option count."""
-        assert isinstance(group, Checkpoint)
-        inputs = pass_inputs(rows, group.pad_id)
-        out = group.forward({name: t.to(group.device) for name, t in inputs.items()})
-        values = out.cpu().tolist()
-        return [values[i][: len(row.markers)] for i, row in enumerate(rows)]
+        return cast(Checkpoint, group).forward(rows)
 
     def finish(self, prepared: LayaPreparedJob, outputs: Sequence[object]) -> Decision:
         """Each question's answer; over windows, upstream `predict_long`'s deciding window's."""
@@ -126,21 +122,6 @@ def _cuts(names: list[str], rows: list[LayaRow], windows: int, total: int) -> li
             read = own[0].state_read if windows == 1 else max(0, total - lost)
             cuts.append(Cut(name, read, total))
     return cuts
-
-
-def pass_inputs(rows: Sequence[LayaRow], pad_id: int) -> dict[str, torch.Tensor]:
-    """`rows` padded on the right into one pass's `PASS_INPUTS` tensors, on the CPU, each from
-    Python lists in one call (a tensor per row, copied into the pass, cost more)."""
-    lengths = [len(row.ids) for row in rows]
-    counts = [len(row.markers) for row in rows]
-    length, width = max(lengths), max(counts)
-    input_ids = torch.tensor([[*row.ids, *[pad_id] * (length - len(row.ids))] for row in rows])
-    marker_pos = torch.tensor([[*row.markers, *[0] * (width - len(row.markers))] for row in rows])
-    attention = (torch.arange(length)[None, :] < torch.tensor(lengths)[:, None]).long()
-    marker_mask = torch.arange(width)[None, :] < torch.tensor(counts)[:, None]
-    qtype = torch.tensor([row.qtype for row in rows], dtype=torch.long)
-    tensors = (input_ids, attention, marker_pos, marker_mask, qtype)
-    return dict(zip(PASS_INPUTS, tensors, strict=True))
 
 
 create = LayaEngine

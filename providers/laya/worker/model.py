@@ -6,7 +6,7 @@ is our own pre-LN transformer layer, numerically upstream's `nn.TransformerEncod
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,7 +17,7 @@ from torch import nn
 from decidealot.providers.json_files import read_json_object
 from decidealot.providers.laya import calibration as calibration_file
 from decidealot.providers.laya.worker.readout import Temperatures
-from decidealot.providers.laya.worker.render import Budget, Specials
+from decidealot.providers.laya.worker.render import Budget, LayaRow, Specials
 from decidealot.providers.worker import modernbert
 from decidealot.providers.worker.bf16 import Lowered
 from decidealot.providers.worker.checkpoint_files import read_safetensors
@@ -125,10 +125,6 @@ class DecisionModel(nn.Module):
         return logits.masked_fill(~marker_mask, MASKED_LOGIT)
 
 
-PASS_INPUTS = ("input_ids", "attention_mask", "marker_pos", "marker_mask", "qtype")
-"""`DecisionModel.forward`'s inputs, by name: what a pass is given."""
-
-
 @dataclass(frozen=True, eq=False)
 class Checkpoint:
     """Everything one loaded checkpoint needs to render, run and read out. Equal only to
@@ -148,10 +144,27 @@ class Checkpoint:
     lowered: Lowered | None
     """`amp_dtype`, `linears`, `lowered`: `modernbert.at_precision`'s."""
 
-    def forward(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
-        """One padded pass: `PASS_INPUTS` tensors on the device -> `[rows, K]` fp32 logits."""
+    def forward(self, rows: Sequence[LayaRow]) -> list[list[float]]:
+        """One pass over `rows` padded on the right: each row's option logits. Its inputs are
+        made from Python lists in one call each (a tensor per row, copied in, cost more)."""
+        lengths = [len(row.ids) for row in rows]
+        counts = [len(row.markers) for row in rows]
+        length, width = max(lengths), max(counts)
+        ids = [[*row.ids, *[self.pad_id] * (length - len(row.ids))] for row in rows]
+        markers = [[*row.markers, *[0] * (width - len(row.markers))] for row in rows]
+        inputs = {
+            "input_ids": torch.tensor(ids),
+            "attention_mask": (
+                torch.arange(length)[None, :] < torch.tensor(lengths)[:, None]
+            ).long(),
+            "marker_pos": torch.tensor(markers),
+            "marker_mask": torch.arange(width)[None, :] < torch.tensor(counts)[:, None],
+            "qtype": torch.tensor([row.qtype for row in rows], dtype=torch.long),
+        }
         with torch.inference_mode(), modernbert.autocast(self.device, self.amp_dtype):
-            return self.model(**inputs).float()
+            logits = self.model(**{name: t.to(self.device) for name, t in inputs.items()})
+        values = logits.cpu().tolist()
+        return [values[i][: len(row.markers)] for i, row in enumerate(rows)]
 
 
 def probe(model: DecisionModel, specials: Specials, budget: Budget) -> Callable[[], torch.Tensor]:

@@ -66,8 +66,9 @@ class VonEngine:
     def prepare(self, job: Job) -> VonPreparedJob:
         model = self._model(job.checkpoint)
         tokenizer, calibration = model.tokenizer, model.calibration
+        split = calibration.digit_split
         state = render.format_state(job.state)
-        state_ids = render.state_token_ids(tokenizer, state, digit_split=calibration.digit_split)
+        state_ids = render.state_token_ids(tokenizer, state, digit_split=split)
         fitted_tokens: dict[str, int] = {}
         rows: list[VonRow] = []
         plans: list[_Plan] = []
@@ -80,9 +81,7 @@ class VonEngine:
             if not options:
                 plans.append(_Plan(name, question, None, None, 0))
                 continue
-            fixed = render.options_tokens(
-                tokenizer, instructions, options, digit_split=calibration.digit_split
-            )
+            fixed = render.options_tokens(tokenizer, instructions, options, digit_split=split)
             if fixed > WINDOW:
                 raise RequestInvalid.question(
                     name,
@@ -95,12 +94,19 @@ class VonEngine:
             if len(state_ids) > limit:
                 cuts.append(Cut(name, limit, len(state_ids)))
             fitted = render.fit_state(tokenizer, state, state_ids, limit)
-            rows.append(self._row(model, name, fitted, instructions, options))
-            row = len(rows) - 1
-            null_row = None
-            if isinstance(question, NoulQuestion) and not render.noul_options(question)[1]:
-                rows.append(self._row(model, name, "", instructions, options, shared=True))
-                null_row = len(rows) - 1
+            row = len(rows)
+            zero_shot = isinstance(question, NoulQuestion) and not render.noul_options(question)[1]
+            # the question's row, then a zero-shot noul's state-free row (its debias pass)
+            for text, shared in [(fitted, False), ("", True)][: 1 + zero_shot]:
+                packed = render.pack(tokenizer, text, instructions, options, digit_split=split)
+                ids: list[int] = tokenizer(packed)["input_ids"]
+                markers = [t for t, token in enumerate(ids) if token == model.mask_id]
+                if len(markers) != len(options):
+                    raise RequestInvalid.question(
+                        name, "criteria could not be packed as separate options"
+                    )
+                rows.append(VonRow(ids, markers, shared))
+            null_row = row + 1 if zero_shot else None
             if calibration.calibration_map is not None and fitted not in fitted_tokens:
                 fitted_ids = tokenizer(fitted, add_special_tokens=False)["input_ids"]
                 fitted_tokens[fitted] = max(1, len(fitted_ids))
@@ -113,34 +119,22 @@ class VonEngine:
             input_tokens = max(1, len(state) // 4) + max(1, instruction_chars // 4)
         return VonPreparedJob(job.checkpoint, rows, plans, input_tokens, cuts)
 
-    @staticmethod
-    def _row(
-        model: VonModel,
-        name: str,
-        state: str,
-        instructions: str,
-        options: list[str],
-        *,
-        shared: bool = False,
-    ) -> VonRow:
-        text = render.pack(
-            model.tokenizer, state, instructions, options, digit_split=model.calibration.digit_split
-        )
-        ids: list[int] = model.tokenizer(text)["input_ids"]
-        markers = [t for t, token in enumerate(ids) if token == model.mask_id]
-        if len(markers) != len(options):
-            raise RequestInvalid.question(name, "criteria could not be packed as separate options")
-        return VonRow(ids, markers, shared)
-
     def forward(self, group: Hashable, rows: Sequence[VonRow]) -> list[torch.Tensor]:
         with torch.inference_mode():
             return self._model(str(group)).logits(rows)
 
     def finish(self, prepared: VonPreparedJob, outputs: Sequence[object]) -> Decision:
         model = self._model(prepared.group)
-        logits: list[torch.Tensor] = list(outputs)  # type: ignore[arg-type]
+        answers: dict[str, Answer] = {}
         with torch.inference_mode():
-            answers = {plan.name: self._answer(model, plan, logits) for plan in prepared.plans}
+            for plan in prepared.plans:
+                if plan.row is None:
+                    is_choice = isinstance(plan.question, ChoiceQuestion)
+                    answers[plan.name] = readout.empty_answer(is_choice)
+                    continue
+                logits = self._logits(model, plan, outputs)
+                probs = readout.probabilities(logits, plan.state_tokens, model.calibration)
+                answers[plan.name] = readout.answer(plan.question, logits, probs)
         return Decision(prepared.group, answers, prepared.input_tokens, prepared.cuts)
 
     def tempered(
@@ -149,7 +143,6 @@ class VonEngine:
         """Each scored question's logits as its temperature divides them (a zero-shot noul's
         debiased) and its state's tokens, even without a map: what `von calibrate` records."""
         model = self._model(prepared.group)
-        logits: list[torch.Tensor] = list(outputs)  # type: ignore[arg-type]
         found = {}
         for plan in prepared.plans:
             if plan.row is None:
@@ -158,25 +151,17 @@ class VonEngine:
             if model.calibration.calibration_map is None:
                 ids = model.tokenizer(plan.fitted, add_special_tokens=False)["input_ids"]
                 tokens = max(1, len(ids))
-            found[plan.name] = (self._logits(model, plan, logits), tokens)
+            found[plan.name] = (self._logits(model, plan, outputs), tokens)
         return found
 
     @staticmethod
-    def _logits(model: VonModel, plan: _Plan, logits: list[torch.Tensor]) -> torch.Tensor:
-        assert plan.row is not None
-        row_logits = logits[plan.row]
+    def _logits(model: VonModel, plan: _Plan, outputs: Sequence[object]) -> torch.Tensor:
+        """The question's row's logits, a zero-shot noul's debiased by its state-free row's."""
+        logits: torch.Tensor = outputs[plan.row]  # type: ignore[index,assignment]
         if plan.null_row is not None:
-            row_logits = readout.debias(row_logits, logits[plan.null_row], model.calibration)
-        return row_logits
-
-    @classmethod
-    def _answer(cls, model: VonModel, plan: _Plan, logits: list[torch.Tensor]) -> Answer:
-        question = plan.question
-        if plan.row is None:
-            return readout.empty_answer(isinstance(question, ChoiceQuestion))
-        row_logits = cls._logits(model, plan, logits)
-        probs = readout.probabilities(row_logits, plan.state_tokens, model.calibration)
-        return readout.answer(question, row_logits, probs)
+            null: torch.Tensor = outputs[plan.null_row]  # type: ignore[assignment]
+            logits = readout.debias(logits, null, model.calibration)
+        return logits
 
 
 create = VonEngine
