@@ -15,11 +15,8 @@ _NOUL_DEFAULTS = {"false": "No. This is false: ", "true": "Yes. This is true: "}
 
 
 def to_text(value: Json, indent: int = 0) -> str:
-    """Upstream's prose rendering: the heads were trained on `key: value` text, not JSON.
-
-    Top-level object fields are separated by a blank line, nested ones indented by two
-    spaces; arrays become `- item` lines. Key order is kept and strings are not stripped.
-    """
+    """Upstream's prose rendering: the heads were trained on `key: value` text, not JSON (a
+    blank line between top-level fields, nested ones indented, arrays as `- item` lines)."""
     if value is None:
         return ""
     if isinstance(value, str):

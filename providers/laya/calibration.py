@@ -2,10 +2,8 @@
 
 Read with upstream's own rules (`laya.calibrate.apply_calibration_payload`): a malformed shape
 is refused with a message naming the field, while a temperature that is not a number, or lies
-outside [0.5, 5], is clamped at load as the checkpoint's own are. A version-2 file records the
-checkpoint it was fitted for; a mismatch warns and still loads. `payload` writes the same
-format, so a file fitted here loads in laya. Pure Python: the gateway checks files with it
-before listening, the worker loads them with it.
+outside [0.5, 5], is clamped at load as the checkpoint's own are; a file fitted for another
+checkpoint warns and still loads. Pure Python: the gateway checks files before listening.
 """
 
 from __future__ import annotations
@@ -48,11 +46,6 @@ def clamp_temperature(value: object) -> float:
     return min(TEMPERATURE_MAX, max(TEMPERATURE_MIN, number))
 
 
-def rejected(raw: object, applied: float) -> bool:
-    """Upstream `temperature_rejected`: `raw` is not the number that was applied."""
-    return _number(raw) != applied
-
-
 def config_identity(config: Mapping[str, Any] | None) -> dict[str, Any] | None:
     """A checkpoint's `rl_agent_config.json` without the temperatures a payload carries."""
     if config is None:
@@ -80,14 +73,14 @@ class Payload:
         return by_type, by_options
 
     def rejected(self) -> list[str]:
-        """Entries the clamp changed, as upstream's load warning names them."""
+        """Entries the clamp changed (upstream's `temperature_rejected`), named as it warns."""
         by_type, by_options = self.clamped()
         entries = [(f"temperature[{i}]", raw, by_type[i]) for i, raw in enumerate(self.temperature)]
         entries += [(k, self.temperature_by_options[k], by_options[k]) for k in by_options]
         return [
             f"{name}={raw!r} -> {applied:g}"
             for name, raw, applied in entries
-            if rejected(raw, applied)
+            if _number(raw) != applied
         ]
 
     def mismatch(self, checkpoint_config: Mapping[str, Any]) -> str | None:

@@ -1,12 +1,10 @@
 """Von calibration files: `marker_calibration.json`, as a checkpoint ships it or `von calibrate`
 writes it (von-sdk 1.3.7).
 
-The file holds the temperature rule (a scalar `temperature`, or a `calibration_map` clamped to
-[lo, hi]), the zero-shot noul prior, and two flags that set how the forward pass runs
-(`independent_options`, `digit_split`); `VON_CALIBRATION` replaces the checkpoint's file whole,
-flags included. Maps and priors upstream cannot use are dropped as upstream drops them; a
-non-numeric temperature or a flag that is not a boolean is refused. Pure Python: the gateway
-checks files with it before listening, the worker loads them with it.
+Besides the temperature rule and the zero-shot noul prior, the file holds two flags that set
+how the forward pass runs, so `VON_CALIBRATION` replaces the checkpoint's file whole. Maps and
+priors upstream cannot use are dropped as upstream drops them. Pure Python: the gateway checks
+files before listening.
 """
 
 from __future__ import annotations

@@ -340,8 +340,7 @@ def build_encoder(config: Config) -> ModernBert:
 
 
 def load(module: nn.Module, state: Mapping[str, torch.Tensor]) -> None:
-    """Assign `state`'s tensors to `module` (strictly: every key, no extras, same shapes); the
-    tensors become the parameters, so they are never copied."""
+    """Assign `state`'s tensors to `module`, strictly: they become its parameters, uncopied."""
     module.load_state_dict(state, strict=True, assign=True)
 
 
@@ -384,7 +383,6 @@ def probe_rows(
 
 
 def autocast(device: torch.device, dtype: torch.dtype) -> AbstractContextManager[object]:
-    """Autocast to `dtype` on `device` (CUDA's bf16, fp16); none for fp32."""
     if dtype == torch.float32:
         return nullcontext()
     return torch.autocast(device_type=device.type, dtype=dtype)
@@ -400,9 +398,8 @@ M = TypeVar("M", bound=HasPrecision)
 
 class Checkpoints(Generic[M]):
     """A Laya or Von engine's checkpoints by key, each loaded once (at create where
-    `spec.preload` names it, else on its first job) and reported, whichever thread asks first;
-    and the options both engines read: `calibrations` (key -> the file that replaces the
-    checkpoint's own), `long_states` (`DECIDEALOT_LONG_STATES`) and the precision."""
+    `spec.preload` names it, else by the first thread to ask) and reported, and the options
+    both engines read (`calibrations`: key -> the file replacing the checkpoint's own)."""
 
     def __init__(
         self,

@@ -16,7 +16,6 @@ from tokenizers import Tokenizer
 
 from decidealot.providers.json_files import read_json_object
 
-SPECIAL_TOKENS_MAP = "special_tokens_map.json"
 ROLES = ("cls_token", "sep_token", "pad_token", "mask_token", "unk_token", "bos_token", "eos_token")
 
 
@@ -36,9 +35,8 @@ def _read(path: Path) -> dict[str, object]:
 
 
 class FastTokenizer:
-    """A tokenizer folder: `__call__` returning `{"input_ids": ...}` for a text or a list of
-    texts, `decode`, and each named special token as an attribute (`mask_token`,
-    `mask_token_id`, ... for every role of `ROLES`; None when the folder names none)."""
+    """A tokenizer folder, called as transformers' is (`{"input_ids": ...}`), with each special
+    token of `ROLES` and its id as attributes (`mask_token`, `mask_token_id`; None if unnamed)."""
 
     mask_token: str
     sep_token: str
@@ -48,7 +46,6 @@ class FastTokenizer:
     pad_token_id: int | None
 
     def __init__(self, directory: Path, *, required: Sequence[str] = ()) -> None:
-        """Load `directory`; `required` roles (e.g. `"mask_token"`) must be named."""
         try:
             self._tokenizer = Tokenizer.from_file(str(directory / "tokenizer.json"))
         except Exception as exc:  # tokenizers raises its own Exception subclass
@@ -58,7 +55,9 @@ class FastTokenizer:
         config = _read(directory / "tokenizer_config.json")
         # transformers reads special_tokens_map.json only for configs without
         # added_tokens_decoder, and then its entries win.
-        legacy = {} if "added_tokens_decoder" in config else _read(directory / SPECIAL_TOKENS_MAP)
+        legacy = (
+            {} if "added_tokens_decoder" in config else _read(directory / "special_tokens_map.json")
+        )
         self._clean_up = bool(config.get("clean_up_tokenization_spaces", False)) and (
             type(self._tokenizer.model).__name__ != "BPE"
         )

@@ -1,10 +1,8 @@
 """The client for CLM's OpenAI-compatible embeddings endpoint (gateway side, no torch).
 
-Only the operator's URL is contacted. Distinct inputs go in chunks of `MAX_INPUTS_PER_CALL`,
-one call at a time, as base64 float32 (float lists are accepted too); every vector must have
-exactly `width` finite values. Timeouts, transport errors, 429 and 5xx are retried for up to
-`retry_seconds`, anything else fails at once; every failure is `ProviderUnavailable` with its
-fixed message. Candidate vectors may be cached (TTL + LRU); state vectors never are.
+Only the operator's URL is contacted. Every failure is `ProviderUnavailable` with its fixed
+message; the log line says why, never with a text. Option texts' vectors may be cached (TTL +
+LRU); state vectors never are.
 """
 
 from __future__ import annotations
@@ -90,8 +88,7 @@ class EncoderClient:
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ):
-        """`clock` times the cache's entries and `sleep` waits out each retry's backoff: a test
-        moves the clock past the TTL, and records the backoffs, instead of waiting."""
+        """`clock` and `sleep`: a test moves the cache past its TTL and records the backoffs."""
         self._endpoint = embeddings_endpoint(url)
         self._model = model
         self.width = width
@@ -107,9 +104,6 @@ class EncoderClient:
         self._client: httpx.AsyncClient | None = None
         self.answered_last_call: bool | None = None
         """Whether the encoder's last call (retries included) answered; None before any."""
-
-    def __repr__(self) -> str:  # never shows the key
-        return f"EncoderClient(model={self._model!r}, width={self.width})"
 
     async def start(self) -> None:
         if self._client is None:

@@ -70,8 +70,7 @@ class TypeSafeClient:
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        """`sleep` waits out each backoff and `clock` measures the retry budget: a test records
-        the delays and counts them on its clock instead of waiting them out."""
+        """`sleep` and `clock`: a test records the backoffs and spends the budget on its clock."""
         self._base_url = base_url.rstrip("/")
         # httpx.Headers hides `authorization` in its repr, so the key never prints from here.
         self._headers = httpx.Headers(
@@ -86,9 +85,6 @@ class TypeSafeClient:
         self._sleep = sleep
         self._clock = clock
         self._http: httpx.AsyncClient | None = None
-
-    def __repr__(self) -> str:
-        return f"TypeSafeClient(base_url={self._base_url!r})"
 
     async def start(self) -> None:
         if self._http is None:

@@ -137,8 +137,7 @@ class Checkpoint:
     temperatures: Temperatures
     device: torch.device
     pad_id: int
-    texts: CachedIds
-    """The questions' texts' token ids, kept across requests."""
+    texts: CachedIds  # the questions' texts' token ids, kept across requests
     amp_dtype: torch.dtype
     linears: Quantised
     lowered: Lowered | None
@@ -154,9 +153,7 @@ class Checkpoint:
         markers = [[*row.markers, *[0] * (width - len(row.markers))] for row in rows]
         inputs = {
             "input_ids": torch.tensor(ids),
-            "attention_mask": (
-                torch.arange(length)[None, :] < torch.tensor(lengths)[:, None]
-            ).long(),
+            "attention_mask": torch.tensor([[1] * n + [0] * (length - n) for n in lengths]),
             "marker_pos": torch.tensor(markers),
             "marker_mask": torch.arange(width)[None, :] < torch.tensor(counts)[:, None],
             "qtype": torch.tensor([row.qtype for row in rows], dtype=torch.long),
