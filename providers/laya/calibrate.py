@@ -20,7 +20,6 @@ from decidealot.providers.json_files import read_json_object
 from decidealot.providers.laya import calibration
 from decidealot.providers.laya.calibration import QTYPE_NAMES, TEMPERATURE_MAX, TEMPERATURE_MIN
 from decidealot.providers.laya.worker.engine import LayaPreparedJob
-from decidealot.providers.laya.worker.readout import Temperatures, temperature_bucket
 from decidealot.providers.laya.worker.render import QTYPES, question_type
 from decidealot.providers.worker.readout import softmax
 
@@ -40,7 +39,7 @@ class Record:
 
     @property
     def bucket(self) -> str:
-        return temperature_bucket(QTYPE_NAMES[self.qtype], len(self.logits))
+        return calibration.temperature_bucket(QTYPE_NAMES[self.qtype], len(self.logits))
 
 
 def _fit_unclamped(records: Sequence[Record]) -> float:
@@ -156,7 +155,9 @@ def fit(setup: calibrate.Setup) -> calibrate.Outcome:
         for held in calibrate.folds_of(len(records), setup.folds, setup.seed):
             kept = set(held)
             trained = fit_temperatures([r for i, r in enumerate(records) if i not in kept])
-            temperatures = Temperatures(trained.temperature, trained.temperature_by_options)
+            temperatures = calibration.Temperatures(
+                trained.temperature, trained.temperature_by_options
+            )
             for i in held:
                 record = records[i]
                 scale = temperatures.get(QTYPE_NAMES[record.qtype], len(record.logits))

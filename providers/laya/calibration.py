@@ -2,8 +2,9 @@
 
 Read with upstream's own rules (`laya.calibrate.apply_calibration_payload`): a malformed shape
 is refused with a message naming the field, while a temperature that is not a number, or lies
-outside [0.5, 5], is clamped at load as the checkpoint's own are; a file fitted for another
-checkpoint warns and still loads. Pure Python: the gateway checks files before listening.
+outside [0.5, 5], is clamped at load as the checkpoint's own are (`Temperatures`, what the
+worker applies); a file fitted for another checkpoint warns and still loads. Pure Python: the
+gateway checks files before listening.
 """
 
 from __future__ import annotations
@@ -53,6 +54,48 @@ def config_identity(config: Mapping[str, Any] | None) -> dict[str, Any] | None:
     return {str(k): config[k] for k in config if k not in _IDENTITY_SKIP}
 
 
+def temperature_bucket(qtype: str, options: int) -> str:
+    size = "2" if options <= 2 else "3-5" if options <= 5 else "6-10" if options <= 10 else "11+"
+    return f"{qtype}:{size}"
+
+
+class Temperatures:
+    """A checkpoint's softmax temperatures, clamped once at load as upstream does: its own
+    (`rl_agent_config.json`) or a calibration file's, which replaces them whole."""
+
+    def __init__(
+        self,
+        by_type: Sequence[object],
+        by_options: Mapping[str, object],
+        binning: Mapping[str, Mapping[str, Any]] | None = None,
+    ):
+        if not isinstance(by_type, list | tuple) or len(by_type) != 3:
+            raise ValueError("rl_agent_config.json: temperature must be a list of 3 numbers")
+        self.by_type = [clamp_temperature(t) for t in by_type]
+        self.by_options = {key: clamp_temperature(t) for key, t in by_options.items()}
+        self.binning = binning or {}
+
+    @classmethod
+    def of(cls, payload: Payload) -> Temperatures:
+        """A calibration file's (`laya.Agent.load_calibration`), with its binning map."""
+        return cls(payload.temperature, payload.temperature_by_options, payload.binning_map)
+
+    def answer_confidence(self, qtype: str, probs: Sequence[float]) -> float:
+        """Upstream's `answer_confidence` as it reports it (4 decimals): the top probability,
+        through the binning map's entry for the question's bucket (`apply_binning_map`). The
+        contract does not report it, but it picks a windowed state's deciding window."""
+        top = max(probs)
+        entry = self.binning.get(temperature_bucket(qtype, len(probs)))
+        if entry:
+            bins = int(entry["bins"])
+            top = float(entry["values"][min(bins - 1, max(0, int(top * bins)))])
+        return round(top, 4)
+
+    def get(self, qtype: str, options: int) -> float:
+        fallback = self.by_type[QTYPE_NAMES.index(qtype)]
+        return self.by_options.get(temperature_bucket(qtype, options), fallback)
+
+
 @dataclass(frozen=True)
 class Payload:
     """A parsed calibration file: its temperatures as written (clamped where they are used)."""
@@ -66,15 +109,10 @@ class Payload:
     subfolder: Any = None
     config: Any = None
 
-    def clamped(self) -> tuple[list[float], dict[str, float]]:
-        """The temperatures inference applies."""
-        by_type = [clamp_temperature(t) for t in self.temperature]
-        by_options = {key: clamp_temperature(t) for key, t in self.temperature_by_options.items()}
-        return by_type, by_options
-
     def rejected(self) -> list[str]:
         """Entries the clamp changed (upstream's `temperature_rejected`), named as it warns."""
-        by_type, by_options = self.clamped()
+        applied = Temperatures.of(self)
+        by_type, by_options = applied.by_type, applied.by_options
         entries = [(f"temperature[{i}]", raw, by_type[i]) for i, raw in enumerate(self.temperature)]
         entries += [(k, self.temperature_by_options[k], by_options[k]) for k in by_options]
         return [

@@ -25,8 +25,7 @@ from decidealot.contract import NoulQuestion
 from decidealot.providers import calibrate
 from decidealot.providers.json_files import read_json_object
 from decidealot.providers.von.calibration import MAP_FEATURES, CalibrationError
-from decidealot.providers.von.worker import readout
-from decidealot.providers.von.worker.engine import VonEngine, VonPreparedJob
+from decidealot.providers.von.worker.engine import VonEngine, VonPreparedJob, features
 
 LO, HI = 0.3, 12.0
 """The bounds `von calibrate` writes with every map."""
@@ -190,7 +189,7 @@ def _read(
 ) -> tuple[list[float], dict[str, float]]:
     """A one-question job's logits as its temperature divides them, and the map's features."""
     ((logits, tokens),) = engine.tempered(prepared, outputs).values()
-    return logits.float().cpu().tolist(), readout.features(logits, tokens)
+    return logits.float().cpu().tolist(), features(logits, tokens)
 
 
 def _von_order(row: calibrate.LabelRow[Any]) -> tuple[int, bool]:

@@ -1,23 +1,27 @@
 """The Laya worker engine: jobs -> encoder rows -> shared padded forward passes -> answers.
-Padding is masked, so a job's answers do not depend on what it shared passes with."""
+Padding is masked, so a job's answers do not depend on what it shared passes with. The readout
+is upstream `Agent._decode_answers`', unrounded (upstream rounds to 4 decimals)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import cast
 
 import torch
 
-from decidealot.contract import Cut, Question
+from decidealot.contract import Answer, Cut, NoulAnswer, Question
 from decidealot.errors import RequestInvalid
 from decidealot.jobs import Decision, EngineSpec, Job
 from decidealot.providers.engine.protocol import PassShape, ReportLoad, ignore_load
 from decidealot.providers.laya import CHECKPOINTS
-from decidealot.providers.laya.worker import readout
+from decidealot.providers.laya.calibration import Temperatures
+from decidealot.providers.laya.worker import render
 from decidealot.providers.laya.worker.model import Checkpoint, load_checkpoint
-from decidealot.providers.laya.worker.render import LayaRow, fill, render_heads, state_ids, windows
+from decidealot.providers.laya.worker.render import LayaRow, fill
 from decidealot.providers.worker.modernbert import Checkpoints
+from decidealot.providers.worker.readout import answer_from_probabilities, softmax
 
 PASS_TOKEN_LIMIT = 262_144
 """Padded tokens (rows x longest row) above which a turn is cut into several passes."""
@@ -67,15 +71,15 @@ class LayaEngine:
         def encode(texts: Sequence[str]) -> list[list[int]]:
             return tokenizer(list(texts), add_special_tokens=False)["input_ids"]
 
-        heads = render_heads(job.questions, checkpoint.texts, specials, budget)
-        state = state_ids(job.state, encode, specials)
+        heads = render.render_heads(job.questions, checkpoint.texts, specials, budget)
+        state = render.state_ids(job.state, encode, specials)
         split = [state]
         if self._checkpoint.long_states == "windows" and heads:
             if min(head.room for head in heads) == 0:
                 raise RequestInvalid.question(
                     None, "the questions' options fill the whole row, leaving no room for the state"
                 )
-            split = windows(state, heads, budget)
+            split = render.windows(state, heads, budget)
         if len(split) == 1:
             rows = [
                 fill(head, state, isinstance(job.state, list), specials, budget) for head in heads
@@ -101,14 +105,40 @@ class LayaEngine:
         count = len(prepared.questions)
         answers = {}
         for i, (name, question) in enumerate(prepared.questions.items()):
-            per_window = [
-                readout.answer(question, outputs[w * count + i], temperatures)  # type: ignore[arg-type]
-                for w in range(prepared.windows)
-            ]
-            deciding = readout.deciding_window(per_window, question, temperatures)
-            answers[name] = per_window[deciding]
+            qtype = render.question_type(question)
+            per_window = []
+            for w in range(prepared.windows):
+                logits: list[float] = outputs[w * count + i]  # type: ignore[assignment]
+                probs = softmax(logits, temperatures.get(qtype, len(logits)))
+                # a noul's options are [false, true]
+                per_window.append(
+                    answer_from_probabilities(question, probs, entropy_confidence, true_index=1)
+                )
+            answers[name] = per_window[deciding_window(per_window, qtype, temperatures)]
         model = f"laya-{prepared.key}"
         return Decision(model, answers, prepared.input_tokens, prepared.cuts)
+
+
+def entropy_confidence(probs: Sequence[float]) -> float:
+    """Upstream `confidence_from_probs`: 1 - H(p)/ln k, clipped to [0, 1]; 1.0 below 2 options."""
+    k = len(probs)
+    if k < 2:
+        return 1.0
+    entropy = -sum(p * math.log(min(1.0, max(p, 1e-12))) for p in probs)
+    return min(1.0, max(0.0, 1.0 - entropy / math.log(k)))
+
+
+def deciding_window(per_window: Sequence[Answer], qtype: str, temperatures: Temperatures) -> int:
+    """Which window's answer upstream `Agent.predict_long` keeps: a noul's highest P(true), a
+    choice's or score's highest `answer_confidence`, each compared as upstream reports them (4
+    decimals); the first on a tie."""
+
+    def key(answer: Answer) -> float:
+        if isinstance(answer, NoulAnswer):
+            return round(answer.noul, 4)
+        return temperatures.answer_confidence(qtype, list(answer.probabilities.values()))
+
+    return max(range(len(per_window)), key=lambda w: key(per_window[w]))
 
 
 def _cuts(names: list[str], rows: list[LayaRow], windows: int, total: int) -> list[Cut]:

@@ -16,7 +16,6 @@ from torch import nn
 
 from decidealot.providers.json_files import read_json_object
 from decidealot.providers.laya import calibration as calibration_file
-from decidealot.providers.laya.worker.readout import Temperatures
 from decidealot.providers.laya.worker.render import Budget, LayaRow, Specials
 from decidealot.providers.worker import modernbert
 from decidealot.providers.worker.bf16 import Lowered
@@ -134,7 +133,7 @@ class Checkpoint:
     tokenizer: FastTokenizer
     specials: Specials
     budget: Budget
-    temperatures: Temperatures
+    temperatures: calibration_file.Temperatures
     device: torch.device
     pad_id: int
     texts: CachedIds  # the questions' texts' token ids, kept across requests
@@ -206,11 +205,12 @@ def load_checkpoint(
         raise ValueError("rl_agent_config.json: 'encoder' and 'head_layers' are required")
     if config.get("option_layout", "sequential") != "sequential":
         raise ValueError("rl_agent_config.json: only the sequential option layout is supported")
-    temperatures = Temperatures(
+    temperatures = calibration_file.Temperatures(
         config.get("temperature", [1.0, 1.0, 1.0]), config.get("temperature_by_options", {})
     )
     if calibration is not None:
-        temperatures = Temperatures.of(calibration_file.read_calibration(Path(calibration)))
+        payload = calibration_file.read_calibration(Path(calibration))
+        temperatures = calibration_file.Temperatures.of(payload)
 
     encoder_config = modernbert.Config.read(
         _require(encoder_dir / "config.json", "its encoder config")

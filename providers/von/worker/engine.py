@@ -1,23 +1,41 @@
 """The Von engine a worker hosts: jobs -> packed rows (one per question, plus a no-state row per
-zero-shot noul) -> padded forward passes -> answers, the same alone or batched."""
+zero-shot noul) -> padded forward passes -> answers, the same alone or batched.
+
+The readout's arithmetic follows von-sdk 1.3.7 step by step (float32 softmax, then Python sums),
+unrounded like every provider's (upstream rounds what it reports), so probabilities keep summing
+to 1. Confidence (choice and score) is upstream's margin confidence `(K·p_max − 1)/(K − 1)` in
+[0, 1]; `noul` is the calibrated P(true) (upstream's `noul_raw`), not its banded decision.
+"""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 import torch
 
-from decidealot.contract import Answer, ChoiceQuestion, Cut, NoulQuestion, Question
+from decidealot.contract import (
+    Answer,
+    ChoiceAnswer,
+    ChoiceQuestion,
+    Cut,
+    NoulQuestion,
+    Question,
+    ScoreAnswer,
+)
 from decidealot.errors import RequestInvalid
 from decidealot.jobs import Decision, EngineSpec, Job
 from decidealot.providers.engine.protocol import PassShape, ReportLoad, ignore_load
-from decidealot.providers.von.worker import readout, render
+from decidealot.providers.von.calibration import VonCalibration
+from decidealot.providers.von.worker import render
 from decidealot.providers.von.worker.model import CPU_PASS_TOKENS, WINDOW, VonModel, VonRow
 from decidealot.providers.worker.modernbert import Checkpoints
+from decidealot.providers.worker.readout import answer_from_probabilities
 
 DEFAULT_MAX_STATE_TOKENS = WINDOW
 """Upstream's `VON_MAX_STATE_TOKENS` default; `EngineSpec.options["max_state_tokens"]` lowers it."""
+DEFAULT_DEBIAS = 0.7
 
 
 @dataclass(frozen=True)
@@ -128,13 +146,21 @@ class VonEngine:
         answers: dict[str, Answer] = {}
         with torch.inference_mode():
             for plan in prepared.plans:
-                if plan.row is None:
-                    is_choice = isinstance(plan.question, ChoiceQuestion)
-                    answers[plan.name] = readout.empty_answer(is_choice)
+                if plan.row is None:  # upstream's answer where no criteria left nothing to run
+                    if isinstance(plan.question, ChoiceQuestion):
+                        answers[plan.name] = ChoiceAnswer("", 0.0, {})
+                    else:
+                        answers[plan.name] = ScoreAnswer(0.0, 0.0, {}, {})
                     continue
                 logits = self._logits(model, plan, outputs)
-                probs = readout.probabilities(logits, plan.state_tokens, model.calibration)
-                answers[plan.name] = readout.answer(plan.question, logits, probs)
+                scale = max(temperature(logits, plan.state_tokens, model.calibration), 1e-4)
+                probs = torch.softmax(logits / scale, dim=-1).cpu().tolist()
+                # the choice is the raw logits' argmax, which a temperature never moves; options
+                # are packed as [yes, no], so P(true) comes first
+                best = int(torch.argmax(logits).item())
+                answers[plan.name] = answer_from_probabilities(
+                    plan.question, probs, margin_confidence, true_index=0, best=best
+                )
         return Decision(prepared.group, answers, prepared.input_tokens, prepared.cuts)
 
     def tempered(
@@ -156,12 +182,52 @@ class VonEngine:
 
     @staticmethod
     def _logits(model: VonModel, plan: _Plan, outputs: Sequence[object]) -> torch.Tensor:
-        """The question's row's logits, a zero-shot noul's debiased by its state-free row's."""
+        """The question's row's logits; a zero-shot noul's yes logit less the preference for
+        yes its state-free row shows (upstream's debias)."""
         logits: torch.Tensor = outputs[plan.row]  # type: ignore[index,assignment]
-        if plan.null_row is not None:
-            null: torch.Tensor = outputs[plan.null_row]  # type: ignore[assignment]
-            logits = readout.debias(logits, null, model.calibration)
-        return logits
+        if plan.null_row is None:
+            return logits
+        null: torch.Tensor = outputs[plan.null_row]  # type: ignore[assignment]
+        bias, prior = null[0] - null[1], model.calibration.noul_prior
+        correction = DEFAULT_DEBIAS * bias if prior is None else prior[0] * bias + prior[1]
+        return torch.stack([logits[0] - correction, logits[1]])
+
+
+def entropy_ratio(logits: torch.Tensor) -> float:
+    """Entropy of softmax(logits) over ln K: the map's difficulty feature."""
+    probs = torch.softmax(logits.float(), dim=-1)
+    n = max(probs.numel(), 1)
+    if n <= 1:
+        return 0.0
+    return -(probs * torch.log(probs.clamp_min(1e-12))).sum().item() / math.log(n)
+
+
+def features(logits: torch.Tensor, state_tokens: int) -> dict[str, float]:
+    """The map's inputs for one question (upstream `_calib_features`)."""
+    return {
+        "bias": 1.0,
+        "entropy": entropy_ratio(logits),
+        "log_tokens": math.log10(state_tokens) / 4.0,
+        "n_options": logits.numel() / 8.0,
+    }
+
+
+def temperature(logits: torch.Tensor, state_tokens: int, calibration: VonCalibration) -> float:
+    """The scalar temperature, or the map's input-conditioned one clamped to [lo, hi]."""
+    params = calibration.calibration_map
+    if params is None:
+        return calibration.temperature
+    raw = sum(
+        params.get(name, 0.0) * value for name, value in features(logits, state_tokens).items()
+    )
+    return min(params["hi"], max(params["lo"], raw))
+
+
+def margin_confidence(probs: Sequence[float]) -> float:
+    n = len(probs)
+    if n <= 1:
+        return 1.0
+    return max(0.0, min(1.0, (n * max(probs) - 1) / (n - 1)))
 
 
 create = VonEngine
