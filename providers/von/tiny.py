@@ -17,6 +17,7 @@ from tokenizers.processors import TemplateProcessing
 from transformers import ModernBertModel
 
 from decidealot.providers import tiny as shared
+from decidealot.providers.von.worker.model import OptionMarkerScorer
 
 _CORPUS = [
     "The customer requests a refund for a duplicate payment of 1250 dollars.",
@@ -89,17 +90,8 @@ def _mask_and_template(backend: Tokenizer) -> None:
 
 
 def _scorer_weights(hidden: int) -> dict[str, torch.Tensor]:
-    scorer = {
-        "input_norm": torch.nn.LayerNorm(hidden),
-        "dense": torch.nn.Linear(hidden, hidden // 2),
-        "norm": torch.nn.LayerNorm(hidden // 2),
-        "out_proj": torch.nn.Linear(hidden // 2, 1),
-    }
-    weights = {
-        f"scorer.{name}.{k}": v.detach().clone()
-        for name, module in scorer.items()
-        for k, v in module.state_dict().items()
-    }
+    scorer = OptionMarkerScorer(hidden).state_dict()
+    weights = {f"scorer.{k}": v.detach().clone() for k, v in scorer.items()}
     # An untouched random head gives p ≈ 1/K; a large output gain makes probabilities differ.
     weights["scorer.out_proj.weight"] *= 100.0
     return weights

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from decidealot.contract import Answer, Question, ScoreQuestion
+from decidealot.contract import Answer, ScoreQuestion
 from decidealot.jobs import Decision, EngineSpec, Job
 from decidealot.providers.clm.render import option_keys, score_legend
 from decidealot.providers.engine.protocol import PassShape, ReportLoad, ignore_load
@@ -158,14 +158,6 @@ def confidence(probs: Sequence[float]) -> float:
     return max(0.0, min(1.0, probs[best] - sum(rest) / len(rest)))
 
 
-def answer(question: Question, logits: list[float]) -> Answer:
-    """Upstream's readout; nothing is rounded. A noul's options are `NOUL_KEYS`, [false, true]."""
-    legend = score_legend(question) if isinstance(question, ScoreQuestion) else None
-    return answer_from_probabilities(
-        question, softmax(logits), confidence, true_index=1, legend=legend
-    )
-
-
 class ClmEngine:
     """Serves one or more head files by checkpoint key; every head loads at creation."""
 
@@ -232,9 +224,13 @@ class ClmEngine:
             zip(prepared.job.questions.items(), prepared.option_counts, strict=True)
         ):
             cos = options[option_of[option_at : option_at + count]] @ states[state_of[state_at]]
-            # float32 like upstream, then a float64 softmax
-            logits = (heads.scale * cos / temperature).tolist()
-            answers[name] = answer(question, logits)
+            # float32 like upstream, then a float64 softmax; nothing is rounded. A noul's options
+            # are `NOUL_KEYS`, [false, true].
+            probs = softmax((heads.scale * cos / temperature).tolist())
+            legend = score_legend(question) if isinstance(question, ScoreQuestion) else None
+            answers[name] = answer_from_probabilities(
+                question, probs, confidence, true_index=1, legend=legend
+            )
             option_at += count
         return Decision(model=prepared.group, answers=answers, input_tokens=0)
 

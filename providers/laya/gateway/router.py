@@ -25,16 +25,13 @@ us) costs more than detecting a short state (about 0.2 ms at 500 characters)."""
 DIRECT_SELECTORS = {f"laya-{key}": key for key in CHECKPOINTS}
 
 TYPED_DECISION_WORKFLOWS = {
-    "agent_trace_observability": frozenset(
-        {"action", "needs_review", "outcome", "risk", "urgency"}
-    ),
-    "customer_service": frozenset({"action", "category", "churn_risk", "needs_human", "urgency"}),
-    "invoice_processing": frozenset(
-        {"discrepancy_severity", "disposition", "duplicate", "matches_order", "urgency"}
-    ),
-    "security_incidents": frozenset(
-        {"credential_compromise", "disposition", "severity", "true_positive", "urgency"}
-    ),
+    workflow: frozenset(questions.split())
+    for workflow, questions in (
+        ("agent_trace_observability", "action needs_review outcome risk urgency"),
+        ("customer_service", "action category churn_risk needs_human urgency"),
+        ("invoice_processing", "discrepancy_severity disposition duplicate matches_order urgency"),
+        ("security_incidents", "credential_compromise disposition severity true_positive urgency"),
+    )
 }
 
 
@@ -58,8 +55,7 @@ def detect_checkpoint(state: State, leaves: list[str] | None = None) -> str:
 
 
 def named_checkpoint(selector: str, question_names: Iterable[str]) -> str | None:
-    """The checkpoint the selector or the question set names (a direct selector, a
-    typed-decisions workflow), else None: detection decides."""
+    """The checkpoint a direct selector or a typed-decisions workflow names, else None."""
     direct = DIRECT_SELECTORS.get(selector)
     if direct is not None:
         return direct

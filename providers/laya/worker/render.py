@@ -40,8 +40,7 @@ class Budget:
 
 @dataclass(frozen=True, slots=True)
 class LayaRow:
-    """One question's encoder row: token ids, the position of each option's marker, its type,
-    and how many of the state's tokens it holds (`state_read`) of how many (`state_total`)."""
+    """One question's encoder row; it holds `state_read` of the state's `state_total` tokens."""
 
     ids: list[int]
     markers: list[int]
@@ -122,8 +121,7 @@ def state_ids(state: State, encode: Encode, specials: Specials) -> list[int]:
 def render_heads(
     questions: dict[str, Question], encode: Encode, specials: Specials, budget: Budget
 ) -> list[LayaHead]:
-    """Each question's head, in `questions` order; `RequestInvalid` names a question whose
-    option markers cannot all fit in `max_len`."""
+    """Each question's head, in `questions` order."""
     mask = specials.mask_text
     heads: list[str] = []
     options: list[list[str]] = []
@@ -183,10 +181,9 @@ def fill(
 
 
 def windows(state: list[int], heads: list[LayaHead], budget: Budget) -> list[list[int]]:
-    """Upstream `Agent.predict_long`'s split with its defaults (`window_budget`): windows of
-    `max(64, max_len - head_max_len - 8)` tokens capped at the smallest room the questions
-    leave, a stride of half a window, the last one reaching the state's end. A state within
-    that room is one window, itself."""
+    """Upstream `Agent.predict_long`'s split with its defaults (`window_budget`): windows capped
+    at the smallest room the questions leave, a stride of half a window, the last one reaching
+    the state's end."""
     room = min(head.room for head in heads)
     if len(state) <= room:
         return [state]

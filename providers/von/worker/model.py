@@ -18,7 +18,7 @@ from cachetools import LRUCache
 from torch import nn
 
 from decidealot.providers.json_files import read_json_object
-from decidealot.providers.von.calibration import CalibrationError, VonCalibration, parse
+from decidealot.providers.von.calibration import CalibrationError, parse
 from decidealot.providers.worker import modernbert
 from decidealot.providers.worker.tokenizer import FastTokenizer, TokenizerError
 
@@ -39,16 +39,6 @@ own, as upstream scores it, so its logits are the same whichever request scored 
 
 class VonCheckpointError(ValueError):
     """A Von checkpoint directory that cannot be served as it is."""
-
-
-def load_calibration(path: Path) -> VonCalibration:
-    """Read the calibration file. Upstream falls back to plain attention when it is missing or
-    unreadable, which answers 1.2+ weights in the wrong mode: here that checkpoint is refused."""
-    data = read_json_object(path, lambda message: VonCheckpointError(f"Von checkpoint: {message}"))
-    try:
-        return parse(data)
-    except CalibrationError as exc:
-        raise VonCheckpointError(f"Von checkpoint: {path.name}: {exc}") from None
 
 
 class OptionMarkerScorer(nn.Module):
@@ -108,9 +98,16 @@ class VonModel:
         """Load `directory` onto `device` in `precision` (resolved), with its own calibration
         file or `calibration`, which replaces it whole (upstream's `VON_CALIBRATION`)."""
         directory = Path(directory)
-        self.calibration = load_calibration(
-            Path(calibration or directory / "marker_calibration.json")
+        # Upstream falls back to plain attention where the file is missing or unreadable, which
+        # answers 1.2+ weights in the wrong mode: here that checkpoint is refused.
+        path = Path(calibration or directory / "marker_calibration.json")
+        data = read_json_object(
+            path, lambda message: VonCheckpointError(f"Von checkpoint: {message}")
         )
+        try:
+            self.calibration = parse(data)
+        except CalibrationError as exc:
+            raise VonCheckpointError(f"Von checkpoint: {path.name}: {exc}") from None
         try:
             config = modernbert.Config.read(directory / "config.json")
         except modernbert.ModernBertConfigError as exc:
