@@ -143,13 +143,13 @@ def answer_probabilities(decision: Decision, name: str) -> list[float]:
     return list(answer.probabilities.values())
 
 
-def folds_of(count: int, folds: int, seed: int) -> list[list[int]]:
-    """Held-out index sets: von-sdk's split (`random.Random(seed)` shuffles, fold f holds every
-    `folds`-th index from f), at least 2 folds and at most one per row."""
+def folds_of(count: int, folds: int, seed: int) -> tuple[list[int], list[list[int]]]:
+    """von-sdk's split: the rows in `random.Random(seed)`'s shuffled order, and the held-out
+    index sets (fold f holds every `folds`-th of them from f), 2 to one per row."""
     order = list(range(count))
     random.Random(seed).shuffle(order)
     folds = max(2, min(folds, count))
-    return [sorted(order[f::folds]) for f in range(folds)]
+    return order, [sorted(order[f::folds]) for f in range(folds)]
 
 
 # -- the report ---------------------------------------------------------------------------------

@@ -1,10 +1,8 @@
-"""The one reader of a provider's JSON files that must hold an object (calibration files,
-checkpoint configs, tokenizer files), in both processes.
+"""The one reader of a provider's JSON files that must hold an object, in both processes.
 
 Python's `json`, not msgspec: the upstream packages read these files with it, so a NaN or
 Infinity literal loads here as it loads there (laya then clamps such a temperature, and the
-parity tests hold us to that). The gateway's own checks of checkpoint configs
-(`decidealot.registry.json_object_problem`) are stricter on purpose.
+parity tests hold us to that).
 """
 
 from __future__ import annotations

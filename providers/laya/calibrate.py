@@ -152,7 +152,7 @@ def fit(setup: calibrate.Setup) -> calibrate.Outcome:
     outcome = calibrate.Outcome(body, _summary(fitted), len(rows), skipped)
     if len(records) >= 2:
         after: dict[int, list[float]] = {}
-        for held in calibrate.folds_of(len(records), setup.folds, setup.seed):
+        for held in calibrate.folds_of(len(records), setup.folds, setup.seed)[1]:
             kept = set(held)
             trained = fit_temperatures([r for i, r in enumerate(records) if i not in kept])
             temperatures = calibration.Temperatures(

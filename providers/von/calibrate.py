@@ -142,15 +142,11 @@ def cross_validate(
     records: Sequence[Record], keys: Sequence[str], folds: int, seed: int = 0
 ) -> CrossValidated:
     """`von calibrate`'s `cross_validate`, keeping each fold's fit for the held-out report."""
-    order = list(range(len(records)))
-    random.Random(seed).shuffle(order)
-    folds = max(2, min(folds, len(records)))
+    order, held_out = calibrate.folds_of(len(records), folds, seed)
     total, fits = 0.0, []
-    for f in range(folds):
-        test = set(order[f::folds])
-        train = [records[i] for i in order if i not in test]
-        held = sorted(test)
-        params = _fit(train, keys, seed=seed)
+    for held in held_out:
+        test = set(held)
+        params = _fit([records[i] for i in order if i not in test], keys, seed=seed)
         total += nll(params, [records[i] for i in held]) * len(held)
         fits.append((held, params))
     return CrossValidated(total / len(records), fits)

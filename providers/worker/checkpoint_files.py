@@ -21,8 +21,8 @@ class WeightsError(ValueError):
 
 
 def read_safetensors(path: Path, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
-    """Every tensor in `path`, floating-point ones as `dtype` (None: as stored), each a tensor
-    of its own (never a view of the file's mapping, which is gone once they are dropped)."""
+    """Every tensor in `path`, floating-point ones as `dtype` (None: as stored), each its own
+    (never a view of the file's mapping, which is gone once they are dropped)."""
     try:
         with safe_open(path, framework="pt") as file:
             names = file.keys()
