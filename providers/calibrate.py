@@ -54,8 +54,7 @@ class Setup:
 
 @dataclass
 class LabelRow(Generic[R]):
-    """A used label row: what the service answers now (`before`, contract order) and what the
-    provider reads to fit (`record`)."""
+    """A used label row: what the service answers now (contract order), what the provider fits."""
 
     label: Labelled
     before: list[float]
@@ -83,8 +82,7 @@ class Outcome:
 
 
 def build(setup: Setup, factory: str) -> Engine:
-    """The provider's engine on `setup`'s checkpoint, built as a worker builds it, with the
-    calibration the service runs it with."""
+    """The engine on `setup`'s checkpoint as a worker builds it, with the service's calibration."""
     calibrations = {setup.key: str(setup.current)} if setup.current is not None else {}
     spec = EngineSpec(
         factory=factory,
@@ -170,8 +168,7 @@ def brier(probs: Sequence[Sequence[float]], gold: Sequence[int]) -> float:
 def reliability(
     probs: Sequence[Sequence[float]], gold: Sequence[int], bins: int = ECE_BINS
 ) -> list[tuple[int, float, float]]:
-    """Per equal-width bin of top-label confidence: (rows, mean confidence, accuracy); laya's
-    `ece_score` bins (the first closed at 0, the others open below)."""
+    """(rows, mean confidence, accuracy) per bin of top-label confidence, as laya's `ece_score`."""
     table: list[list[float]] = [[0, 0.0, 0.0] for _ in range(bins)]
     for p, g in zip(probs, gold, strict=True):
         top = max(range(len(p)), key=p.__getitem__)

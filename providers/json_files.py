@@ -16,8 +16,7 @@ _KINDS = {list: "an array", str: "a string", bool: "a boolean", int: "a number",
 
 
 def read_json_object(path: Path, error: Callable[[str], Exception]) -> dict[str, Any]:
-    """`path` as a JSON object; raises `error(message)`, naming the file, when it cannot be read,
-    is not UTF-8, is not JSON or holds another kind of value."""
+    """`path` as a JSON object, else `error(message)`, the message naming the file."""
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:

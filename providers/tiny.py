@@ -31,15 +31,13 @@ MODERNBERT_BASE: dict[str, Any] = {
 }
 """ModernBERT-base's encoder shape, for the benchmarks' base-sized checkpoints."""
 MODERNBERT_VOCAB_SIZE = 50368
-"""ModernBERT's vocabulary size: a base-sized checkpoint's embedding rows (its tokenizer stays
-tiny, so only the first few hundred ever occur)."""
+"""A base-sized checkpoint's embedding rows (its tiny tokenizer only reaches the first few)."""
 
 
 def modernbert_config(
     tok: PreTrainedTokenizerFast, shape: dict[str, Any], **extra: Any
 ) -> ModernBertConfig:
-    """The encoder config for `shape`, with the tokenizer's special ids and the 8192 window
-    upstream loads; `extra` (a vocabulary size, RoPE parameters) overrides the rest."""
+    """The encoder config for `shape`, the tokenizer's special ids and upstream's 8192 window."""
     values: dict[str, Any] = {
         "vocab_size": len(tok),
         **shape,
@@ -88,8 +86,7 @@ def bpe_tokenizer(
 
 
 def write_checkpoints(directory: Path) -> list[tuple[Descriptor, dict[str, Path]]]:
-    """Write one random checkpoint per bundle of every registered provider under `directory`:
-    each provider with its bundle name -> path."""
+    """One random checkpoint per bundle of every registered provider, under `directory`."""
     transformers_logging.disable_progress_bar()  # stderr stays for errors
     return [
         (descriptor, pkgutil.resolve_name(descriptor.tiny.writer)(directory))

@@ -143,8 +143,7 @@ async def health() -> dict[str, str]:
 
 
 def create_encoder_app(options: EncoderOptions) -> Litestar:
-    """Load the model, then build the app (called in the server's worker process, where the
-    tracer provider must live)."""
+    """Load the model and build the app, in the server's worker (where the tracer must live)."""
     tracing.setup(config.Settings(trace_exporters=config.trace_exporters(os.environ)))
     encoder = LastTokenEncoder(options)
     state = State({"encoder": encoder, "served_name": options.served_name, "lock": asyncio.Lock()})

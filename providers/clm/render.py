@@ -91,8 +91,7 @@ def _candidates(question: Question) -> list[Candidate]:
 def render_questions(
     state: Json, questions: dict[str, Question]
 ) -> Iterator[tuple[str, RenderedQuestion]]:
-    """Each question rendered, the state's text rendered once for all of them: context (the
-    state's stripped text) first, question last, the layout the state head was trained on."""
+    """Each question rendered: the state's text first, the question last, as the head trained."""
     context = to_text(state).strip()
     for name, question in questions.items():
         asked = to_text(question.instructions).strip()

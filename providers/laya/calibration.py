@@ -215,8 +215,7 @@ def check(path: Path) -> str | None:
 
 
 def warnings(path: Path, checkpoint: Path) -> list[str]:
-    """What laya warns of when it loads the file at `path` onto `checkpoint` (a directory):
-    a file fitted for another checkpoint, temperatures it had to clamp."""
+    """What laya warns of when it loads the file at `path` onto `checkpoint` (a directory)."""
     loaded = read_calibration(path)
     found = []
     config = read_json_object(checkpoint / "rl_agent_config.json", CalibrationError)
@@ -240,8 +239,7 @@ def payload(
     model_id_or_path: str | None,
     config: Mapping[str, Any] | None,
 ) -> dict[str, Any]:
-    """The JSON body a fresh agent's `Agent.save_calibration` writes (no subfolder, no binning
-    map: `laya.calibrate.calibration_payload`)."""
+    """What a fresh agent's `Agent.save_calibration` writes (`calibration_payload`)."""
     return {
         "version": VERSION,
         "temperature": [float(t) for t in temperature],

@@ -142,10 +142,8 @@ def build_laya_checkpoint(
     shape: Mapping[str, Any] | None = None,
     budget: Mapping[str, int] | None = None,
 ) -> Path:
-    """Write a random `variant` checkpoint of `size` (see `SIZES`; "base" is about 330 MB, for
-    benchmarks only) into `path` (created) and return `path`. `shape` overrides entries of the
-    size's encoder shape (`num_hidden_layers`, `initializer_range`, ...), `budget` its row
-    budgets (`max_len`, `head_max_len`)."""
+    """A random `variant` checkpoint of `size` (`base`: about 330 MB) written to `path`; `shape`
+    and `budget` override entries of the size's encoder shape and row budgets."""
     if variant not in _VARIANT:
         raise ValueError(f"unknown Laya variant {variant!r}; expected one of {VARIANTS}")
     if size not in SIZES:

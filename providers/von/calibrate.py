@@ -153,8 +153,7 @@ def cross_validate(
 
 
 def fit_map(records: Sequence[Record], folds: int, seed: int, shipped: Any) -> dict[str, Any]:
-    """`von calibrate`'s `fit_map`: the CV winner as `calibration_map`, its report, and the
-    winner's folds (`cv`) for the held-out scores."""
+    """`von calibrate`'s `fit_map`, and the winner's folds (`cv`) for the held-out scores."""
     scalar_cv = cross_validate(records, ("bias",), folds, seed)
     map_cv = cross_validate(records, MAP_FEATURES, folds, seed)
     scalar = _fit(records, ("bias",), seed=seed)

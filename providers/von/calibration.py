@@ -57,8 +57,8 @@ def _noul_prior(raw: object) -> tuple[float, float] | None:
 
 
 def parse(data: dict[str, Any]) -> VonCalibration:
-    """A file's rule and flags; `CalibrationError` for what upstream would silently reset
-    (a reset answers in the wrong attention mode, so it is refused instead)."""
+    """A file's rule and flags; what upstream would reset (answering in the wrong attention
+    mode) is refused."""
     try:
         temperature = float(data.get("temperature", 1.0))
     except (TypeError, ValueError):

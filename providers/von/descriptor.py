@@ -39,8 +39,7 @@ class VonSettings(Section, frozen=True, kw_only=True):
     von_enabled: Annotated[bool, setting(boolean)] = True
     von_checkpoint: Annotated[Path | None, setting(directory)] = None
     von_calibration: Annotated[Path | None, setting(file)] = None
-    """A `marker_calibration.json` (`von calibrate`'s or `decidealot calibrate`'s) that
-    replaces the checkpoint's own, as upstream's `VON_CALIBRATION`."""
+    """A `marker_calibration.json` replacing the checkpoint's own (upstream's `VON_CALIBRATION`)."""
 
 
 def _build(settings: Settings, section: VonSettings) -> Provider:

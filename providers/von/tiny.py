@@ -108,9 +108,8 @@ def build_von_checkpoint(
     temperature: float = 1.0,
     size: str = "tiny",
 ) -> Path:
-    """Write a random Von checkpoint of `size` (see `SIZES`) into `path` (created) and return
-    `path`. `calibration_map=None` / `noul_prior=None` leave those keys out of the calibration
-    file, so the scalar `temperature` and the 0.7 debias coefficient apply."""
+    """A random Von checkpoint of `size` written to `path`; without a `calibration_map` and a
+    `noul_prior` the scalar `temperature` and the 0.7 debias coefficient apply."""
     if size not in SIZES:
         raise ValueError(f"unknown Von checkpoint size {size!r}; expected one of {SIZES}")
     path.mkdir(parents=True, exist_ok=True)
@@ -138,8 +137,7 @@ def build_von_checkpoint(
 
 
 def write_bundles(root: Path) -> dict[str, Path]:
-    """The `von-1.1` bundle at random: plain (joint-attention) mode with the scalar
-    temperature of the 1.1 candidate, as the bundle serves it."""
+    """The `von-1.1` bundle at random, in the mode and scalar temperature the bundle ships."""
     path = build_von_checkpoint(
         root / "von-1.1",
         independent_options=False,

@@ -78,9 +78,8 @@ def unquantised(module: nn.Module) -> Quantised:
 
 def quantize_guarded(target: nn.Module, probe: Callable[[], torch.Tensor]) -> Quantised:
     """Make `target`'s linear layers int8, keeping fp32 the roles whose int8 error moves
-    `probe()` (probabilities through `target`) most, until it moves at most `PROBE_TOLERANCE`.
-    The versions not chosen are then freed and their pages handed back (`release_freed`), so
-    int8 holds about a quarter of those layers' fp32 bytes."""
+    `probe()` (probabilities through `target`) most, until it moves at most `PROBE_TOLERANCE`;
+    the versions not chosen are freed."""
     roles = _linears(target)
     kept = _choose(roles, probe)
     total = sum(len(sites) for sites in roles.values())

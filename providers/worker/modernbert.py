@@ -140,8 +140,7 @@ class Output(NamedTuple):
 
 
 def embedding(rows: int, width: int) -> nn.Embedding:
-    """An `nn.Embedding` whose weight is left as allocated (the checkpoint fills it): on the
-    meta device, `nn.Embedding`'s own random init would import torch._dynamo (seconds)."""
+    """An `nn.Embedding` left uninitialised: its own init would import torch._dynamo (seconds)."""
     return nn.Embedding(rows, width, _weight=torch.empty(rows, width))
 
 
@@ -242,8 +241,7 @@ class ModernBert(nn.Module):
             config.hidden_size, eps=config.norm_eps, bias=config.norm_bias
         )
         self.compute_dtype = torch.float32
-        """What the attention runs in: bf16 once `bf16.lower_guarded` made the linear layers bf16;
-        the residual stream and the norms stay fp32 either way."""
+        """bf16 once `bf16.lower_guarded` made the linear layers bf16 (the norms stay fp32)."""
         dim = config.head_dim
         for kind, theta in config.rope_theta:
             steps = torch.arange(0, dim, 2, dtype=torch.float, device="cpu")
@@ -315,8 +313,7 @@ class ModernBert(nn.Module):
         return mask.to(self.compute_dtype)
 
     def _attention_dtype(self, hidden: torch.Tensor) -> torch.dtype:
-        """The dtype sdpa sees its queries in: autocast's where it is on, else the linear
-        layers' (`compute_dtype`)."""
+        """The dtype sdpa sees its queries in: autocast's where it is on, else `compute_dtype`."""
         kind = hidden.device.type
         if torch.is_autocast_enabled(kind):
             return torch.get_autocast_dtype(kind)
@@ -324,8 +321,7 @@ class ModernBert(nn.Module):
 
 
 def additive(mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
-    """A boolean attention mask (True: may attend) as the additive one sdpa would make of it on
-    every call (0 or -inf, in the queries' dtype); float masks pass as they are."""
+    """A boolean mask (True: may attend) as the additive one sdpa would make of it on every call."""
     if mask is None or mask.dtype != torch.bool:
         return mask
     return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(

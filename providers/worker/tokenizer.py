@@ -99,9 +99,8 @@ class FastTokenizer:
 
 
 class CachedIds:
-    """Token ids (no special tokens) of texts that recur from request to request (questions'
-    instructions and options: tokenising a three-question request's dozen texts cost three
-    times its state's), at most `size` texts (emptied when full). Callers never change them."""
+    """Token ids of texts that recur across requests (a three-question request's dozen texts
+    cost three times its state to tokenise), at most `size` (emptied when full)."""
 
     def __init__(self, tokenizer: FastTokenizer, size: int = 4096) -> None:
         self._tokenizer = tokenizer

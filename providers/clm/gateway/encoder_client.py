@@ -115,8 +115,7 @@ class EncoderClient:
             await client.aclose()
 
     async def embed(self, texts: Sequence[str], *, cache: bool) -> Embedded:
-        """Vectors for `texts`; with `cache`, cached rows are reused and misses stored (without
-        it, in a dict forgotten on return)."""
+        """Vectors for `texts`, each distinct text fetched once; `cache`: through the cache."""
         store: MutableMapping[str, bytes] = self._cache if cache and self._cache is not None else {}
         unique = dict.fromkeys(texts)
         found = {text: row for text in unique if (row := store.get(text)) is not None}

@@ -131,9 +131,8 @@ def _tower(data: dict[str, object], key: str, cfg: HeadConfig, name: str, device
 
 @dataclass(frozen=True)
 class ClmPreparedJob:
-    """One job's vectors, checked against its questions, waiting for a pass. The job is one
-    row of a pass: the heads are tiny, and a job's answers then match upstream's, and its own
-    answers alone, to the bit."""
+    """One job's vectors, checked against its questions. A job is one row of a pass: the heads
+    are tiny, and its answers then match upstream's, and its own alone, to the bit."""
 
     tokens: int  # the distinct vectors it adds to a pass
     group: str  # the checkpoint key
@@ -236,9 +235,8 @@ class ClmEngine:
 
 
 def create(spec: EngineSpec, report: ReportLoad = ignore_load) -> ClmEngine:
-    """Load every head weights-only; a head whose input width is not the encoder's (the
-    gateway's `options["width"]`, 4096 for Qwen3-8B) fails here. A head is not a checkpoint
-    with a precision: it reports no load."""
+    """Every head, weights-only; one whose input is not the encoder's `options["width"]` fails
+    here. A head has no precision to report: it reports no load."""
     width = int(spec.options["width"])
     heads: dict[str, HeadPair] = {}
     for key, path in spec.checkpoints.items():

@@ -39,8 +39,7 @@ _REQUEST_ID_HEADER = "x-typesafe-request-id"
 
 
 class InvalidReply(Exception):
-    """TypeSafe answered 2xx with a body the contract forbids (raised by the caller's `decode`);
-    the reason quotes no content."""
+    """A 2xx body the contract forbids (the caller's `decode` raises it); quotes no content."""
 
 
 class _Status(Exception):
@@ -178,8 +177,7 @@ def _wait(state: RetryCallState) -> float:
 
 
 def _failure(error: Exception, attempts: int) -> tuple[str, str]:
-    """The failure's metric reason (a small fixed set) and what went wrong, in words that carry
-    no URL, key or body."""
+    """The failure's metric reason and what went wrong, in words with no URL, key or body."""
     tries = f"after {attempts} attempt(s)"
     if isinstance(error, _Status):
         if error.status in (401, 403):

@@ -42,8 +42,7 @@ def workflow_of(question_names: Iterable[str]) -> str | None:
 
 
 def detect_checkpoint(state: State, leaves: list[str] | None = None) -> str:
-    """`english` or `multilingual` by script and language, as upstream's built-in detection
-    (`leaves`: the state's `lang.text_leaves`, where the caller has them)."""
+    """`english` or `multilingual` by script and language, as upstream's built-in detection."""
     detection = lang.analyse(state, leaves)
     if detection.script == "unknown":
         return FALLBACK

@@ -33,8 +33,7 @@ is pure waste there: a turn is cut wherever that saves more padding than this.""
 
 @dataclass(frozen=True, slots=True)
 class LayaPreparedJob:
-    """A job's rendered rows plus what readout needs; its checkpoint is its rows' group. The rows
-    are `windows` runs of one row per question, in question order."""
+    """A job's rows: `windows` runs of one row per question, in question order."""
 
     group: Checkpoint
     key: str
@@ -63,8 +62,7 @@ class LayaEngine:
 
     def prepare(self, job: Job) -> LayaPreparedJob:
         """One row per question, or under `windows` one per question per window of a state
-        longer than the questions leave room for; refused (`refuse`) or reported (`cuts`)
-        when a row holds only part of the state."""
+        longer than the questions leave room for."""
         checkpoint = self._checkpoint(job.checkpoint)
         tokenizer, specials, budget = checkpoint.tokenizer, checkpoint.specials, checkpoint.budget
 

@@ -126,8 +126,7 @@ class DecisionModel(nn.Module):
 
 @dataclass(frozen=True, eq=False)
 class Checkpoint:
-    """Everything one loaded checkpoint needs to render, run and read out. Equal only to
-    itself (hashed by identity): it is the group of its jobs' rows (`LayaPreparedJob.group`)."""
+    """A loaded checkpoint; equal only to itself, as the group of its jobs' rows must be."""
 
     model: DecisionModel
     tokenizer: FastTokenizer
@@ -143,8 +142,8 @@ class Checkpoint:
     """`amp_dtype`, `linears`, `lowered`: `modernbert.at_precision`'s."""
 
     def forward(self, rows: Sequence[LayaRow]) -> list[list[float]]:
-        """One pass over `rows` padded on the right: each row's option logits. Its inputs are
-        made from Python lists in one call each (a tensor per row, copied in, cost more)."""
+        """Each row's option logits, from one pass padded on the right; each input is one
+        tensor made from lists (a tensor per row, copied in, cost more)."""
         lengths = [len(row.ids) for row in rows]
         counts = [len(row.markers) for row in rows]
         length, width = max(lengths), max(counts)
@@ -191,8 +190,7 @@ def load_checkpoint(
     precision: str = "fp32",
     calibration: str | Path | None = None,
 ) -> Checkpoint:
-    """The checkpoint in `directory`, its fp16 weights read as fp32, in `precision` (resolved);
-    a `calibration` file (laya's `save_calibration` payload) replaces its temperatures."""
+    """The checkpoint in `directory`, its fp16 weights read as fp32, in `precision` (resolved)."""
     root = Path(directory)
     config = read_json_object(_require(root / "rl_agent_config.json", "its config"), ValueError)
     weights_path = _require(root / "model.safetensors", "its weights")

@@ -172,8 +172,7 @@ def _head(
 def fill(
     head: LayaHead, state: list[int], keep_tail: bool, specials: Specials, budget: Budget
 ) -> LayaRow:
-    """Upstream `build_sequence`: the head, as much of the state as its room holds (its first
-    tokens, or its last with `keep_tail`), `[SEP]`, within `max_len`."""
+    """Upstream `build_sequence`: the head, what its room holds of the state, `[SEP]`."""
     room = head.room
     kept = state[max(0, len(state) - room) :] if keep_tail else state[:room]
     ids = [*head.ids, *kept, specials.sep_id][: budget.max_len]

@@ -67,8 +67,7 @@ class VonPreparedJob:
 
 
 class VonEngine:
-    """Serves the checkpoints of one `EngineSpec`; `prepare` and `forward` may run in several
-    threads."""
+    """Serves Von's checkpoints; `prepare` and `forward` may run in several threads."""
 
     def __init__(self, spec: EngineSpec, report: ReportLoad = ignore_load):
         self.shape = PassShape(CPU_PASS_TOKENS if torch.device(spec.device).type == "cpu" else None)

@@ -95,8 +95,7 @@ class VonModel:
         precision: str = "fp32",
         calibration: str | Path | None = None,
     ):
-        """Load `directory` onto `device` in `precision` (resolved), with its own calibration
-        file or `calibration`, which replaces it whole (upstream's `VON_CALIBRATION`)."""
+        """`calibration` replaces the checkpoint's own file whole (upstream's `VON_CALIBRATION`)."""
         directory = Path(directory)
         # Upstream falls back to plain attention where the file is missing or unreadable, which
         # answers 1.2+ weights in the wrong mode: here that checkpoint is refused.
@@ -157,8 +156,7 @@ class VonModel:
         modernbert.load(self.scorer, parts["scorer"])
 
     def logits(self, rows: Sequence[VonRow]) -> list[torch.Tensor]:
-        """One logit vector per row: shared rows from the cache or a pass of their own, the
-        others from one padded pass (the worker's planner sized it)."""
+        """One logit vector per row: shared rows from the cache or a pass of their own."""
         own = [index for index, row in enumerate(rows) if not row.shared]
         scored = dict(zip(own, self._pass([rows[i] for i in own]), strict=True)) if own else {}
         return [scored[i] if i in scored else self._shared(row) for i, row in enumerate(rows)]

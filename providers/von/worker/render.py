@@ -131,8 +131,7 @@ def options_tokens(
 
 
 def state_limit(options_length: int, *, window: int, max_state_tokens: int) -> int:
-    """The state tokens a question leaves room for (upstream `_fit_state`'s `limit`, what it
-    reports as `kept_tokens`)."""
+    """The state tokens a question leaves room for (upstream `_fit_state`'s `limit`)."""
     return max(16, min(max_state_tokens, window - options_length - 8))
 
 
