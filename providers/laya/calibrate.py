@@ -137,7 +137,6 @@ def _summary(fit: Fit) -> list[str]:
 
 
 def fit(setup: calibrate.Setup) -> calibrate.Outcome:
-    """Fit and score a Laya calibration for `setup`'s checkpoint (see the module's docstring)."""
     engine = calibrate.build(setup, "decidealot.providers.laya.worker.engine:create")
     rows, skipped = calibrate.collect(engine, _read, setup)  # type: ignore[arg-type]
     records = [Record(*r.record, r.label.gold) for r in rows]

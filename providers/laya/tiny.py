@@ -45,12 +45,7 @@ _SHIPPED_BY_OPTIONS = {
 _BERT_ROLES = {
     f"{name}_token": f"[{name.upper()}]" for name in ("unk", "cls", "sep", "pad", "mask")
 }
-_GEMMA_ROLES = {
-    "pad_token": "<pad>",
-    "eos_token": "<eos>",
-    "bos_token": "<bos>",
-    "unk_token": "<unk>",
-    "mask_token": "<mask>",
+_GEMMA_ROLES = {f"{name}_token": f"<{name}>" for name in ("pad", "eos", "bos", "unk", "mask")} | {
     "cls_token": "<bos>",
     "sep_token": "<eos>",
 }
@@ -188,5 +183,4 @@ def build_laya_checkpoint(
 
 
 def write_bundles(root: Path) -> dict[str, Path]:
-    """One random checkpoint per Laya bundle under `root`; bundle name -> path."""
     return {f"laya-{key}": build_laya_checkpoint(root / f"laya-{key}", key) for key in VARIANTS}

@@ -51,8 +51,6 @@ class Bf16Embedding(nn.Module):
 
 @dataclass(frozen=True, slots=True)
 class Lowered:
-    """What `lower_guarded` did."""
-
     bf16: bool
     probe_error: float  # the largest |dp| of the probe's probabilities
 

@@ -341,8 +341,6 @@ def load(module: nn.Module, state: Mapping[str, torch.Tensor]) -> None:
 
 
 class Precision(NamedTuple):
-    """What loading an encoder in a precision did (`at_precision`)."""
-
     amp_dtype: torch.dtype
     """The autocast dtype of a pass (`autocast`): CUDA's bf16 or fp16, else fp32 (none)."""
     linears: int8.Quantised

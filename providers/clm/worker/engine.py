@@ -76,8 +76,6 @@ class Head(nn.Module):
 
 @dataclass(frozen=True)
 class HeadPair:
-    """Both towers of one checkpoint, ready on their device."""
-
     state: Head
     action: Head
     scale: float

@@ -121,7 +121,6 @@ def state_ids(state: State, encode: Encode, specials: Specials) -> list[int]:
 def render_heads(
     questions: dict[str, Question], encode: Encode, specials: Specials, budget: Budget
 ) -> list[LayaHead]:
-    """Each question's head, in `questions` order."""
     mask = specials.mask_text
     heads: list[str] = []
     options: list[list[str]] = []

@@ -86,8 +86,6 @@ def _independent_layout(row: VonRow, length: int) -> tuple[list[int], list[int]]
 
 
 class VonModel:
-    """A loaded Von checkpoint: tokenizer, encoder, scorer and calibration, on one device."""
-
     def __init__(
         self,
         directory: str | Path,
