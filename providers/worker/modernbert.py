@@ -68,6 +68,9 @@ class Config:
     def head_dim(self) -> int:
         return self.hidden_size // self.num_attention_heads
 
+    def layer_norm(self) -> nn.LayerNorm:
+        return nn.LayerNorm(self.hidden_size, eps=self.norm_eps, bias=self.norm_bias)
+
     @classmethod
     def read(cls, path: Path) -> Config:
         """`path` (a `config.json`) as transformers 5 reads it, or transformers 4's RoPE keys."""
@@ -133,6 +136,10 @@ def _rope_theta(raw: Mapping[str, object]) -> tuple[tuple[str, float], ...]:
     return tuple(thetas)
 
 
+Rope = tuple[torch.Tensor, torch.Tensor]
+"""A layer type's RoPE cos and sin for a pass."""
+
+
 class Output(NamedTuple):
     """What transformers' `BaseModelOutput` carries that callers read."""
 
@@ -148,7 +155,7 @@ class Embeddings(nn.Module):
     def __init__(self, config: Config) -> None:
         super().__init__()
         self.tok_embeddings = embedding(config.vocab_size, config.hidden_size)
-        self.norm = nn.LayerNorm(config.hidden_size, eps=config.norm_eps, bias=config.norm_bias)
+        self.norm = config.layer_norm()
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.norm(self.tok_embeddings(input_ids))
@@ -180,12 +187,7 @@ class Attention(nn.Module):
         self.Wqkv = nn.Linear(d, 3 * d, bias=config.attention_bias)
         self.Wo = nn.Linear(d, d, bias=config.attention_bias)
 
-    def forward(
-        self,
-        hidden: torch.Tensor,
-        rope: tuple[torch.Tensor, torch.Tensor],
-        mask: torch.Tensor | None,
-    ) -> torch.Tensor:
+    def forward(self, hidden: torch.Tensor, rope: Rope, mask: torch.Tensor | None) -> torch.Tensor:
         shape = hidden.shape[:-1]
         qkv = self.Wqkv(hidden).view(*shape, 3, -1, self.head_dim)
         # RoPE on queries and keys at once (`[rows, L, 2, heads, dim]`): the same elementwise
@@ -206,23 +208,13 @@ class Attention(nn.Module):
 class Layer(nn.Module):
     def __init__(self, config: Config, index: int) -> None:
         super().__init__()
-        d = config.hidden_size
         self.attention_type = config.layer_types[index]
-        self.attn_norm: nn.Module = (
-            nn.Identity()
-            if index == 0
-            else nn.LayerNorm(d, eps=config.norm_eps, bias=config.norm_bias)
-        )
+        self.attn_norm: nn.Module = nn.Identity() if index == 0 else config.layer_norm()
         self.attn = Attention(config)
-        self.mlp_norm = nn.LayerNorm(d, eps=config.norm_eps, bias=config.norm_bias)
+        self.mlp_norm = config.layer_norm()
         self.mlp = MLP(config)
 
-    def forward(
-        self,
-        hidden: torch.Tensor,
-        rope: tuple[torch.Tensor, torch.Tensor],
-        mask: torch.Tensor | None,
-    ) -> torch.Tensor:
+    def forward(self, hidden: torch.Tensor, rope: Rope, mask: torch.Tensor | None) -> torch.Tensor:
         hidden = hidden + self.attn(self.attn_norm(hidden), rope, mask)
         return hidden + self.mlp(self.mlp_norm(hidden))
 
@@ -237,9 +229,7 @@ class ModernBert(nn.Module):
         self.config = config
         self.embeddings = Embeddings(config)
         self.layers = nn.ModuleList(Layer(config, i) for i in range(len(config.layer_types)))
-        self.final_norm = nn.LayerNorm(
-            config.hidden_size, eps=config.norm_eps, bias=config.norm_bias
-        )
+        self.final_norm = config.layer_norm()
         self.compute_dtype = torch.float32
         """bf16 once `bf16.lower_guarded` made the linear layers bf16 (the norms stay fp32)."""
         dim = config.head_dim
@@ -275,9 +265,7 @@ class ModernBert(nn.Module):
             hidden = layer(hidden, rope[kind], masks[kind])
         return Output(self.final_norm(hidden))
 
-    def _rope(
-        self, hidden: torch.Tensor, position_ids: torch.Tensor, kind: str
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def _rope(self, hidden: torch.Tensor, position_ids: torch.Tensor, kind: str) -> Rope:
         inv_freq: torch.Tensor = getattr(self, f"{kind}_inv_freq")
         freqs = position_ids[..., None].float() * inv_freq.to(device=hidden.device)
         angles = torch.cat((freqs, freqs), dim=-1)
