@@ -99,9 +99,7 @@ QUESTION = "q"  # the one question of a label row's job
 
 
 def collect(
-    engine: Engine,
-    read: Callable[[PreparedJob, Sequence[object]], R],
-    setup: Setup,
+    engine: Engine, read: Callable[[PreparedJob, Sequence[object]], R], setup: Setup
 ) -> tuple[list[LabelRow[R]], list[tuple[int, str]]]:
     """Every label row through `engine`, `CHUNK_ROWS` at a time; a row the engine refuses
     (`RequestInvalid`) is skipped with its reason; `ValueError` when no row is left."""

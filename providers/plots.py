@@ -13,12 +13,7 @@ Series = tuple[str, Sequence[float], Sequence[float]]
 
 
 def line_plot(
-    path: Path,
-    series: Sequence[Series],
-    *,
-    xlabel: str,
-    ylabel: str,
-    diagonal: str | None = None,
+    path: Path, series: Sequence[Series], *, xlabel: str, ylabel: str, diagonal: str | None = None
 ) -> None:
     """`series` as marked curves over [0, 1] x [0, 1], and a dashed `diagonal` when named."""
     try:

@@ -85,9 +85,7 @@ def _lowered(held: nn.Module | nn.Parameter) -> nn.Module | nn.Parameter:
 
 
 def lower_guarded(
-    encoder: nn.Module,
-    probe: Callable[[], torch.Tensor],
-    others: tuple[nn.Module, ...] = (),
+    encoder: nn.Module, probe: Callable[[], torch.Tensor], others: tuple[nn.Module, ...] = ()
 ) -> Lowered:
     """Cast `encoder`'s linear layers and token embeddings, and the linear layers and packed
     projections (`PACKED`) of `others` (Laya's head), to bf16; put the fp32 ones back where
