@@ -9,6 +9,7 @@ gateway checks files before listening.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -121,30 +122,14 @@ class Payload:
             if _number(raw) != applied
         ]
 
-    def mismatch(self, checkpoint_config: Mapping[str, Any]) -> str | None:
-        """Why this file may be for another checkpoint, or None. Upstream also compares the
-        recorded `model_id_or_path` and `subfolder`, which a checkpoint known by its directory
-        does not have: the config (but the temperatures) tells checkpoints apart here."""
-        if self.version < VERSION or self.config == config_identity(checkpoint_config):
-            return None
-        return (
-            f"calibration was fitted for model_id_or_path={self.model_id_or_path!r} "
-            f"subfolder={self.subfolder!r}, whose config differs from this checkpoint's "
-            "rl_agent_config.json; loading the temperatures anyway"
-        )
-
 
 def _version(payload: Mapping[str, Any]) -> int:
     version = 1 if payload.get("version") is None else payload["version"]
-    wrong = CalibrationError(f"version must be an integer, got {version!r}")
-    if isinstance(version, bool) or not isinstance(version, int | float | str):
-        raise wrong
-    if isinstance(version, float) and not version.is_integer():
-        raise wrong
-    try:
-        return int(version)
-    except (TypeError, ValueError, OverflowError):
-        raise wrong from None
+    whole = isinstance(version, int | str) or (isinstance(version, float) and version.is_integer())
+    if whole and not isinstance(version, bool):
+        with contextlib.suppress(ValueError):  # a string that is no integer
+            return int(version)
+    raise CalibrationError(f"version must be an integer, got {version!r}")
 
 
 def _binning_map(binning: object) -> dict[str, dict[str, Any]] | None:
@@ -215,13 +200,18 @@ def check(path: Path) -> str | None:
 
 
 def warnings(path: Path, checkpoint: Path) -> list[str]:
-    """What laya warns of when it loads the file at `path` onto `checkpoint` (a directory)."""
+    """What laya warns of when it loads the file at `path` onto `checkpoint` (a directory).
+    Upstream also compares the recorded `model_id_or_path` and `subfolder`, which a checkpoint
+    known by its directory does not have: the config (but the temperatures) tells them apart."""
     loaded = read_calibration(path)
     found = []
     config = read_json_object(checkpoint / "rl_agent_config.json", CalibrationError)
-    mismatch = loaded.mismatch(config)
-    if mismatch is not None:
-        found.append(mismatch)
+    if loaded.version >= VERSION and loaded.config != config_identity(config):
+        found.append(
+            f"calibration was fitted for model_id_or_path={loaded.model_id_or_path!r} "
+            f"subfolder={loaded.subfolder!r}, whose config differs from this checkpoint's "
+            "rl_agent_config.json; loading the temperatures anyway"
+        )
     clamped = loaded.rejected()
     if clamped:
         found.append(

@@ -87,26 +87,11 @@ def check(path: Path) -> str | None:
 
 
 def warnings(path: Path, checkpoint: Path) -> list[str]:
-    """What to warn of when the file at `path` replaces `checkpoint`'s own (a directory)."""
+    """What to warn of when the file at `path` replaces `checkpoint`'s own (a directory): that
+    it may be for other weights (flags set otherwise change the answers, not only their
+    confidence; `weights_id`, `model_id` in a shipped file, names the weights)."""
     data = read_json_object(path, CalibrationError)
-    found = []
     shipped = read_json_object(checkpoint / "marker_calibration.json", CalibrationError)
-    problem = mismatch(data, shipped)
-    if problem is not None:
-        found.append(problem)
-    rule = parse(data).calibration_map
-    if rule is not None and (rule["lo"] <= 0 or rule["hi"] > TEMPERATURE_SANITY_MAX):
-        found.append(  # upstream's own load warning
-            f"calibration map bounds [{rule['lo']:g}, {rule['hi']:g}] are outside the sane "
-            f"range (0, {TEMPERATURE_SANITY_MAX:g}]; confidences may be distorted."
-        )
-    return found
-
-
-def mismatch(data: dict[str, Any], shipped: dict[str, Any]) -> str | None:
-    """Why a file may be for other weights than the checkpoint's own file describes, or None:
-    flags set otherwise change the answers, not only their confidence; `weights_id`
-    (`model_id` in a shipped file) names the weights."""
     problems = [
         f"{flag}={data.get(flag, False)} where the checkpoint's own file has "
         f"{shipped.get(flag, False)}"
@@ -117,6 +102,11 @@ def mismatch(data: dict[str, Any], shipped: dict[str, Any]) -> str | None:
     ours = shipped.get("model_id")
     if theirs is not None and ours is not None and theirs != ours:
         problems.append(f"it was fitted for weights {theirs!r}, the checkpoint is {ours!r}")
-    if not problems:
-        return None
-    return "may be for another checkpoint: " + "; ".join(problems)
+    found = ["may be for another checkpoint: " + "; ".join(problems)] if problems else []
+    rule = parse(data).calibration_map
+    if rule is not None and (rule["lo"] <= 0 or rule["hi"] > TEMPERATURE_SANITY_MAX):
+        found.append(  # upstream's own load warning
+            f"calibration map bounds [{rule['lo']:g}, {rule['hi']:g}] are outside the sane "
+            f"range (0, {TEMPERATURE_SANITY_MAX:g}]; confidences may be distorted."
+        )
+    return found
