@@ -89,14 +89,6 @@ def _mask_and_template(backend: Tokenizer) -> None:
     )
 
 
-def _scorer_weights(hidden: int) -> dict[str, torch.Tensor]:
-    scorer = OptionMarkerScorer(hidden).state_dict()
-    weights = {f"scorer.{k}": v.detach().clone() for k, v in scorer.items()}
-    # An untouched random head gives p ≈ 1/K; a large output gain makes probabilities differ.
-    weights["scorer.out_proj.weight"] *= 100.0
-    return weights
-
-
 def build_von_checkpoint(
     path: Path,
     *,
@@ -120,8 +112,11 @@ def build_von_checkpoint(
     torch.manual_seed(seed)
     encoder = ModernBertModel(config)
     encoder.save_pretrained(str(path))
-    weights = {"encoder." + k: v.detach().clone() for k, v in encoder.state_dict().items()}
-    weights.update(_scorer_weights(config.hidden_size))
+    scorer = OptionMarkerScorer(config.hidden_size)
+    parts = {"encoder": encoder.state_dict(), "scorer": scorer.state_dict()}
+    weights = {f"{part}.{k}": v.detach().clone() for part, d in parts.items() for k, v in d.items()}
+    # An untouched random head gives p ≈ 1/K; a large output gain makes probabilities differ.
+    weights["scorer.out_proj.weight"] *= 100.0
     torch.save(weights, path / "option_marker.pt")
     calibration: dict[str, object] = {
         "temperature": temperature,
