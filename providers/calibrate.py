@@ -68,8 +68,7 @@ class Outcome:
     body: dict[str, Any]
     summary: list[str]
     rows: int
-    skipped: list[tuple[int, str]]
-    """(line, why) for every row the model cannot take."""
+    skipped: list[tuple[int, str]]  # (line, why) for every row the model cannot take
     before: list[list[float]] = field(default_factory=list)
     after: list[list[float]] = field(default_factory=list)
     gold: list[int] = field(default_factory=list)

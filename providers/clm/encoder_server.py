@@ -1,9 +1,8 @@
 """`decidealot encoder`: a local OpenAI-compatible `/v1/embeddings` server for CLM.
 
-A sentence-transformers encoder with last-token pooling and unit norm (as vLLM's pooler): the
-vectors the CLM head was trained on. Over-long inputs keep their tail (CLM puts the question
-last). Importing this module is torch-free: the model loads in the server's worker, where each
-request is a server span continuing the caller's `traceparent` (counts, never texts).
+Last-token pooling and unit norm (as vLLM's pooler): the vectors the CLM head was trained on.
+Over-long inputs keep their tail (CLM puts the question last). Importing this module is
+torch-free: the model loads in the server's worker.
 """
 
 from __future__ import annotations

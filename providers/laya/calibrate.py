@@ -1,10 +1,8 @@
 """Laya temperatures fitted on the user's labels, by laya 0.4.15's own method and in its format.
 
-laya's `records_from_labeled` + `Agent.fit_temperatures` + `Agent.save_calibration`: per
-question type a scalar temperature by NLL with LBFGS on log T, fitted once a type has
-`MIN_TYPE_N` rows (else 1.0); per option-count bucket one once it has `MIN_BUCKET_N` rows (else
-the type's covers it); each clamped to [0.5, 5]. As upstream's, the file replaces all of the
-checkpoint's temperatures, and holds no binning map.
+laya's `records_from_labeled` + `Agent.fit_temperatures` + `Agent.save_calibration`: a scalar
+temperature by NLL per question type with `MIN_TYPE_N` rows and per option-count bucket with
+`MIN_BUCKET_N`. As upstream's, the file replaces all of the checkpoint's temperatures.
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
 """int8 weights for an encoder's linear layers on CPU (`DECIDEALOT_PRECISION=int8`).
 
-Weights int8 per output channel, activations quantised per token (symmetric), multiplied by
-`torch._int_mm` into int32 and scaled back to fp32. Per-token scales keep a row's answers
-independent of what it is batched or padded with, which per-tensor dynamic quantisation (torch's
-`quantize_dynamic`, ONNX Runtime's) does not (docs/performance.md, "Engine candidates").
-On the wide random test checkpoints the load probe puts the query/key projections back to
-fp32; on base-shaped weights none.
+Activations are quantised per token: that keeps a row's answers independent of what it is
+batched or padded with, which per-tensor dynamic quantisation (torch's `quantize_dynamic`, ONNX
+Runtime's) does not (docs/performance.md, "Engine candidates"). On the wide random test
+checkpoints the load probe puts the query/key projections back to fp32; on base-shaped none.
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """A checkpoint's `tokenizer.json` through the `tokenizers` library alone, as transformers'
-`PreTrainedTokenizerFast` encodes and decodes it: loading that imported most of transformers (a
-second or more of a worker's start). What transformers does that changes ids is applied here
-too: no truncation, no padding, the special tokens `tokenizer_config.json` (or a legacy
-`special_tokens_map.json`) names, and, for non-BPE models, `clean_up_tokenization_spaces` on
-decode (tests/worker/test_modernbert.py compares both).
+`PreTrainedTokenizerFast` encodes and decodes it (loading that imported most of transformers, a
+second or more of a worker's start), with what transformers does that changes ids
+(tests/worker/test_modernbert.py compares both).
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """CLM's worker engine: the projection heads over the vectors the gateway sends, and the readout.
 
-`CLM_v0.1-8B.pt` is a `torch.save` dict of `state_head` and `action_head` (two same-shaped MLPs
-with upstream's parameter names), `logit_scale` and `cfg`. `Job.vectors` holds each distinct
-text's vector once (float32 in host byte order: gateway and worker share a host). Rows are
-L2-normalised in numpy with upstream's exact float32 operations (at scale 100 a last-bit
-difference in the norm shows in the probabilities); the readout is
+`Job.vectors` holds each distinct text's vector once, float32 in host byte order (gateway and
+worker share a host). Rows are L2-normalised in numpy with upstream's exact float32 operations
+(at scale 100 a last-bit difference in the norm shows in the probabilities); the readout is
 `softmax(scale * cos / temperature)` as in upstream `contrastive-lm` 0.1.0.
 """
 

@@ -1,10 +1,8 @@
 """The one HTTP client to TypeSafe: the operator's fixed URL and key, timeouts, bounded retries.
 
-Nothing in a request can reach this module's URL or key. Transient failures are retried, after
-TypeSafe's `retry-after-ms` / `Retry-After` or with backoff, while the retry budget allows: no
-delay starts that would end past it. Every failure is `ProviderUnavailable` with the fixed safe
-message; its log line names the route, the status or error class and TypeSafe's request id,
-never the key or a body (upstream bodies can echo the caller's state).
+Nothing in a request can reach this module's URL or key. No retry's delay starts that would end
+past the retry budget. Every failure is `ProviderUnavailable` with the fixed safe message; its
+log line never names the key or a body (upstream bodies can echo the caller's state).
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
 """Von's checkpoint and forward pass (von.md §1, §3): ModernBERT plus the option-marker scorer.
 
-The encoder is built from `config.json` on the meta device and assigned the tensors of
-`option_marker.pt` (the full state dict; `model.safetensors` holds the same encoder and is not
-read). A pass's rows are padded on the right and each keeps its own masks and position ids, so
-a row's logits do not depend on what it is batched with.
+`option_marker.pt` holds the full state dict (`model.safetensors`, the same encoder, is not
+read). Each row of a pass keeps its own masks and position ids, so its logits do not depend on
+what it is batched with.
 """
 
 from __future__ import annotations
