@@ -26,10 +26,8 @@ from decidealot.providers.engine.proc import build_engine
 from decidealot.providers.engine.protocol import Engine, PreparedJob, ignore_load
 from decidealot.providers.plots import line_plot
 
-CHUNK_ROWS = 64
-"""Label rows run together (one planner's worth of passes), and how often progress is told."""
-ECE_BINS = 15
-"""Equal-width confidence bins of the expected calibration error (laya's `ece_score`)."""
+CHUNK_ROWS = 64  # label rows run together, and how often progress is told
+ECE_BINS = 15  # equal-width confidence bins of the calibration error (laya's `ece_score`)
 
 R = TypeVar("R")
 

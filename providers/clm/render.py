@@ -43,14 +43,12 @@ def _absent(value: Json) -> bool:
 
 class Candidate(msgspec.Struct, frozen=True):
     text: str
-    loc: Loc
-    """Where the text came from, relative to the question, for a 422 naming the field."""
+    loc: Loc  # where the text came from, for a 422 naming the field
 
 
 class RenderedQuestion(msgspec.Struct, frozen=True):
     state_text: str
-    candidates: list[Candidate]
-    """One per option, in the order of `option_keys`."""
+    candidates: list[Candidate]  # one per option, in the order of `option_keys`
 
 
 def option_keys(question: Question) -> list[str]:

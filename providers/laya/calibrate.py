@@ -75,10 +75,8 @@ def _fit_unclamped(records: Sequence[Record]) -> float:
 class Fit:
     temperature: list[float]
     temperature_by_options: dict[str, float]
-    clamped: dict[str, float]
-    """Fits the clamp moved: entry -> the unclamped optimum."""
-    by_type: list[int]
-    """Rows per question type."""
+    clamped: dict[str, float]  # the fits the clamp moved: entry -> the unclamped optimum
+    by_type: list[int]  # rows per question type
 
 
 def fit_temperatures(records: Sequence[Record]) -> Fit:

@@ -18,8 +18,7 @@ from typing import Any
 
 from decidealot.providers.json_files import read_json_object
 
-VERSION = 2
-"""laya's `CALIBRATION_VERSION`: files without a `version` are version 1 (no identity)."""
+VERSION = 2  # laya's `CALIBRATION_VERSION`; a file without one is 1 (no identity)
 QTYPE_NAMES = ("choice", "score", "noul")
 TEMPERATURE_MIN = 0.5
 TEMPERATURE_MAX = 5.0

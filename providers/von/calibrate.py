@@ -27,8 +27,7 @@ from decidealot.providers.json_files import read_json_object
 from decidealot.providers.von.calibration import MAP_FEATURES, CalibrationError
 from decidealot.providers.von.worker.engine import VonEngine, VonPreparedJob, features
 
-LO, HI = 0.3, 12.0
-"""The bounds `von calibrate` writes with every map."""
+LO, HI = 0.3, 12.0  # the bounds `von calibrate` writes with every map
 RESTARTS, ITERATIONS = 4, 400
 PADDING = -1e300
 """Fills a row out to the widest: its exp is exactly 0 in every softmax, and its gradient 0."""

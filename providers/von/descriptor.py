@@ -12,8 +12,7 @@ from decidealot.providers.gateway.checkpoint_provider import CheckpointProvider,
 from decidealot.providers.von import calibration
 from decidealot.registry import Bundle, Calibration, ProviderDescriptor, Tiny, json_object_problem
 
-CHECKPOINT = "von-1.1"
-"""The one checkpoint key; also the bundle name and the `model` every answer reports."""
+CHECKPOINT = "von-1.1"  # the one checkpoint key, bundle name and every answer's `model`
 RELEASE = "2026-09-22"
 
 SELECTORS = (

@@ -55,8 +55,7 @@ class Lowered:
     probe_error: float  # the largest |dp| of the probe's probabilities
 
 
-Site = tuple[nn.Module, str, nn.Module | nn.Parameter]
-"""(parent, attribute, what it holds in fp32)."""
+Site = tuple[nn.Module, str, nn.Module | nn.Parameter]  # (parent, attribute, its fp32 value)
 
 PACKED = "bf16_parameters"
 """The class attribute naming a module's own parameters it reads with `F.linear`, casting its

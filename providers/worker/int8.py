@@ -19,10 +19,8 @@ from decidealot.providers.worker.memory import release_freed
 INT8_MAX = 127.0
 PROBE_TOLERANCE = 0.01
 """Most a probe probability may move under int8; the served bound is 0.05 (tests)."""
-PROBE_ROWS = 8
-"""Random rows in the probe, four option markers each."""
-PROBE_LENGTH = 256
-"""Tokens per probe row (at most a checkpoint's row budget): about a typical row's length."""
+PROBE_ROWS = 8  # random rows in the probe, four option markers each
+PROBE_LENGTH = 256  # tokens per probe row (at most a row budget): a typical row's length
 
 
 class Int8Linear(nn.Module):

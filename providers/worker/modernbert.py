@@ -136,8 +136,7 @@ def _rope_theta(raw: Mapping[str, object]) -> tuple[tuple[str, float], ...]:
     return tuple(thetas)
 
 
-Rope = tuple[torch.Tensor, torch.Tensor]
-"""A layer type's RoPE cos and sin for a pass."""
+Rope = tuple[torch.Tensor, torch.Tensor]  # a layer type's RoPE cos and sin for a pass
 
 
 class Output(NamedTuple):
@@ -230,8 +229,7 @@ class ModernBert(nn.Module):
         self.embeddings = Embeddings(config)
         self.layers = nn.ModuleList(Layer(config, i) for i in range(len(config.layer_types)))
         self.final_norm = config.layer_norm()
-        self.compute_dtype = torch.float32
-        """bf16 once `bf16.lower_guarded` made the linear layers bf16 (the norms stay fp32)."""
+        self.compute_dtype = torch.float32  # bf16 once `lower_guarded` made the linears bf16
         dim = config.head_dim
         for kind, theta in config.rope_theta:
             steps = torch.arange(0, dim, 2, dtype=torch.float, device="cpu")
@@ -329,11 +327,9 @@ def load(module: nn.Module, state: Mapping[str, torch.Tensor]) -> None:
 
 
 class Precision(NamedTuple):
-    amp_dtype: torch.dtype
-    """The autocast dtype of a pass (`autocast`): CUDA's bf16 or fp16, else fp32 (none)."""
+    amp_dtype: torch.dtype  # a pass's autocast dtype: CUDA's bf16 or fp16, else fp32 (none)
     linears: int8.Quantised
-    lowered: Lowered | None
-    """Under bf16 on a CPU: whether the encoder kept its bf16 weights after the probe."""
+    lowered: Lowered | None  # under bf16 on a CPU: whether bf16 passed the probe
 
 
 def at_precision(

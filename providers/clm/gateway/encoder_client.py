@@ -65,10 +65,8 @@ class _EncoderFailure(Exception):
 
 
 class Embedded(msgspec.Struct, frozen=True):
-    rows: list[bytes]
-    """One float32 row (host byte order) per input text, in input order."""
-    prompt_tokens: int
-    """The encoder's reported usage for the calls actually made (0 when all were cached)."""
+    rows: list[bytes]  # a float32 row (host byte order) per input text, in order
+    prompt_tokens: int  # the encoder's usage for the calls made (0 when all were cached)
 
 
 class EncoderClient:

@@ -20,8 +20,7 @@ from decidealot.providers.clm.render import render_questions
 from decidealot.providers.engine.protocol import MAX_FRAME_BYTES
 
 CHECKPOINT = "clm-0.1-8b"
-QWEN3_8B_WIDTH = 4096
-"""The contract: exactly 4096 floats per input, Qwen3-8B's hidden size."""
+QWEN3_8B_WIDTH = 4096  # the contract: exactly 4096 floats per input, Qwen3-8B's hidden size
 MAX_VECTORS = MAX_FRAME_BYTES // (2 * QWEN3_8B_WIDTH * 4)
 """Distinct vectors one request may carry (32768, 512 MiB of float32): half a worker frame,
 so no request reaches the frame limit, whatever DECIDEALOT_MAX_REQUEST_TOKENS allows."""

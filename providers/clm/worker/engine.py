@@ -27,8 +27,7 @@ from decidealot.providers.worker.readout import answer_from_probabilities, first
 
 FLOAT32_BYTES = 4
 _NORM_EPS = 1e-12  # upstream's l2: v / (|v| + 1e-12)
-MAX_SCALE = 100.0
-"""Upstream caps exp(logit_scale) at 100."""
+MAX_SCALE = 100.0  # upstream caps exp(logit_scale) at 100
 
 _ACTIVATIONS: dict[str, type[nn.Module]] = {"gelu": nn.GELU, "relu": nn.ReLU, "silu": nn.SiLU}
 

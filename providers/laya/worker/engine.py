@@ -36,8 +36,7 @@ class LayaPreparedJob:
     """A job's rows: `windows` runs of one row per question, in question order."""
 
     group: Checkpoint
-    key: str
-    """The checkpoint's key (`english`, ...), which names the answering model."""
+    key: str  # the checkpoint's key (`english`, ...), which names the answering model
     input_tokens: int
     questions: dict[str, Question]
     rows: list[LayaRow]

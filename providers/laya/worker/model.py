@@ -136,10 +136,9 @@ class Checkpoint:
     device: torch.device
     pad_id: int
     texts: CachedIds  # the questions' texts' token ids, kept across requests
-    amp_dtype: torch.dtype
+    amp_dtype: torch.dtype  # this and the next two: `modernbert.at_precision`'s
     linears: Quantised
     lowered: Lowered | None
-    """`amp_dtype`, `linears`, `lowered`: `modernbert.at_precision`'s."""
 
     def forward(self, rows: Sequence[LayaRow]) -> list[list[float]]:
         """Each row's option logits, from one pass padded on the right; each input is one

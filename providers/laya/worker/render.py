@@ -15,11 +15,9 @@ from decidealot.errors import RequestInvalid
 from decidealot.providers.laya.calibration import QTYPE_NAMES
 
 QTYPES = {name: i for i, name in enumerate(QTYPE_NAMES)}
-OPTION_TOKEN_CAP = 48
-"""Upstream keeps the first 48 tokens of each option text (before its marker is prepended)."""
+OPTION_TOKEN_CAP = 48  # upstream keeps an option text's first 48 tokens (before its marker)
 
-Encode = Callable[[Sequence[str]], list[list[int]]]
-"""Tokenise texts without special tokens; one id list per text."""
+Encode = Callable[[Sequence[str]], list[list[int]]]  # texts -> ids, no special tokens
 
 
 @dataclass(frozen=True, slots=True)

@@ -44,14 +44,10 @@ class _Plan:
 
     name: str
     question: Question
-    row: int | None
-    """Index of the question's row in its job; None when there is nothing to score."""
-    null_row: int | None
-    """Index of the zero-shot noul's no-state row, when the debias pass runs."""
-    state_tokens: int
-    """Tokens of the fitted state, the temperature map's length feature (1 without a map)."""
-    fitted: str = ""
-    """The fitted state (what `state_tokens` counts)."""
+    row: int | None  # in its job's rows; None: nothing to score
+    null_row: int | None  # a zero-shot noul's state-free row, for the debias
+    state_tokens: int  # the fitted state's, the map's length feature (1 without a map)
+    fitted: str = ""  # the state as the row holds it
 
 
 @dataclass(frozen=True)
@@ -62,8 +58,7 @@ class VonPreparedJob:
     rows: list[VonRow]
     plans: list[_Plan]
     input_tokens: int
-    cuts: list[Cut]
-    """The questions whose state was cut in the middle."""
+    cuts: list[Cut]  # the questions whose state was cut in the middle
 
 
 class VonEngine:

@@ -61,8 +61,7 @@ class VonRow:
 
     ids: list[int]
     markers: list[int]
-    shared: bool = False
-    """True for a row that holds no state, so its logits may be cached and reused."""
+    shared: bool = False  # no state: its logits may be cached and reused
 
     @property
     def tokens(self) -> int:
