@@ -182,7 +182,7 @@ def _read(
     engine: VonEngine, prepared: VonPreparedJob, outputs: Sequence[object]
 ) -> tuple[list[float], dict[str, float]]:
     """A one-question job's logits as its temperature divides them, and the map's features."""
-    ((logits, tokens),) = engine.tempered(prepared, outputs).values()
+    logits, tokens = engine.tempered(prepared, outputs)
     return logits.float().cpu().tolist(), features(logits, tokens)
 
 

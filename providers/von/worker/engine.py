@@ -159,20 +159,16 @@ class VonEngine:
 
     def tempered(
         self, prepared: VonPreparedJob, outputs: Sequence[object]
-    ) -> dict[str, tuple[torch.Tensor, int]]:
-        """Each scored question's logits as its temperature divides them (a zero-shot noul's
+    ) -> tuple[torch.Tensor, int]:
+        """A one-question job's logits as its temperature divides them (a zero-shot noul's
         debiased) and its state's tokens, even without a map: what `von calibrate` records."""
         model = self._model(prepared.group)
-        found = {}
-        for plan in prepared.plans:
-            if plan.row is None:
-                continue
-            tokens = plan.state_tokens
-            if model.calibration.calibration_map is None:
-                ids = model.tokenizer(plan.fitted, add_special_tokens=False)["input_ids"]
-                tokens = max(1, len(ids))
-            found[plan.name] = (self._logits(model, plan, outputs), tokens)
-        return found
+        (plan,) = prepared.plans
+        tokens = plan.state_tokens
+        if model.calibration.calibration_map is None:
+            ids = model.tokenizer(plan.fitted, add_special_tokens=False)["input_ids"]
+            tokens = max(1, len(ids))
+        return self._logits(model, plan, outputs), tokens
 
     @staticmethod
     def _logits(model: VonModel, plan: _Plan, outputs: Sequence[object]) -> torch.Tensor:
