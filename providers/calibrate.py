@@ -154,10 +154,8 @@ def log_loss(probs: Sequence[Sequence[float]], gold: Sequence[int]) -> float:
 
 def brier(probs: Sequence[Sequence[float]], gold: Sequence[int]) -> float:
     """Multi-class Brier score: squared distance to the one-hot answer, summed over options."""
-    total = 0.0
-    for p, g in zip(probs, gold, strict=True):
-        total += sum((q - (i == g)) ** 2 for i, q in enumerate(p))
-    return total / len(gold)
+    rows = zip(probs, gold, strict=True)
+    return sum(sum((q - (i == g)) ** 2 for i, q in enumerate(p)) for p, g in rows) / len(gold)
 
 
 def reliability(

@@ -199,9 +199,8 @@ def check(path: Path) -> str | None:
 
 
 def warnings(path: Path, checkpoint: Path) -> list[str]:
-    """What laya warns of when it loads the file at `path` onto `checkpoint` (a directory).
-    Upstream also compares the recorded `model_id_or_path` and `subfolder`, which a checkpoint
-    known by its directory does not have: the config (but the temperatures) tells them apart."""
+    """What laya warns of when it loads the file at `path` onto `checkpoint` (a directory); here
+    the config tells checkpoints apart (upstream's `model_id_or_path` and `subfolder` cannot)."""
     loaded = read_calibration(path)
     found = []
     config = read_json_object(checkpoint / "rl_agent_config.json", CalibrationError)

@@ -86,9 +86,8 @@ def _lowered(held: nn.Module | nn.Parameter) -> nn.Module | nn.Parameter:
 def lower_guarded(
     encoder: nn.Module, probe: Callable[[], torch.Tensor], others: tuple[nn.Module, ...] = ()
 ) -> Lowered:
-    """Cast `encoder`'s linear layers and token embeddings, and the linear layers and packed
-    projections (`PACKED`) of `others` (Laya's head), to bf16; put the fp32 ones back where
-    `probe()` (probabilities through `encoder`) then moves more than `PROBE_TOLERANCE`."""
+    """`encoder`'s linears and token embeddings, and `others`' linears and `PACKED` projections
+    (Laya's head), in bf16, unless that moves `probe()` more than `PROBE_TOLERANCE`."""
     sites = _sites(encoder, others)
     with torch.inference_mode():
         reference = probe()

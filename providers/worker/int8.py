@@ -73,9 +73,8 @@ def unquantised(module: nn.Module) -> Quantised:
 
 
 def quantize_guarded(target: nn.Module, probe: Callable[[], torch.Tensor]) -> Quantised:
-    """Make `target`'s linear layers int8, keeping fp32 the roles whose int8 error moves
-    `probe()` (probabilities through `target`) most, until it moves at most `PROBE_TOLERANCE`;
-    the versions not chosen are freed."""
+    """`target`'s linear layers in int8, but the roles whose int8 error moves `probe()` most,
+    kept fp32 until it moves at most `PROBE_TOLERANCE`; the versions not chosen are freed."""
     roles = _linears(target)
     kept = _choose(roles, probe)
     total = sum(len(sites) for sites in roles.values())

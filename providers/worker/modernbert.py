@@ -219,9 +219,8 @@ class Layer(nn.Module):
 
 
 class ModernBert(nn.Module):
-    """`transformers.ModernBertModel` in eval with sdpa attention: the same parameter names, the
-    same call (`input_ids`, a 2-D padding `attention_mask` or transformers' dict of 4-D masks per
-    layer type, `position_ids`) and the same `last_hidden_state`."""
+    """`transformers.ModernBertModel` in eval with sdpa attention: the same parameter names, call
+    (a 2-D padding mask, or a dict of 4-D masks per layer type) and `last_hidden_state`."""
 
     def __init__(self, config: Config) -> None:
         super().__init__()
@@ -339,9 +338,8 @@ def at_precision(
     probe: Callable[[], torch.Tensor],
     others: tuple[nn.Module, ...] = (),
 ) -> Precision:
-    """Put a loaded `encoder` in `precision` (resolved, not `auto`), checked on `probe` (option
-    probabilities through it): int8 linear layers, or bf16 ones on a CPU (`others`' too: Laya's
-    head), where CUDA autocasts instead. The scorers reading its output stay fp32."""
+    """A loaded `encoder` in `precision` (resolved), checked on `probe`: int8 linear layers, or
+    bf16 ones on a CPU (`others`' too), where CUDA autocasts. The scorers stay fp32."""
     cpu_bf16 = precision == "bf16" and device.type == "cpu"
     return Precision(
         torch.float32 if cpu_bf16 else AUTOCAST.get(precision, torch.float32),
@@ -375,9 +373,8 @@ M = TypeVar("M", bound=HasPrecision)
 
 
 class Checkpoints(Generic[M]):
-    """A Laya or Von engine's checkpoints by key, each loaded once (at create where
-    `spec.preload` names it, else by the first thread to ask) and reported, and the options
-    both engines read (`calibrations`: key -> the file replacing the checkpoint's own)."""
+    """A Laya or Von engine's checkpoints by key, each loaded once, by `spec.preload` or the
+    first thread to ask, and reported; and the options both engines read."""
 
     def __init__(
         self,

@@ -66,9 +66,8 @@ def named_checkpoint(selector: str, question_names: Iterable[str]) -> str | None
 
 
 async def checkpoint_for(selector: str, request: SystemOneRequest) -> str:
-    """The checkpoint key (`english`, ...) for a request, on the loop unless detection must walk
-    a state costlier than `INLINE_DETECTION_COST` (it reads every line of every string value,
-    as upstream, and a state may be megabytes): then in a thread."""
+    """The checkpoint key for a request, in a thread where detection must walk a state costlier
+    than `INLINE_DETECTION_COST` (every line of every string value, as upstream)."""
     named = named_checkpoint(selector, request.questions)
     if named is not None:
         return named

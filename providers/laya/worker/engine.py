@@ -126,9 +126,8 @@ def entropy_confidence(probs: Sequence[float]) -> float:
 
 
 def deciding_window(per_window: Sequence[Answer], qtype: str, temperatures: Temperatures) -> int:
-    """Which window's answer upstream `Agent.predict_long` keeps: a noul's highest P(true), a
-    choice's or score's highest `answer_confidence`, each compared as upstream reports them (4
-    decimals); the first on a tie."""
+    """Which window's answer upstream `Agent.predict_long` keeps: a noul's highest P(true), else
+    the highest `answer_confidence`, compared as upstream reports them (4 decimals)."""
 
     def key(answer: Answer) -> float:
         if isinstance(answer, NoulAnswer):

@@ -177,9 +177,8 @@ def fill(
 
 
 def windows(state: list[int], heads: list[LayaHead], budget: Budget) -> list[list[int]]:
-    """Upstream `Agent.predict_long`'s split with its defaults (`window_budget`): windows capped
-    at the smallest room the questions leave, a stride of half a window, the last one reaching
-    the state's end."""
+    """Upstream `Agent.predict_long`'s split with its defaults (`window_budget`), capped at the
+    smallest room the questions leave; the last window reaches the state's end."""
     room = min(head.room for head in heads)
     if len(state) <= room:
         return [state]

@@ -188,8 +188,7 @@ class VonModel:
         self, rows: Sequence[VonRow], length: int, valid: torch.Tensor
     ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         """Each option sees the prefix and itself only, at positions restarting after the
-        prefix; sliding layers window on those reset positions, not on raw indices. Boolean
-        masks: the encoder makes them additive in the dtype its attention runs in."""
+        prefix; sliding layers window on those reset positions, not on raw indices."""
         layouts = [_independent_layout(row, length) for row in rows]
         spans = torch.tensor([s for s, _ in layouts], dtype=torch.long, device=self.device)
         positions = torch.tensor([p for _, p in layouts], dtype=torch.long, device=self.device)
