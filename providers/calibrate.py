@@ -2,9 +2,7 @@
 
 Each provider's calibrator (`ProviderDescriptor.calibrator`) fits a file in its upstream's
 format by its upstream's method, on rows run as a worker runs them (its engine and planner, in
-this process): `finish` answers each row (the probabilities before) and the provider reads what
-it fits from the same pass. Every used row is then scored once by a cross-fitted fold's fit
-that did not see it.
+this process). Every used row is then scored by a cross-fitted fold's fit that did not see it.
 """
 
 from __future__ import annotations
@@ -28,10 +26,8 @@ from decidealot.providers.engine.proc import build_engine
 from decidealot.providers.engine.protocol import Engine, PreparedJob, ignore_load
 from decidealot.providers.plots import line_plot
 
-CHUNK_ROWS = 64
-"""Label rows run together (one planner's worth of passes), and how often progress is told."""
-ECE_BINS = 15
-"""Equal-width confidence bins of the expected calibration error (laya's `ece_score`)."""
+CHUNK_ROWS = 64  # label rows run together, and how often progress is told
+ECE_BINS = 15  # equal-width confidence bins of the calibration error (laya's `ece_score`)
 
 R = TypeVar("R")
 
@@ -41,8 +37,7 @@ class Setup:
     """What the command hands a provider's calibrator."""
 
     checkpoint: Path
-    key: str
-    """The checkpoint's key in the provider's engine."""
+    key: str  # in the provider's engine
     current: Path | None
     """The calibration file the service runs it with (its setting), or None: its own."""
     labels: Sequence[Labelled]
@@ -57,8 +52,7 @@ class Setup:
 
 @dataclass
 class LabelRow(Generic[R]):
-    """A used label row: what the service answers now (`before`, contract order) and what the
-    provider reads to fit (`record`)."""
+    """A used label row: what the service answers now (contract order), what the provider fits."""
 
     label: Labelled
     before: list[float]
@@ -71,25 +65,21 @@ class Outcome:
 
     body: dict[str, Any]
     summary: list[str]
-    """Lines saying what was fitted (and what the upstream method left unfitted)."""
     rows: int
-    skipped: list[tuple[int, str]]
-    """(line, why) for every row the model cannot take."""
+    skipped: list[tuple[int, str]]  # (line, why) for every row the model cannot take
     before: list[list[float]] = field(default_factory=list)
     after: list[list[float]] = field(default_factory=list)
     gold: list[int] = field(default_factory=list)
     """Per used row, in contract order: probabilities now, cross-fitted ones, the answer."""
 
     def held_out(self, rows: Sequence[LabelRow[Any]], after: Mapping[int, list[float]]) -> None:
-        """Score `rows` (the used ones) with `after`, each row's cross-fitted probabilities."""
         self.before = [row.before for row in rows]
         self.after = [after[i] for i in range(len(rows))]
         self.gold = [row.label.gold for row in rows]
 
 
 def build(setup: Setup, factory: str) -> Engine:
-    """The provider's engine on `setup`'s checkpoint, built as a worker builds it, with the
-    calibration the service runs it with."""
+    """The engine on `setup`'s checkpoint as a worker builds it, with the service's calibration."""
     calibrations = {setup.key: str(setup.current)} if setup.current is not None else {}
     spec = EngineSpec(
         factory=factory,
@@ -102,18 +92,14 @@ def build(setup: Setup, factory: str) -> Engine:
     return build_engine(spec, ignore_load)
 
 
-QUESTION = "q"
-"""The one question of a label row's job."""
+QUESTION = "q"  # the one question of a label row's job
 
 
 def collect(
-    engine: Engine,
-    read: Callable[[PreparedJob, Sequence[object]], R],
-    setup: Setup,
+    engine: Engine, read: Callable[[PreparedJob, Sequence[object]], R], setup: Setup
 ) -> tuple[list[LabelRow[R]], list[tuple[int, str]]]:
-    """Every label row through `engine` as one-question jobs on `setup.key`, `CHUNK_ROWS` at a
-    time. A row the engine refuses (`RequestInvalid`) is skipped with its reason; `ValueError`
-    when no row is left."""
+    """Every label row through `engine`, `CHUNK_ROWS` at a time; a row the engine refuses
+    (`RequestInvalid`) is skipped with its reason; `ValueError` when no row is left."""
 
     def finish(prepared: PreparedJob, outputs: Sequence[object]) -> tuple[Decision, R]:
         return engine.finish(prepared, outputs), read(prepared, outputs)
@@ -150,13 +136,13 @@ def answer_probabilities(decision: Decision, name: str) -> list[float]:
     return list(answer.probabilities.values())
 
 
-def folds_of(count: int, folds: int, seed: int) -> list[list[int]]:
-    """Held-out index sets: von-sdk's split (`random.Random(seed)` shuffles, fold f holds every
-    `folds`-th index from f), at least 2 folds and at most one per row."""
+def folds_of(count: int, folds: int, seed: int) -> tuple[list[int], list[list[int]]]:
+    """von-sdk's split: the rows in `random.Random(seed)`'s shuffled order, and the held-out
+    index sets (fold f holds every `folds`-th of them from f), 2 to one per row."""
     order = list(range(count))
     random.Random(seed).shuffle(order)
     folds = max(2, min(folds, count))
-    return [sorted(order[f::folds]) for f in range(folds)]
+    return order, [sorted(order[f::folds]) for f in range(folds)]
 
 
 # -- the report ---------------------------------------------------------------------------------
@@ -168,17 +154,14 @@ def log_loss(probs: Sequence[Sequence[float]], gold: Sequence[int]) -> float:
 
 def brier(probs: Sequence[Sequence[float]], gold: Sequence[int]) -> float:
     """Multi-class Brier score: squared distance to the one-hot answer, summed over options."""
-    total = 0.0
-    for p, g in zip(probs, gold, strict=True):
-        total += sum((q - (i == g)) ** 2 for i, q in enumerate(p))
-    return total / len(gold)
+    rows = zip(probs, gold, strict=True)
+    return sum(sum((q - (i == g)) ** 2 for i, q in enumerate(p)) for p, g in rows) / len(gold)
 
 
 def reliability(
     probs: Sequence[Sequence[float]], gold: Sequence[int], bins: int = ECE_BINS
 ) -> list[tuple[int, float, float]]:
-    """Per equal-width bin of top-label confidence: (rows, mean confidence, accuracy); laya's
-    `ece_score` bins (the first closed at 0, the others open below)."""
+    """(rows, mean confidence, accuracy) per bin of top-label confidence, as laya's `ece_score`."""
     table: list[list[float]] = [[0, 0.0, 0.0] for _ in range(bins)]
     for p, g in zip(probs, gold, strict=True):
         top = max(range(len(p)), key=p.__getitem__)
@@ -197,7 +180,6 @@ def expected_calibration_error(
 
 
 def report(outcome: Outcome, out: Path) -> list[str]:
-    """The lines `decidealot calibrate` prints."""
     lines = [f"rows used: {outcome.rows}", f"rows skipped: {len(outcome.skipped)}"]
     lines += [f"  line {line}: {why}" for line, why in outcome.skipped]
     lines += outcome.summary

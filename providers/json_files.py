@@ -1,10 +1,8 @@
-"""The one reader of a provider's JSON files that must hold an object (calibration files,
-checkpoint configs, tokenizer files), in both processes.
+"""The one reader of a provider's JSON files that must hold an object, in both processes.
 
 Python's `json`, not msgspec: the upstream packages read these files with it, so a NaN or
 Infinity literal loads here as it loads there (laya then clamps such a temperature, and the
-parity tests hold us to that). The gateway's own checks of checkpoint configs
-(`decidealot.registry.json_object_problem`) are stricter on purpose.
+parity tests hold us to that).
 """
 
 from __future__ import annotations
@@ -18,8 +16,7 @@ _KINDS = {list: "an array", str: "a string", bool: "a boolean", int: "a number",
 
 
 def read_json_object(path: Path, error: Callable[[str], Exception]) -> dict[str, Any]:
-    """`path` as a JSON object; raises `error(message)`, naming the file, when it cannot be read,
-    is not UTF-8, is not JSON or holds another kind of value."""
+    """`path` as a JSON object, else `error(message)`, the message naming the file."""
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:

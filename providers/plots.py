@@ -1,9 +1,5 @@
-"""Line plots the commands write as PNG files (`decidealot calibrate --plot`), with matplotlib.
-
-matplotlib is the optional `plot` extra, imported only when a plot is drawn: the service never
-loads it. The figure is drawn on matplotlib's Agg canvas directly, not through pyplot, so no
-global figure state or GUI backend is involved.
-"""
+"""Line plots the commands write as PNG files (`decidealot calibrate --plot`), with matplotlib:
+the optional `plot` extra, imported only to draw, on its Agg canvas (no pyplot global state)."""
 
 from __future__ import annotations
 
@@ -17,15 +13,9 @@ Series = tuple[str, Sequence[float], Sequence[float]]
 
 
 def line_plot(
-    path: Path,
-    series: Sequence[Series],
-    *,
-    xlabel: str,
-    ylabel: str,
-    diagonal: str | None = None,
+    path: Path, series: Sequence[Series], *, xlabel: str, ylabel: str, diagonal: str | None = None
 ) -> None:
-    """Write `series` as marked curves over [0, 1] x [0, 1] to `path` (PNG), with a dashed
-    diagonal labelled `diagonal` when given; `SystemExit` naming the extra without matplotlib."""
+    """`series` as marked curves over [0, 1] x [0, 1], and a dashed `diagonal` when named."""
     try:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure

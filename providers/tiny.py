@@ -7,10 +7,13 @@ answers carry no meaning. torch is imported here, so only the CLI, tests and ben
 
 from __future__ import annotations
 
+import json
 import pkgutil
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import ModernBertConfig, PreTrainedTokenizerFast
 from transformers.utils import logging as transformers_logging
 
@@ -28,15 +31,13 @@ MODERNBERT_BASE: dict[str, Any] = {
 }
 """ModernBERT-base's encoder shape, for the benchmarks' base-sized checkpoints."""
 MODERNBERT_VOCAB_SIZE = 50368
-"""ModernBERT's vocabulary size: a base-sized checkpoint's embedding rows (its tokenizer stays
-tiny, so only the first few hundred ever occur)."""
+"""A base-sized checkpoint's embedding rows (its tiny tokenizer only reaches the first few)."""
 
 
 def modernbert_config(
     tok: PreTrainedTokenizerFast, shape: dict[str, Any], **extra: Any
 ) -> ModernBertConfig:
-    """The encoder config for `shape`, with the tokenizer's special ids and the 8192 window
-    upstream loads; `extra` (a vocabulary size, RoPE parameters) overrides the rest."""
+    """The encoder config for `shape`, the tokenizer's special ids and upstream's 8192 window."""
     values: dict[str, Any] = {
         "vocab_size": len(tok),
         **shape,
@@ -50,9 +51,42 @@ def modernbert_config(
     return ModernBertConfig(**(values | extra))
 
 
+def bpe_tokenizer(
+    out: Path,
+    corpus: Sequence[str],
+    roles: dict[str, str],
+    vocab_size: int,
+    *,
+    finish: Callable[[Tokenizer], None] = lambda backend: None,
+    drop: Sequence[str] = (),
+    **options: Any,
+) -> PreTrainedTokenizerFast:
+    """A byte-level BPE tokenizer (any UTF-8 text, no unknown tokens) with `roles`' special
+    tokens, saved to `out`; `drop`: keys its `tokenizer_config.json` leaves out."""
+    backend = Tokenizer(models.BPE(unk_token=roles["unk_token"]))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=list(dict.fromkeys(roles.values())),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    backend.train_from_iterator(corpus, trainer=trainer)
+    finish(backend)
+    tok = PreTrainedTokenizerFast(tokenizer_object=backend, **roles, **options)
+    tok.save_pretrained(str(out))
+    path = out / "tokenizer_config.json"
+    config = json.loads(path.read_text())
+    config["tokenizer_class"] = "PreTrainedTokenizerFast"
+    for key in drop:
+        config.pop(key, None)
+    path.write_text(json.dumps(config, indent=2))
+    return tok
+
+
 def write_checkpoints(directory: Path) -> list[tuple[Descriptor, dict[str, Path]]]:
-    """Write one random checkpoint per bundle of every registered provider under `directory`:
-    each provider with its bundle name -> path."""
+    """One random checkpoint per bundle of every registered provider, under `directory`."""
     transformers_logging.disable_progress_bar()  # stderr stays for errors
     return [
         (descriptor, pkgutil.resolve_name(descriptor.tiny.writer)(directory))

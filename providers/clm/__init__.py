@@ -1,2 +1,1 @@
-"""CLM: the Contrastive-LM/CLM-v0.1-8B projection head over Qwen3-8B embedding vectors; the
-encoder is an OpenAI-compatible endpoint (`encoder_server`: the optional local one)."""
+"""CLM: the CLM-v0.1-8B head over an OpenAI-compatible encoder (`encoder_server`: a local one)."""

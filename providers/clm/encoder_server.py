@@ -1,9 +1,8 @@
 """`decidealot encoder`: a local OpenAI-compatible `/v1/embeddings` server for CLM.
 
-A sentence-transformers encoder with last-token pooling and unit norm (as vLLM's pooler): the
-vectors the CLM head was trained on. Over-long inputs keep their tail (CLM puts the question
-last). Importing this module is torch-free: the model loads in the server's worker, where each
-request is a server span continuing the caller's `traceparent` (counts, never texts).
+Last-token pooling and unit norm (as vLLM's pooler): the vectors the CLM head was trained on.
+Over-long inputs keep their tail (CLM puts the question last). Importing this module is
+torch-free: the model loads in the server's worker.
 """
 
 from __future__ import annotations
@@ -143,8 +142,7 @@ async def health() -> dict[str, str]:
 
 
 def create_encoder_app(options: EncoderOptions) -> Litestar:
-    """Load the model, then build the app (called in the server's worker process, where the
-    tracer provider must live)."""
+    """Load the model and build the app, in the server's worker (where the tracer must live)."""
     tracing.setup(config.Settings(trace_exporters=config.trace_exporters(os.environ)))
     encoder = LastTokenEncoder(options)
     state = State({"encoder": encoder, "served_name": options.served_name, "lock": asyncio.Lock()})

@@ -15,11 +15,8 @@ _NOUL_DEFAULTS = {"false": "No. This is false: ", "true": "Yes. This is true: "}
 
 
 def to_text(value: Json, indent: int = 0) -> str:
-    """Upstream's prose rendering: the heads were trained on `key: value` text, not JSON.
-
-    Top-level object fields are separated by a blank line, nested ones indented by two
-    spaces; arrays become `- item` lines. Key order is kept and strings are not stripped.
-    """
+    """Upstream's prose rendering: the heads were trained on `key: value` text, not JSON (a
+    blank line between top-level fields, nested ones indented, arrays as `- item` lines)."""
     if value is None:
         return ""
     if isinstance(value, str):
@@ -46,14 +43,12 @@ def _absent(value: Json) -> bool:
 
 class Candidate(msgspec.Struct, frozen=True):
     text: str
-    loc: Loc
-    """Where the text came from, relative to the question, for a 422 naming the field."""
+    loc: Loc  # where the text came from, for a 422 naming the field
 
 
 class RenderedQuestion(msgspec.Struct, frozen=True):
     state_text: str
-    candidates: list[Candidate]
-    """One per option, in the order of `option_keys`."""
+    candidates: list[Candidate]  # one per option, in the order of `option_keys`
 
 
 def option_keys(question: Question) -> list[str]:
@@ -94,8 +89,7 @@ def _candidates(question: Question) -> list[Candidate]:
 def render_questions(
     state: Json, questions: dict[str, Question]
 ) -> Iterator[tuple[str, RenderedQuestion]]:
-    """Each question rendered, the state's text rendered once for all of them: context (the
-    state's stripped text) first, question last, the layout the state head was trained on."""
+    """Each question rendered: the state's text first, the question last, as the head trained."""
     context = to_text(state).strip()
     for name, question in questions.items():
         asked = to_text(question.instructions).strip()

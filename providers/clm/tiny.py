@@ -45,7 +45,6 @@ def build_clm_head(
     logit_scale: float = DEFAULT_LOGIT_SCALE,
     seed: int = 0,
 ) -> Path:
-    """Write two independent random towers, `logit_scale` and `cfg` to `path`."""
     generator = torch.Generator().manual_seed(seed)
     cfg = HeadConfig(width, depth, proj, activation, layernorm, residual, hidden_size=hidden)
     checkpoint = {

@@ -1,4 +1,3 @@
 """Laya: three ModernBERT-family decision checkpoints with per-request checkpoint routing."""
 
-CHECKPOINTS = ("english", "multilingual", "typed-decisions")
-"""The worker's checkpoint keys; each is bundle `laya-<key>`, replaced by its setting."""
+CHECKPOINTS = ("english", "multilingual", "typed-decisions")  # bundle `laya-<key>` each

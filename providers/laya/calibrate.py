@@ -1,10 +1,8 @@
 """Laya temperatures fitted on the user's labels, by laya 0.4.15's own method and in its format.
 
-laya's `records_from_labeled` + `Agent.fit_temperatures` + `Agent.save_calibration`: per
-question type a scalar temperature by NLL with LBFGS on log T, fitted once a type has
-`MIN_TYPE_N` rows (else 1.0); per option-count bucket one once it has `MIN_BUCKET_N` rows (else
-the type's covers it); each clamped to [0.5, 5]. As upstream's, the file replaces all of the
-checkpoint's temperatures, and holds no binning map.
+laya's `records_from_labeled` + `Agent.fit_temperatures` + `Agent.save_calibration`: a scalar
+temperature by NLL per question type with `MIN_TYPE_N` rows and per option-count bucket with
+`MIN_BUCKET_N`. As upstream's, the file replaces all of the checkpoint's temperatures.
 """
 
 from __future__ import annotations
@@ -20,7 +18,6 @@ from decidealot.providers.json_files import read_json_object
 from decidealot.providers.laya import calibration
 from decidealot.providers.laya.calibration import QTYPE_NAMES, TEMPERATURE_MAX, TEMPERATURE_MIN
 from decidealot.providers.laya.worker.engine import LayaPreparedJob
-from decidealot.providers.laya.worker.readout import Temperatures, temperature_bucket
 from decidealot.providers.laya.worker.render import QTYPES, question_type
 from decidealot.providers.worker.readout import softmax
 
@@ -40,7 +37,7 @@ class Record:
 
     @property
     def bucket(self) -> str:
-        return temperature_bucket(QTYPE_NAMES[self.qtype], len(self.logits))
+        return calibration.temperature_bucket(QTYPE_NAMES[self.qtype], len(self.logits))
 
 
 def _fit_unclamped(records: Sequence[Record]) -> float:
@@ -78,10 +75,8 @@ def _fit_unclamped(records: Sequence[Record]) -> float:
 class Fit:
     temperature: list[float]
     temperature_by_options: dict[str, float]
-    clamped: dict[str, float]
-    """Fits the clamp moved: entry -> the unclamped optimum."""
-    by_type: list[int]
-    """Rows per question type."""
+    clamped: dict[str, float]  # the fits the clamp moved: entry -> the unclamped optimum
+    by_type: list[int]  # rows per question type
 
 
 def fit_temperatures(records: Sequence[Record]) -> Fit:
@@ -138,7 +133,6 @@ def _summary(fit: Fit) -> list[str]:
 
 
 def fit(setup: calibrate.Setup) -> calibrate.Outcome:
-    """Fit and score a Laya calibration for `setup`'s checkpoint (see the module's docstring)."""
     engine = calibrate.build(setup, "decidealot.providers.laya.worker.engine:create")
     rows, skipped = calibrate.collect(engine, _read, setup)  # type: ignore[arg-type]
     records = [Record(*r.record, r.label.gold) for r in rows]
@@ -153,10 +147,12 @@ def fit(setup: calibrate.Setup) -> calibrate.Outcome:
     outcome = calibrate.Outcome(body, _summary(fitted), len(rows), skipped)
     if len(records) >= 2:
         after: dict[int, list[float]] = {}
-        for held in calibrate.folds_of(len(records), setup.folds, setup.seed):
+        for held in calibrate.folds_of(len(records), setup.folds, setup.seed)[1]:
             kept = set(held)
             trained = fit_temperatures([r for i, r in enumerate(records) if i not in kept])
-            temperatures = Temperatures(trained.temperature, trained.temperature_by_options)
+            temperatures = calibration.Temperatures(
+                trained.temperature, trained.temperature_by_options
+            )
             for i in held:
                 record = records[i]
                 scale = temperatures.get(QTYPE_NAMES[record.qtype], len(record.logits))

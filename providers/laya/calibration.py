@@ -2,14 +2,14 @@
 
 Read with upstream's own rules (`laya.calibrate.apply_calibration_payload`): a malformed shape
 is refused with a message naming the field, while a temperature that is not a number, or lies
-outside [0.5, 5], is clamped at load as the checkpoint's own are. A version-2 file records the
-checkpoint it was fitted for; a mismatch warns and still loads. `payload` writes the same
-format, so a file fitted here loads in laya. Pure Python: the gateway checks files with it
-before listening, the worker loads them with it.
+outside [0.5, 5], is clamped at load as the checkpoint's own are (`Temperatures`, what the
+worker applies); a file fitted for another checkpoint warns and still loads. Pure Python: the
+gateway checks files before listening.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -18,8 +18,7 @@ from typing import Any
 
 from decidealot.providers.json_files import read_json_object
 
-VERSION = 2
-"""laya's `CALIBRATION_VERSION`: files without a `version` are version 1 (no identity)."""
+VERSION = 2  # laya's `CALIBRATION_VERSION`; a file without one is 1 (no identity)
 QTYPE_NAMES = ("choice", "score", "noul")
 TEMPERATURE_MIN = 0.5
 TEMPERATURE_MAX = 5.0
@@ -48,16 +47,53 @@ def clamp_temperature(value: object) -> float:
     return min(TEMPERATURE_MAX, max(TEMPERATURE_MIN, number))
 
 
-def rejected(raw: object, applied: float) -> bool:
-    """Upstream `temperature_rejected`: `raw` is not the number that was applied."""
-    return _number(raw) != applied
-
-
 def config_identity(config: Mapping[str, Any] | None) -> dict[str, Any] | None:
     """A checkpoint's `rl_agent_config.json` without the temperatures a payload carries."""
     if config is None:
         return None
     return {str(k): config[k] for k in config if k not in _IDENTITY_SKIP}
+
+
+def temperature_bucket(qtype: str, options: int) -> str:
+    size = "2" if options <= 2 else "3-5" if options <= 5 else "6-10" if options <= 10 else "11+"
+    return f"{qtype}:{size}"
+
+
+class Temperatures:
+    """A checkpoint's softmax temperatures, clamped once at load as upstream does: its own
+    (`rl_agent_config.json`) or a calibration file's, which replaces them whole."""
+
+    def __init__(
+        self,
+        by_type: Sequence[object],
+        by_options: Mapping[str, object],
+        binning: Mapping[str, Mapping[str, Any]] | None = None,
+    ):
+        if not isinstance(by_type, list | tuple) or len(by_type) != 3:
+            raise ValueError("rl_agent_config.json: temperature must be a list of 3 numbers")
+        self.by_type = [clamp_temperature(t) for t in by_type]
+        self.by_options = {key: clamp_temperature(t) for key, t in by_options.items()}
+        self.binning = binning or {}
+
+    @classmethod
+    def of(cls, payload: Payload) -> Temperatures:
+        """A calibration file's (`laya.Agent.load_calibration`), with its binning map."""
+        return cls(payload.temperature, payload.temperature_by_options, payload.binning_map)
+
+    def answer_confidence(self, qtype: str, probs: Sequence[float]) -> float:
+        """Upstream's `answer_confidence` as it reports it (4 decimals): the top probability,
+        through the binning map's entry for the question's bucket (`apply_binning_map`). The
+        contract does not report it, but it picks a windowed state's deciding window."""
+        top = max(probs)
+        entry = self.binning.get(temperature_bucket(qtype, len(probs)))
+        if entry:
+            bins = int(entry["bins"])
+            top = float(entry["values"][min(bins - 1, max(0, int(top * bins)))])
+        return round(top, 4)
+
+    def get(self, qtype: str, options: int) -> float:
+        fallback = self.by_type[QTYPE_NAMES.index(qtype)]
+        return self.by_options.get(temperature_bucket(qtype, options), fallback)
 
 
 @dataclass(frozen=True)
@@ -73,47 +109,26 @@ class Payload:
     subfolder: Any = None
     config: Any = None
 
-    def clamped(self) -> tuple[list[float], dict[str, float]]:
-        """The temperatures inference applies."""
-        by_type = [clamp_temperature(t) for t in self.temperature]
-        by_options = {key: clamp_temperature(t) for key, t in self.temperature_by_options.items()}
-        return by_type, by_options
-
     def rejected(self) -> list[str]:
-        """Entries the clamp changed, as upstream's load warning names them."""
-        by_type, by_options = self.clamped()
+        """Entries the clamp changed (upstream's `temperature_rejected`), named as it warns."""
+        applied = Temperatures.of(self)
+        by_type, by_options = applied.by_type, applied.by_options
         entries = [(f"temperature[{i}]", raw, by_type[i]) for i, raw in enumerate(self.temperature)]
         entries += [(k, self.temperature_by_options[k], by_options[k]) for k in by_options]
         return [
             f"{name}={raw!r} -> {applied:g}"
             for name, raw, applied in entries
-            if rejected(raw, applied)
+            if _number(raw) != applied
         ]
-
-    def mismatch(self, checkpoint_config: Mapping[str, Any]) -> str | None:
-        """Why this file may be for another checkpoint, or None. Upstream also compares the
-        recorded `model_id_or_path` and `subfolder`, which a checkpoint known by its directory
-        does not have: the config (but the temperatures) tells checkpoints apart here."""
-        if self.version < VERSION or self.config == config_identity(checkpoint_config):
-            return None
-        return (
-            f"calibration was fitted for model_id_or_path={self.model_id_or_path!r} "
-            f"subfolder={self.subfolder!r}, whose config differs from this checkpoint's "
-            "rl_agent_config.json; loading the temperatures anyway"
-        )
 
 
 def _version(payload: Mapping[str, Any]) -> int:
     version = 1 if payload.get("version") is None else payload["version"]
-    wrong = CalibrationError(f"version must be an integer, got {version!r}")
-    if isinstance(version, bool) or not isinstance(version, int | float | str):
-        raise wrong
-    if isinstance(version, float) and not version.is_integer():
-        raise wrong
-    try:
-        return int(version)
-    except (TypeError, ValueError, OverflowError):
-        raise wrong from None
+    whole = isinstance(version, int | str) or (isinstance(version, float) and version.is_integer())
+    if whole and not isinstance(version, bool):
+        with contextlib.suppress(ValueError):  # a string that is no integer
+            return int(version)
+    raise CalibrationError(f"version must be an integer, got {version!r}")
 
 
 def _binning_map(binning: object) -> dict[str, dict[str, Any]] | None:
@@ -184,14 +199,17 @@ def check(path: Path) -> str | None:
 
 
 def warnings(path: Path, checkpoint: Path) -> list[str]:
-    """What laya warns of when it loads the file at `path` onto `checkpoint` (a directory):
-    a file fitted for another checkpoint, temperatures it had to clamp."""
+    """What laya warns of when it loads the file at `path` onto `checkpoint` (a directory); here
+    the config tells checkpoints apart (upstream's `model_id_or_path` and `subfolder` cannot)."""
     loaded = read_calibration(path)
     found = []
     config = read_json_object(checkpoint / "rl_agent_config.json", CalibrationError)
-    mismatch = loaded.mismatch(config)
-    if mismatch is not None:
-        found.append(mismatch)
+    if loaded.version >= VERSION and loaded.config != config_identity(config):
+        found.append(
+            f"calibration was fitted for model_id_or_path={loaded.model_id_or_path!r} "
+            f"subfolder={loaded.subfolder!r}, whose config differs from this checkpoint's "
+            "rl_agent_config.json; loading the temperatures anyway"
+        )
     clamped = loaded.rejected()
     if clamped:
         found.append(
@@ -209,8 +227,7 @@ def payload(
     model_id_or_path: str | None,
     config: Mapping[str, Any] | None,
 ) -> dict[str, Any]:
-    """The JSON body a fresh agent's `Agent.save_calibration` writes (no subfolder, no binning
-    map: `laya.calibrate.calibration_payload`)."""
+    """What a fresh agent's `Agent.save_calibration` writes (`calibration_payload`)."""
     return {
         "version": VERSION,
         "temperature": [float(t) for t in temperature],

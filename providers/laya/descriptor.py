@@ -22,21 +22,16 @@ from decidealot.registry import (
 
 RELEASE = "2026-09-23"
 
-SELECTORS = (
-    ModelInfo("laya", "Laya System One decisions with automatic checkpoint routing.", RELEASE),
-    ModelInfo("laya-auto", "Alias for laya with automatic checkpoint routing.", RELEASE),
-    ModelInfo("laya-latest", "Alias for the current Laya release.", RELEASE),
-    ModelInfo("laya-english", "Laya English checkpoint for English Latin-script content.", RELEASE),
-    ModelInfo(
-        "laya-multilingual",
-        "Laya multilingual checkpoint for other languages and scripts.",
-        RELEASE,
-    ),
-    ModelInfo(
-        "laya-typed-decisions",
-        "Laya checkpoint tuned for structured workflow decisions.",
-        RELEASE,
-    ),
+SELECTORS = tuple(
+    ModelInfo(name, description, RELEASE)
+    for name, description in (
+        ("laya", "Laya System One decisions with automatic checkpoint routing."),
+        ("laya-auto", "Alias for laya with automatic checkpoint routing."),
+        ("laya-latest", "Alias for the current Laya release."),
+        ("laya-english", "Laya English checkpoint for English Latin-script content."),
+        ("laya-multilingual", "Laya multilingual checkpoint for other languages and scripts."),
+        ("laya-typed-decisions", "Laya checkpoint tuned for structured workflow decisions."),
+    )
 )
 
 FILES = (
@@ -62,8 +57,7 @@ class LayaSettings(Section, frozen=True, kw_only=True):
     laya_english_calibration: Annotated[Path | None, setting(file)] = None
     laya_multilingual_calibration: Annotated[Path | None, setting(file)] = None
     laya_typed_decisions_calibration: Annotated[Path | None, setting(file)] = None
-    """A payload of laya's `Agent.save_calibration` (or `decidealot calibrate`) replaces the
-    checkpoint's temperatures."""
+    """laya's `Agent.save_calibration` payload: it replaces the checkpoint's temperatures."""
 
 
 def _setting(key: str, what: str = "checkpoint") -> str:
@@ -71,8 +65,7 @@ def _setting(key: str, what: str = "checkpoint") -> str:
 
 
 def _build(settings: Settings, section: LayaSettings) -> Provider:
-    """Nothing is preloaded: the worker loads a checkpoint on its first job, so a deployment
-    that only ever routes to one never holds the other two in memory."""
+    """Nothing is preloaded: a deployment that only routes to one never holds the other two."""
     return CheckpointProvider.in_worker(
         "laya",
         SELECTORS,

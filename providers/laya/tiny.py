@@ -14,11 +14,10 @@ from typing import Any
 
 import torch
 from safetensors.torch import save_file
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import ModernBertConfig, ModernBertModel, PreTrainedTokenizerFast
+from transformers import ModernBertConfig, ModernBertModel
 
+from decidealot.providers import tiny as shared
 from decidealot.providers.laya import CHECKPOINTS as VARIANTS
-from decidealot.providers.tiny import MODERNBERT_BASE, MODERNBERT_VOCAB_SIZE, modernbert_config
 
 _CORPUS = [
     "The customer requests a refund for a duplicate payment.",
@@ -46,12 +45,7 @@ _SHIPPED_BY_OPTIONS = {
 _BERT_ROLES = {
     f"{name}_token": f"[{name.upper()}]" for name in ("unk", "cls", "sep", "pad", "mask")
 }
-_GEMMA_ROLES = {
-    "pad_token": "<pad>",
-    "eos_token": "<eos>",
-    "bos_token": "<bos>",
-    "unk_token": "<unk>",
-    "mask_token": "<mask>",
+_GEMMA_ROLES = {f"{name}_token": f"<{name}>" for name in ("pad", "eos", "bos", "unk", "mask")} | {
     "cls_token": "<bos>",
     "sep_token": "<eos>",
 }
@@ -107,28 +101,6 @@ _SHAPES = {"tiny": _TINY_SHAPE, "tiny512": {**_TINY_SHAPE, "num_hidden_layers": 
 BASE_BUDGET = {"max_len": 512, "head_max_len": 192}
 
 
-def _build_tokenizer(roles: dict[str, str], out: Path) -> PreTrainedTokenizerFast:
-    backend = Tokenizer(models.BPE(unk_token=roles["unk_token"]))
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    backend.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=400,
-        special_tokens=list(dict.fromkeys(roles.values())),
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    backend.train_from_iterator(_CORPUS, trainer=trainer)
-    tok = PreTrainedTokenizerFast(tokenizer_object=backend, **roles)
-    tok.save_pretrained(str(out))
-    config_path = out / "tokenizer_config.json"
-    config = json.loads(config_path.read_text())
-    config["tokenizer_class"] = "PreTrainedTokenizerFast"
-    config.pop("backend", None)
-    config.pop("is_local", None)
-    config_path.write_text(json.dumps(config, indent=2))
-    return tok
-
-
 def _random_weights(config: ModernBertConfig) -> dict[str, torch.Tensor]:
     d = config.hidden_size
     weights = {"encoder." + k: v for k, v in ModernBertModel(config).state_dict().items()}
@@ -136,19 +108,16 @@ def _random_weights(config: ModernBertConfig) -> dict[str, torch.Tensor]:
         layer = torch.nn.TransformerEncoderLayer(
             d, max(1, d // 64), 4 * d, 0.1, batch_first=True, norm_first=True
         )
-        for k, v in layer.state_dict().items():
-            weights[f"head.layers.{j}.{k}"] = v
+        weights.update({f"head.layers.{j}.{k}": v for k, v in layer.state_dict().items()})
     weights["type_emb.weight"] = torch.randn(3, d)
     scorer = torch.nn.Sequential(
         torch.nn.LayerNorm(d), torch.nn.Linear(d, d), torch.nn.GELU(), torch.nn.Linear(d, 1)
     )
-    for k, v in scorer.state_dict().items():
-        weights["scorer." + k] = v
+    weights.update({"scorer." + k: v for k, v in scorer.state_dict().items()})
     act_head = torch.nn.Sequential(
         torch.nn.Linear(d + 4, 256), torch.nn.GELU(), torch.nn.Linear(256, N_ACT)
     )
-    for k, v in act_head.state_dict().items():
-        weights["act_head." + k] = v
+    weights.update({"act_head." + k: v for k, v in act_head.state_dict().items()})
     weights["temperature"] = torch.ones(3)
     # Spread the head's LayerNorm gains and the scorer's output so option probabilities differ
     # clearly (near-uniform answers would make parity tests weak).
@@ -168,22 +137,22 @@ def build_laya_checkpoint(
     shape: Mapping[str, Any] | None = None,
     budget: Mapping[str, int] | None = None,
 ) -> Path:
-    """Write a random `variant` checkpoint of `size` (see `SIZES`; "base" is about 330 MB, for
-    benchmarks only) into `path` (created) and return `path`. `shape` overrides entries of the
-    size's encoder shape (`num_hidden_layers`, `initializer_range`, ...), `budget` its row
-    budgets (`max_len`, `head_max_len`)."""
+    """A random `variant` checkpoint of `size` (`base`: about 330 MB) written to `path`; `shape`
+    and `budget` override entries of the size's encoder shape and row budgets."""
     if variant not in _VARIANT:
         raise ValueError(f"unknown Laya variant {variant!r}; expected one of {VARIANTS}")
     if size not in SIZES:
         raise ValueError(f"unknown Laya checkpoint size {size!r}; expected one of {SIZES}")
     spec = _VARIANT[variant] | (BASE_BUDGET if size != "tiny" else {}) | dict(budget or {})
     path.mkdir(parents=True, exist_ok=True)
-    tok = _build_tokenizer(spec["roles"], path / "tokenizer")
+    tok = shared.bpe_tokenizer(
+        path / "tokenizer", _CORPUS, spec["roles"], 400, drop=("backend", "is_local")
+    )
     full, sliding = spec["rope"]
-    config = modernbert_config(
+    config = shared.modernbert_config(
         tok,
-        {**_SHAPES.get(size, MODERNBERT_BASE), **(shape or {})},
-        vocab_size=MODERNBERT_VOCAB_SIZE if size == "base" else len(tok),
+        {**_SHAPES.get(size, shared.MODERNBERT_BASE), **(shape or {})},
+        vocab_size=shared.MODERNBERT_VOCAB_SIZE if size == "base" else len(tok),
         rope_parameters={
             "full_attention": {"rope_type": "default", "rope_theta": full},
             "sliding_attention": {"rope_type": "default", "rope_theta": sliding},
@@ -214,5 +183,4 @@ def build_laya_checkpoint(
 
 
 def write_bundles(root: Path) -> dict[str, Path]:
-    """One random checkpoint per Laya bundle under `root`; bundle name -> path."""
     return {f"laya-{key}": build_laya_checkpoint(root / f"laya-{key}", key) for key in VARIANTS}

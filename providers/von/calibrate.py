@@ -1,7 +1,6 @@
 """Von's temperature map refitted on the user's labels, by von-sdk 1.3.7's `von calibrate`.
 
-A scalar temperature (a map of `bias` alone) and the full map are each fitted by NLL (float64:
-Adam, then an LBFGS polish, best of four seeded restarts, T clamped to [0.3, 12]) on the
+A scalar temperature (a map of `bias` alone) and the full map are each fitted by NLL on the
 logits and features of the engine's own pass; the one with the lower k-fold cross-validated
 NLL is written into the file the service runs with (its flags and noul prior carry over). Unlike
 `von calibrate`, which replays an object or array state as JSON text, every row runs as the
@@ -26,11 +25,9 @@ from decidealot.contract import NoulQuestion
 from decidealot.providers import calibrate
 from decidealot.providers.json_files import read_json_object
 from decidealot.providers.von.calibration import MAP_FEATURES, CalibrationError
-from decidealot.providers.von.worker import readout
-from decidealot.providers.von.worker.engine import VonEngine, VonPreparedJob
+from decidealot.providers.von.worker.engine import VonEngine, VonPreparedJob, features
 
-LO, HI = 0.3, 12.0
-"""The bounds `von calibrate` writes with every map."""
+LO, HI = 0.3, 12.0  # the bounds `von calibrate` writes with every map
 RESTARTS, ITERATIONS = 4, 400
 PADDING = -1e300
 """Fills a row out to the widest: its exp is exactly 0 in every softmax, and its gradient 0."""
@@ -69,10 +66,8 @@ def nll(params: dict[str, float], records: Sequence[Record]) -> float:
     return total / max(len(records), 1)
 
 
-def top_label_ece(
-    params: dict[str, float] | None, records: Sequence[Record], bins: int = 10
-) -> float:
-    """`von calibrate`'s top-label ECE (10 equal-width bins), for its report fields."""
+def top_label_ece(params: dict[str, float], records: Sequence[Record], bins: int = 10) -> float:
+    """`von calibrate`'s top-label ECE (10 equal-width bins; empty `params`: T = 1)."""
     buckets: dict[int, list[tuple[float, bool]]] = {}
     for r in records:
         lp = _log_softmax(r.logits, _temp(params, r.feats) if params else 1.0)
@@ -121,8 +116,7 @@ def _descend(
         adam = torch.optim.Adam([w], lr=0.05)
         for _ in range(ITERATIONS):
             adam.zero_grad()
-            loss = loss_fn(w)
-            loss.backward()
+            loss_fn(w).backward()
             adam.step()
         lbfgs = torch.optim.LBFGS([w], max_iter=50, line_search_fn="strong_wolfe")
 
@@ -140,31 +134,25 @@ def _descend(
 @dataclass(frozen=True)
 class CrossValidated:
     nll: float
-    folds: list[tuple[list[int], dict[str, float]]]
-    """(held-out indices, the params fitted without them) per fold."""
+    folds: list[tuple[list[int], dict[str, float]]]  # (held-out rows, the fit without them)
 
 
 def cross_validate(
     records: Sequence[Record], keys: Sequence[str], folds: int, seed: int = 0
 ) -> CrossValidated:
     """`von calibrate`'s `cross_validate`, keeping each fold's fit for the held-out report."""
-    order = list(range(len(records)))
-    random.Random(seed).shuffle(order)
-    folds = max(2, min(folds, len(records)))
+    order, held_out = calibrate.folds_of(len(records), folds, seed)
     total, fits = 0.0, []
-    for f in range(folds):
-        test = set(order[f::folds])
-        train = [records[i] for i in order if i not in test]
-        held = sorted(test)
-        params = _fit(train, keys, seed=seed)
+    for held in held_out:
+        test = set(held)
+        params = _fit([records[i] for i in order if i not in test], keys, seed=seed)
         total += nll(params, [records[i] for i in held]) * len(held)
         fits.append((held, params))
     return CrossValidated(total / len(records), fits)
 
 
 def fit_map(records: Sequence[Record], folds: int, seed: int, shipped: Any) -> dict[str, Any]:
-    """`von calibrate`'s `fit_map`: the CV winner as `calibration_map`, its report, and the
-    winner's folds (`cv`) for the held-out scores."""
+    """`von calibrate`'s `fit_map`, and the winner's folds (`cv`) for the held-out scores."""
     scalar_cv = cross_validate(records, ("bias",), folds, seed)
     map_cv = cross_validate(records, MAP_FEATURES, folds, seed)
     scalar = _fit(records, ("bias",), seed=seed)
@@ -174,26 +162,18 @@ def fit_map(records: Sequence[Record], folds: int, seed: int, shipped: Any) -> d
     for k in MAP_FEATURES:
         winner.setdefault(k, 0.0)
     winner["lo"], winner["hi"] = LO, HI
+    fits = {"raw_T1": {"bias": 1.0}, "scalar": scalar, "map": full}  # raw_T1: T is exactly 1
+    if isinstance(shipped, dict):
+        fits["shipped"] = shipped
     report: dict[str, Any] = {
         "n": len(records),
         "folds": folds,
         "cv_nll": {"scalar": round(scalar_cv.nll, 4), "map": round(map_cv.nll, 4)},
-        "in_sample_nll": {
-            "raw_T1": round(nll({"bias": 1.0}, records), 4),
-            "scalar": round(nll(scalar, records), 4),
-            "map": round(nll(full, records), 4),
-        },
-        "ece": {
-            "raw_T1": round(top_label_ece(None, records), 4),
-            "scalar": round(top_label_ece(scalar, records), 4),
-            "map": round(top_label_ece(full, records), 4),
-        },
+        "in_sample_nll": {name: round(nll(params, records), 4) for name, params in fits.items()},
+        "ece": {name: round(top_label_ece(params, records), 4) for name, params in fits.items()},
         "scalar_temperature": round(scalar["bias"], 4),
         "winner": winner_name,
     }
-    if isinstance(shipped, dict):
-        report["in_sample_nll"]["shipped"] = round(nll(shipped, records), 4)
-        report["ece"]["shipped"] = round(top_label_ece(shipped, records), 4)
     cv = map_cv if winner_name == "map" else scalar_cv
     return {"calibration_map": winner, "report": report, "cv": cv}
 
@@ -202,8 +182,8 @@ def _read(
     engine: VonEngine, prepared: VonPreparedJob, outputs: Sequence[object]
 ) -> tuple[list[float], dict[str, float]]:
     """A one-question job's logits as its temperature divides them, and the map's features."""
-    ((logits, tokens),) = engine.tempered(prepared, outputs).values()
-    return logits.float().cpu().tolist(), readout.features(logits, tokens)
+    logits, tokens = engine.tempered(prepared, outputs)
+    return logits.float().cpu().tolist(), features(logits, tokens)
 
 
 def _von_order(row: calibrate.LabelRow[Any]) -> tuple[int, bool]:
@@ -214,7 +194,6 @@ def _von_order(row: calibrate.LabelRow[Any]) -> tuple[int, bool]:
 
 
 def fit(setup: calibrate.Setup) -> calibrate.Outcome:
-    """Fit and score a Von calibration for `setup`'s checkpoint (see the module's docstring)."""
     engine = calibrate.build(setup, "decidealot.providers.von.worker.engine:create")
     assert isinstance(engine, VonEngine)
     rows, skipped = calibrate.collect(
@@ -242,11 +221,10 @@ def fit(setup: calibrate.Setup) -> calibrate.Outcome:
     body["calibration_timestamp"] = time.time()
     body["calibrated_with_engine"] = f"decidealot {version('decidealot')} ({UPSTREAM}'s method)"
     body.setdefault("weights_id", body.get("model_id"))
-    winner = report["winner"]
     summary = [
         f"fitted ({UPSTREAM}'s cross-validated temperature map):",
         f"  {report['folds']}-fold CV NLL: scalar {report['cv_nll']['scalar']}, "
-        f"map {report['cv_nll']['map']} -> {winner} written",
+        f"map {report['cv_nll']['map']} -> {report['winner']} written",
         "  "
         + ", ".join(f"{k} {body['calibration_map'][k]:g}" for k in (*MAP_FEATURES, "lo", "hi")),
     ]

@@ -1,12 +1,10 @@
 """Von calibration files: `marker_calibration.json`, as a checkpoint ships it or `von calibrate`
 writes it (von-sdk 1.3.7).
 
-The file holds the temperature rule (a scalar `temperature`, or a `calibration_map` clamped to
-[lo, hi]), the zero-shot noul prior, and two flags that set how the forward pass runs
-(`independent_options`, `digit_split`); `VON_CALIBRATION` replaces the checkpoint's file whole,
-flags included. Maps and priors upstream cannot use are dropped as upstream drops them; a
-non-numeric temperature or a flag that is not a boolean is refused. Pure Python: the gateway
-checks files with it before listening, the worker loads them with it.
+Besides the temperature rule and the zero-shot noul prior, the file holds two flags that set
+how the forward pass runs, so `VON_CALIBRATION` replaces the checkpoint's file whole. Maps and
+priors upstream cannot use are dropped as upstream drops them. Pure Python: the gateway checks
+files before listening.
 """
 
 from __future__ import annotations
@@ -59,8 +57,8 @@ def _noul_prior(raw: object) -> tuple[float, float] | None:
 
 
 def parse(data: dict[str, Any]) -> VonCalibration:
-    """A file's rule and flags; `CalibrationError` for what upstream would silently reset
-    (a reset answers in the wrong attention mode, so it is refused instead)."""
+    """A file's rule and flags; what upstream would reset (answering in the wrong attention
+    mode) is refused."""
     try:
         temperature = float(data.get("temperature", 1.0))
     except (TypeError, ValueError):
@@ -89,26 +87,11 @@ def check(path: Path) -> str | None:
 
 
 def warnings(path: Path, checkpoint: Path) -> list[str]:
-    """What to warn of when the file at `path` replaces `checkpoint`'s own (a directory)."""
+    """What to warn of when the file at `path` replaces `checkpoint`'s own (a directory): that
+    it may be for other weights (flags set otherwise change the answers, not only their
+    confidence; `weights_id`, `model_id` in a shipped file, names the weights)."""
     data = read_json_object(path, CalibrationError)
-    found = []
     shipped = read_json_object(checkpoint / "marker_calibration.json", CalibrationError)
-    problem = mismatch(data, shipped)
-    if problem is not None:
-        found.append(problem)
-    rule = parse(data).calibration_map
-    if rule is not None and (rule["lo"] <= 0 or rule["hi"] > TEMPERATURE_SANITY_MAX):
-        found.append(  # upstream's own load warning
-            f"calibration map bounds [{rule['lo']:g}, {rule['hi']:g}] are outside the sane "
-            f"range (0, {TEMPERATURE_SANITY_MAX:g}]; confidences may be distorted."
-        )
-    return found
-
-
-def mismatch(data: dict[str, Any], shipped: dict[str, Any]) -> str | None:
-    """Why a file may be for other weights than the checkpoint's own file describes, or None:
-    flags set otherwise change the answers, not only their confidence; `weights_id`
-    (`model_id` in a shipped file) names the weights."""
     problems = [
         f"{flag}={data.get(flag, False)} where the checkpoint's own file has "
         f"{shipped.get(flag, False)}"
@@ -119,6 +102,11 @@ def mismatch(data: dict[str, Any], shipped: dict[str, Any]) -> str | None:
     ours = shipped.get("model_id")
     if theirs is not None and ours is not None and theirs != ours:
         problems.append(f"it was fitted for weights {theirs!r}, the checkpoint is {ours!r}")
-    if not problems:
-        return None
-    return "may be for another checkpoint: " + "; ".join(problems)
+    found = ["may be for another checkpoint: " + "; ".join(problems)] if problems else []
+    rule = parse(data).calibration_map
+    if rule is not None and (rule["lo"] <= 0 or rule["hi"] > TEMPERATURE_SANITY_MAX):
+        found.append(  # upstream's own load warning
+            f"calibration map bounds [{rule['lo']:g}, {rule['hi']:g}] are outside the sane "
+            f"range (0, {TEMPERATURE_SANITY_MAX:g}]; confidences may be distorted."
+        )
+    return found

@@ -12,8 +12,7 @@ from decidealot.providers.gateway.checkpoint_provider import CheckpointProvider,
 from decidealot.providers.von import calibration
 from decidealot.registry import Bundle, Calibration, ProviderDescriptor, Tiny, json_object_problem
 
-CHECKPOINT = "von-1.1"
-"""The one checkpoint key; also the bundle name and the `model` every answer reports."""
+CHECKPOINT = "von-1.1"  # the one checkpoint key, bundle name and every answer's `model`
 RELEASE = "2026-09-22"
 
 SELECTORS = (
@@ -39,8 +38,7 @@ class VonSettings(Section, frozen=True, kw_only=True):
     von_enabled: Annotated[bool, setting(boolean)] = True
     von_checkpoint: Annotated[Path | None, setting(directory)] = None
     von_calibration: Annotated[Path | None, setting(file)] = None
-    """A `marker_calibration.json` (`von calibrate`'s or `decidealot calibrate`'s) that
-    replaces the checkpoint's own, as upstream's `VON_CALIBRATION`."""
+    """A `marker_calibration.json` replacing the checkpoint's own (upstream's `VON_CALIBRATION`)."""
 
 
 def _build(settings: Settings, section: VonSettings) -> Provider:

@@ -12,11 +12,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import AddedToken, Tokenizer
 from tokenizers.processors import TemplateProcessing
-from transformers import ModernBertModel, PreTrainedTokenizerFast
+from transformers import ModernBertModel
 
-from decidealot.providers.tiny import MODERNBERT_BASE, MODERNBERT_VOCAB_SIZE, modernbert_config
+from decidealot.providers import tiny as shared
+from decidealot.providers.von.worker.model import OptionMarkerScorer
 
 _CORPUS = [
     "The customer requests a refund for a duplicate payment of 1250 dollars.",
@@ -59,7 +60,7 @@ _SHAPES: dict[str, dict[str, Any]] = {
         "local_attention": 128,
         "initializer_range": 0.02,
     },
-    "base": {**MODERNBERT_BASE, "vocab_size": MODERNBERT_VOCAB_SIZE},
+    "base": {**shared.MODERNBERT_BASE, "vocab_size": shared.MODERNBERT_VOCAB_SIZE},
 }
 """`tiny` is the test checkpoint; `long` is `tiny` cut to one global layer and one head, for
 states past the 8192-token window, where a pass costs what its masks cost; `small` (7.7M
@@ -77,17 +78,8 @@ DEFAULT_CALIBRATION_MAP: dict[str, float] = {
 DEFAULT_NOUL_PRIOR: dict[str, float] = {"a": 0.6, "b": 0.05}
 
 
-def _build_tokenizer(out: Path) -> PreTrainedTokenizerFast:
-    backend = Tokenizer(models.BPE(unk_token="[UNK]"))
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    backend.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=300,
-        special_tokens=list(_ROLES.values()),
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    backend.train_from_iterator(_CORPUS, trainer=trainer)
+def _mask_and_template(backend: Tokenizer) -> None:
+    """`[MASK]` absorbs the space before it; rows are `[CLS] ... [SEP]`, as Von's tokenizer."""
     backend.add_special_tokens([AddedToken("[MASK]", lstrip=True, special=True)])
     cls_id, sep_id = backend.token_to_id("[CLS]"), backend.token_to_id("[SEP]")
     backend.post_processor = TemplateProcessing(
@@ -95,30 +87,6 @@ def _build_tokenizer(out: Path) -> PreTrainedTokenizerFast:
         pair="[CLS] $A [SEP] $B [SEP]",
         special_tokens=[("[CLS]", cls_id), ("[SEP]", sep_id)],
     )
-    tok = PreTrainedTokenizerFast(tokenizer_object=backend, **_ROLES, model_max_length=8192)
-    tok.save_pretrained(str(out))
-    config_path = out / "tokenizer_config.json"
-    config = json.loads(config_path.read_text())
-    config["tokenizer_class"] = "PreTrainedTokenizerFast"
-    config_path.write_text(json.dumps(config, indent=2))
-    return tok
-
-
-def _scorer_weights(hidden: int) -> dict[str, torch.Tensor]:
-    scorer = {
-        "input_norm": torch.nn.LayerNorm(hidden),
-        "dense": torch.nn.Linear(hidden, hidden // 2),
-        "norm": torch.nn.LayerNorm(hidden // 2),
-        "out_proj": torch.nn.Linear(hidden // 2, 1),
-    }
-    weights = {
-        f"scorer.{name}.{k}": v.detach().clone()
-        for name, module in scorer.items()
-        for k, v in module.state_dict().items()
-    }
-    # An untouched random head gives p ≈ 1/K; a large output gain makes probabilities differ.
-    weights["scorer.out_proj.weight"] *= 100.0
-    return weights
 
 
 def build_von_checkpoint(
@@ -132,19 +100,23 @@ def build_von_checkpoint(
     temperature: float = 1.0,
     size: str = "tiny",
 ) -> Path:
-    """Write a random Von checkpoint of `size` (see `SIZES`) into `path` (created) and return
-    `path`. `calibration_map=None` / `noul_prior=None` leave those keys out of the calibration
-    file, so the scalar `temperature` and the 0.7 debias coefficient apply."""
+    """A random Von checkpoint of `size` written to `path`; without a `calibration_map` and a
+    `noul_prior` the scalar `temperature` and the 0.7 debias coefficient apply."""
     if size not in SIZES:
         raise ValueError(f"unknown Von checkpoint size {size!r}; expected one of {SIZES}")
     path.mkdir(parents=True, exist_ok=True)
-    tok = _build_tokenizer(path)
-    config = modernbert_config(tok, _SHAPES[size])
+    tok = shared.bpe_tokenizer(
+        path, _CORPUS, _ROLES, 300, finish=_mask_and_template, model_max_length=8192
+    )
+    config = shared.modernbert_config(tok, _SHAPES[size])
     torch.manual_seed(seed)
     encoder = ModernBertModel(config)
     encoder.save_pretrained(str(path))
-    weights = {"encoder." + k: v.detach().clone() for k, v in encoder.state_dict().items()}
-    weights.update(_scorer_weights(config.hidden_size))
+    scorer = OptionMarkerScorer(config.hidden_size)
+    parts = {"encoder": encoder.state_dict(), "scorer": scorer.state_dict()}
+    weights = {f"{part}.{k}": v.detach().clone() for part, d in parts.items() for k, v in d.items()}
+    # An untouched random head gives p ≈ 1/K; a large output gain makes probabilities differ.
+    weights["scorer.out_proj.weight"] *= 100.0
     torch.save(weights, path / "option_marker.pt")
     calibration: dict[str, object] = {
         "temperature": temperature,
@@ -160,8 +132,7 @@ def build_von_checkpoint(
 
 
 def write_bundles(root: Path) -> dict[str, Path]:
-    """The `von-1.1` bundle at random: plain (joint-attention) mode with the scalar
-    temperature of the 1.1 candidate, as the bundle serves it."""
+    """The `von-1.1` bundle at random, in the mode and scalar temperature the bundle ships."""
     path = build_von_checkpoint(
         root / "von-1.1",
         independent_options=False,

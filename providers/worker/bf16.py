@@ -2,11 +2,9 @@
 
 Not autocast, which re-casts every weight on every pass, and not the whole model cast to bf16,
 whose bf16 norms moved the hidden states 50x more than autocast did (max |d| 0.06 against
-0.0017). The encoder's linear layers and token embeddings, and the projections of Laya's head,
-are cast to bf16 once, at load, halving their memory: every matrix product and the attention
-run bf16, while the residual stream, every LayerNorm, RoPE's rotation and the readout stay fp32.
-`lower_guarded` checks the result on a probe before serving it, as int8's load does, and goes
-back to fp32 where bf16 moves it more than `PROBE_TOLERANCE`.
+0.0017). The matrices are cast once, at load, halving their memory: every matrix product and
+the attention run bf16, while the residual stream, every LayerNorm, RoPE's rotation and the
+readout stay fp32.
 """
 
 from __future__ import annotations
@@ -28,8 +26,7 @@ served bound is 0.02, the issue's; tests)."""
 
 
 class Bf16Linear(nn.Module):
-    """`nn.Linear` with its weight and bias in bf16: its input is cast to bf16 and its output
-    is bf16 (the fp32 residual it is added to keeps fp32)."""
+    """`nn.Linear` in bf16, input and output (the fp32 residual it is added to keeps fp32)."""
 
     def __init__(self, linear: nn.Linear) -> None:
         super().__init__()
@@ -54,15 +51,11 @@ class Bf16Embedding(nn.Module):
 
 @dataclass(frozen=True, slots=True)
 class Lowered:
-    """What `lower_guarded` did: whether the encoder runs bf16, and how far bf16 moved the
-    probe's probabilities (the largest |dp|)."""
-
     bf16: bool
-    probe_error: float
+    probe_error: float  # the largest |dp| of the probe's probabilities
 
 
-Site = tuple[nn.Module, str, nn.Module | nn.Parameter]
-"""(parent, attribute, what it holds in fp32)."""
+Site = tuple[nn.Module, str, nn.Module | nn.Parameter]  # (parent, attribute, its fp32 value)
 
 PACKED = "bf16_parameters"
 """The class attribute naming a module's own parameters it reads with `F.linear`, casting its
@@ -70,8 +63,6 @@ input to their dtype (Laya's head attention: `in_proj_weight`, `in_proj_bias`)."
 
 
 def _sites(encoder: nn.Module, others: tuple[nn.Module, ...]) -> list[Site]:
-    """Every linear layer and packed projection under `encoder` and `others`, and the
-    encoder's token embeddings."""
     sites: list[Site] = [(encoder.embeddings, "tok_embeddings", encoder.embeddings.tok_embeddings)]
     for module in (encoder, *others):
         for parent in module.modules():
@@ -93,14 +84,10 @@ def _lowered(held: nn.Module | nn.Parameter) -> nn.Module | nn.Parameter:
 
 
 def lower_guarded(
-    encoder: nn.Module,
-    probe: Callable[[], torch.Tensor],
-    others: tuple[nn.Module, ...] = (),
+    encoder: nn.Module, probe: Callable[[], torch.Tensor], others: tuple[nn.Module, ...] = ()
 ) -> Lowered:
-    """Cast `encoder`'s linear layers and token embeddings, and the linear layers and packed
-    projections (`PACKED`) of `others` (Laya's head), to bf16, and keep them so where
-    `probe()` (probabilities through `encoder`) moves at most `PROBE_TOLERANCE`; otherwise put
-    the fp32 modules back. The modules not kept are freed (`release_freed`)."""
+    """`encoder`'s linears and token embeddings, and `others`' linears and `PACKED` projections
+    (Laya's head), in bf16, unless that moves `probe()` more than `PROBE_TOLERANCE`."""
     sites = _sites(encoder, others)
     with torch.inference_mode():
         reference = probe()

@@ -21,8 +21,8 @@ class WeightsError(ValueError):
 
 
 def read_safetensors(path: Path, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
-    """Every tensor in `path`, floating-point ones as `dtype` (None: as stored), each a tensor
-    of its own (never a view of the file's mapping, which is gone once they are dropped)."""
+    """Every tensor in `path`, floating-point ones as `dtype` (None: as stored), each its own
+    (never a view of the file's mapping, which is gone once they are dropped)."""
     try:
         with safe_open(path, framework="pt") as file:
             names = file.keys()
@@ -32,8 +32,8 @@ def read_safetensors(path: Path, dtype: torch.dtype | None = None) -> dict[str, 
 
 
 def _own_copy(view: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
-    """`view` (of the file's private mapping) copied into `dtype`, then its pages given back, so
-    the file does not stay resident beside the copies (they stay in the page cache)."""
+    """`view` copied into `dtype`, then its pages of the mapping given back (the page cache
+    keeps them), so the file does not stay resident beside the copies."""
     target = dtype if dtype is not None and view.is_floating_point() else view.dtype
     out = view.to(target, copy=True)
     size = view.numel() * view.element_size()

@@ -1,12 +1,9 @@
 """int8 weights for an encoder's linear layers on CPU (`DECIDEALOT_PRECISION=int8`).
 
-Weights int8 per output channel, activations quantised per token (symmetric), multiplied by
-`torch._int_mm` into int32 and scaled back to fp32. Per-token scales keep a row's answers
-independent of what it is batched or padded with, which per-tensor dynamic quantisation (torch's
-`quantize_dynamic`, ONNX Runtime's) does not (docs/performance.md, "Engine candidates").
-`quantize_guarded` checks the result on a probe before serving it: the layers whose int8 error
-moves the probe most go back to fp32 until it is within tolerance (on the wide random test
-checkpoints the query/key projections must; on base-shaped weights none).
+Activations are quantised per token: that keeps a row's answers independent of what it is
+batched or padded with, which per-tensor dynamic quantisation (torch's `quantize_dynamic`, ONNX
+Runtime's) does not (docs/performance.md, "Engine candidates"). On the wide random test
+checkpoints the load probe puts the query/key projections back to fp32; on base-shaped none.
 """
 
 from __future__ import annotations
@@ -20,21 +17,15 @@ from torch import nn
 from decidealot.providers.worker.memory import release_freed
 
 INT8_MAX = 127.0
-
 PROBE_TOLERANCE = 0.01
 """Most a probe probability may move under int8; the served bound is 0.05 (tests)."""
-
-PROBE_ROWS = 8
-"""Random rows in the probe, four option markers each."""
-
-PROBE_LENGTH = 256
-"""Tokens per probe row (at most a checkpoint's row budget): about a typical row's length."""
+PROBE_ROWS = 8  # random rows in the probe, four option markers each
+PROBE_LENGTH = 256  # tokens per probe row (at most a row budget): a typical row's length
 
 
 class Int8Linear(nn.Module):
-    """`y = x W^T + b` with W int8 per output channel and x int8 per token. Built from an
-    `nn.Linear`, it keeps that linear's bias and nothing else of it: the fp32 weight is freed
-    once the linear is dropped (`quantize_guarded` keeps it only while the probe decides)."""
+    """`y = x W^T + b`, W int8 per output channel, x per token. Of its `nn.Linear` it keeps the
+    bias only: the fp32 weight is freed with the linear (kept while the probe decides)."""
 
     def __init__(self, linear: nn.Linear) -> None:
         super().__init__()
@@ -58,8 +49,7 @@ class Int8Linear(nn.Module):
 
 @dataclass(frozen=True, slots=True)
 class Quantised:
-    """What `quantize_guarded` left: how many linear layers there are, how many run int8,
-    and the roles kept fp32 (by the probe's error, worst first)."""
+    """What `quantize_guarded` left; `kept`: the roles kept fp32, worst probe error first."""
 
     linear_layers: int
     int8_layers: int
@@ -67,8 +57,8 @@ class Quantised:
 
 
 def _linears(module: nn.Module) -> dict[str, list[tuple[nn.Module, str]]]:
-    """Every `nn.Linear` under `module` as (parent, attribute), grouped by attribute name (its
-    role in each layer: e.g. ModernBERT's `Wqkv`, `Wo`, `Wi`)."""
+    """Every `nn.Linear` under `module` as (parent, attribute), by attribute name: its role in
+    each layer (ModernBERT's `Wqkv`, `Wo`, `Wi`)."""
     roles: dict[str, list[tuple[nn.Module, str]]] = {}
     for parent in module.modules():
         for name, child in parent.named_children():
@@ -83,10 +73,8 @@ def unquantised(module: nn.Module) -> Quantised:
 
 
 def quantize_guarded(target: nn.Module, probe: Callable[[], torch.Tensor]) -> Quantised:
-    """Make `target`'s linear layers int8, keeping fp32 the roles whose int8 error moves
-    `probe()` (probabilities through `target`) most, until it moves at most `PROBE_TOLERANCE`.
-    The versions not chosen are then freed and their pages handed back (`release_freed`), so
-    int8 holds about a quarter of those layers' fp32 bytes."""
+    """`target`'s linear layers in int8, but the roles whose int8 error moves `probe()` most,
+    kept fp32 until it moves at most `PROBE_TOLERANCE`; the versions not chosen are freed."""
     roles = _linears(target)
     kept = _choose(roles, probe)
     total = sum(len(sites) for sites in roles.values())
@@ -97,8 +85,7 @@ def quantize_guarded(target: nn.Module, probe: Callable[[], torch.Tensor]) -> Qu
 def _choose(
     roles: dict[str, list[tuple[nn.Module, str]]], probe: Callable[[], torch.Tensor]
 ) -> list[str]:
-    """Leave each role int8 or fp32 in its parents (`quantize_guarded`); the roles kept fp32.
-    Each layer is quantised once."""
+    """Leave each role int8 or fp32 in its parents; the roles kept fp32."""
     fp32 = {
         role: [getattr(parent, name) for parent, name in sites] for role, sites in roles.items()
     }

@@ -1,29 +1,33 @@
-"""ModernBERT's encoder in plain torch: what Laya and Von run, without importing transformers.
+"""ModernBERT's encoder in plain torch, and what Laya's and Von's engines share around it.
 
-transformers' `ModernBertModel` is about a hundred lines of arithmetic behind `modeling_utils`,
-whose import cost a worker start more than torch itself (docs/performance.md, "Model
-switches"). This is the same arithmetic, op for op and in the same order, with the same
-parameter names, so upstream's state dicts load strictly and a row's hidden states equal
-transformers' (tests/worker/test_modernbert.py). The modules are built on the meta device and
-`load` assigns them the checkpoint's tensors: no weight is allocated or copied before it loads.
+transformers' `ModernBertModel` is a hundred lines of arithmetic behind `modeling_utils`, whose
+import cost a worker start more than torch itself (docs/performance.md, "Model switches"). This
+is that arithmetic, op for op and in order, with its parameter names: upstream's state dicts
+load strictly and hidden states equal transformers' (tests/worker/test_modernbert.py). Modules
+are built on the meta device and `load` assigns them the checkpoint's tensors (no copy).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import threading
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from decidealot.config import LONG_STATES
+from decidealot.contract import Cut
+from decidealot.errors import state_too_long
+from decidealot.jobs import CheckpointLoad, EngineSpec
 from decidealot.providers.json_files import read_json_object
 from decidealot.providers.worker import int8
 from decidealot.providers.worker.bf16 import Lowered, lower_guarded
-from decidealot.providers.worker.precision import AUTOCAST
+from decidealot.providers.worker.precision import AUTOCAST, checkpoint_load, engine_precision
 
 FULL = "full_attention"
 SLIDING = "sliding_attention"
@@ -51,11 +55,9 @@ class Config:
     attention_bias: bool = False
     mlp_bias: bool = False
     local_attention: int = 128
-    rope_theta: tuple[tuple[str, float], ...] = ()
-    """(layer type, RoPE theta) per layer type."""
+    rope_theta: tuple[tuple[str, float], ...] = ()  # (layer type, theta) pairs
     hidden_activation: str = "gelu"
     model_type: str = ""
-    """Must be `modernbert` (`of` refuses a config without it)."""
 
     @property
     def sliding_window(self) -> int:
@@ -63,12 +65,11 @@ class Config:
         return self.local_attention // 2
 
     @property
-    def num_hidden_layers(self) -> int:
-        return len(self.layer_types)
-
-    @property
     def head_dim(self) -> int:
         return self.hidden_size // self.num_attention_heads
+
+    def layer_norm(self) -> nn.LayerNorm:
+        return nn.LayerNorm(self.hidden_size, eps=self.norm_eps, bias=self.norm_bias)
 
     @classmethod
     def read(cls, path: Path) -> Config:
@@ -135,6 +136,9 @@ def _rope_theta(raw: Mapping[str, object]) -> tuple[tuple[str, float], ...]:
     return tuple(thetas)
 
 
+Rope = tuple[torch.Tensor, torch.Tensor]  # a layer type's RoPE cos and sin for a pass
+
+
 class Output(NamedTuple):
     """What transformers' `BaseModelOutput` carries that callers read."""
 
@@ -142,8 +146,7 @@ class Output(NamedTuple):
 
 
 def embedding(rows: int, width: int) -> nn.Embedding:
-    """An `nn.Embedding` whose weight is left as allocated (the checkpoint fills it): on the
-    meta device, `nn.Embedding`'s own random init would import torch._dynamo (seconds)."""
+    """An `nn.Embedding` left uninitialised: its own init would import torch._dynamo (seconds)."""
     return nn.Embedding(rows, width, _weight=torch.empty(rows, width))
 
 
@@ -151,7 +154,7 @@ class Embeddings(nn.Module):
     def __init__(self, config: Config) -> None:
         super().__init__()
         self.tok_embeddings = embedding(config.vocab_size, config.hidden_size)
-        self.norm = nn.LayerNorm(config.hidden_size, eps=config.norm_eps, bias=config.norm_bias)
+        self.norm = config.layer_norm()
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.norm(self.tok_embeddings(input_ids))
@@ -183,12 +186,7 @@ class Attention(nn.Module):
         self.Wqkv = nn.Linear(d, 3 * d, bias=config.attention_bias)
         self.Wo = nn.Linear(d, d, bias=config.attention_bias)
 
-    def forward(
-        self,
-        hidden: torch.Tensor,
-        rope: tuple[torch.Tensor, torch.Tensor],
-        mask: torch.Tensor | None,
-    ) -> torch.Tensor:
+    def forward(self, hidden: torch.Tensor, rope: Rope, mask: torch.Tensor | None) -> torch.Tensor:
         shape = hidden.shape[:-1]
         qkv = self.Wqkv(hidden).view(*shape, 3, -1, self.head_dim)
         # RoPE on queries and keys at once (`[rows, L, 2, heads, dim]`): the same elementwise
@@ -209,43 +207,28 @@ class Attention(nn.Module):
 class Layer(nn.Module):
     def __init__(self, config: Config, index: int) -> None:
         super().__init__()
-        d = config.hidden_size
         self.attention_type = config.layer_types[index]
-        self.attn_norm: nn.Module = (
-            nn.Identity()
-            if index == 0
-            else nn.LayerNorm(d, eps=config.norm_eps, bias=config.norm_bias)
-        )
+        self.attn_norm: nn.Module = nn.Identity() if index == 0 else config.layer_norm()
         self.attn = Attention(config)
-        self.mlp_norm = nn.LayerNorm(d, eps=config.norm_eps, bias=config.norm_bias)
+        self.mlp_norm = config.layer_norm()
         self.mlp = MLP(config)
 
-    def forward(
-        self,
-        hidden: torch.Tensor,
-        rope: tuple[torch.Tensor, torch.Tensor],
-        mask: torch.Tensor | None,
-    ) -> torch.Tensor:
+    def forward(self, hidden: torch.Tensor, rope: Rope, mask: torch.Tensor | None) -> torch.Tensor:
         hidden = hidden + self.attn(self.attn_norm(hidden), rope, mask)
         return hidden + self.mlp(self.mlp_norm(hidden))
 
 
 class ModernBert(nn.Module):
-    """`transformers.ModernBertModel` in eval with sdpa attention: the same parameter names, the
-    same call (`input_ids`, a 2-D padding `attention_mask` or transformers' dict of 4-D masks per
-    layer type, `position_ids`) and the same `last_hidden_state`."""
+    """`transformers.ModernBertModel` in eval with sdpa attention: the same parameter names, call
+    (a 2-D padding mask, or a dict of 4-D masks per layer type) and `last_hidden_state`."""
 
     def __init__(self, config: Config) -> None:
         super().__init__()
         self.config = config
         self.embeddings = Embeddings(config)
-        self.layers = nn.ModuleList(Layer(config, i) for i in range(config.num_hidden_layers))
-        self.final_norm = nn.LayerNorm(
-            config.hidden_size, eps=config.norm_eps, bias=config.norm_bias
-        )
-        self.compute_dtype = torch.float32
-        """What the attention runs in: bf16 once `bf16.lower_guarded` made the linear layers bf16;
-        the residual stream and the norms stay fp32 either way."""
+        self.layers = nn.ModuleList(Layer(config, i) for i in range(len(config.layer_types)))
+        self.final_norm = config.layer_norm()
+        self.compute_dtype = torch.float32  # bf16 once `lower_guarded` made the linears bf16
         dim = config.head_dim
         for kind, theta in config.rope_theta:
             steps = torch.arange(0, dim, 2, dtype=torch.float, device="cpu")
@@ -279,9 +262,7 @@ class ModernBert(nn.Module):
             hidden = layer(hidden, rope[kind], masks[kind])
         return Output(self.final_norm(hidden))
 
-    def _rope(
-        self, hidden: torch.Tensor, position_ids: torch.Tensor, kind: str
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def _rope(self, hidden: torch.Tensor, position_ids: torch.Tensor, kind: str) -> Rope:
         inv_freq: torch.Tensor = getattr(self, f"{kind}_inv_freq")
         freqs = position_ids[..., None].float() * inv_freq.to(device=hidden.device)
         angles = torch.cat((freqs, freqs), dim=-1)
@@ -317,8 +298,7 @@ class ModernBert(nn.Module):
         return mask.to(self.compute_dtype)
 
     def _attention_dtype(self, hidden: torch.Tensor) -> torch.dtype:
-        """The dtype sdpa sees its queries in: autocast's where it is on, else the linear
-        layers' (`compute_dtype`)."""
+        """The dtype sdpa sees its queries in: autocast's where it is on, else `compute_dtype`."""
         kind = hidden.device.type
         if torch.is_autocast_enabled(kind):
             return torch.get_autocast_dtype(kind)
@@ -326,8 +306,7 @@ class ModernBert(nn.Module):
 
 
 def additive(mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
-    """A boolean attention mask (True: may attend) as the additive one sdpa would make of it on
-    every call (0 or -inf, in the queries' dtype); float masks pass as they are."""
+    """A boolean mask (True: may attend) as the additive one sdpa would make of it on every call."""
     if mask is None or mask.dtype != torch.bool:
         return mask
     return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(
@@ -342,20 +321,14 @@ def build_encoder(config: Config) -> ModernBert:
 
 
 def load(module: nn.Module, state: Mapping[str, torch.Tensor]) -> None:
-    """Assign `state`'s tensors to `module` (strictly: every key, no extras, same shapes); the
-    tensors become the parameters, so they are never copied."""
+    """Assign `state`'s tensors to `module`, strictly: they become its parameters, uncopied."""
     module.load_state_dict(state, strict=True, assign=True)
 
 
 class Precision(NamedTuple):
-    """What loading an encoder in a precision did (`at_precision`)."""
-
-    amp_dtype: torch.dtype
-    """The autocast dtype of a pass (`autocast`): CUDA's bf16 or fp16, else fp32 (none)."""
+    amp_dtype: torch.dtype  # a pass's autocast dtype: CUDA's bf16 or fp16, else fp32 (none)
     linears: int8.Quantised
-    """How many of the encoder's linear layers run int8 (none outside `int8`)."""
-    lowered: Lowered | None
-    """Under bf16 on a CPU: whether the encoder kept its bf16 weights after the probe."""
+    lowered: Lowered | None  # under bf16 on a CPU: whether bf16 passed the probe
 
 
 def at_precision(
@@ -365,9 +338,8 @@ def at_precision(
     probe: Callable[[], torch.Tensor],
     others: tuple[nn.Module, ...] = (),
 ) -> Precision:
-    """Put a loaded `encoder` in `precision` (resolved, not `auto`), checked on `probe` (option
-    probabilities through it): int8 linear layers, or bf16 ones on a CPU (`others`' too: Laya's
-    head), where CUDA autocasts instead. The scorers reading its output stay fp32."""
+    """A loaded `encoder` in `precision` (resolved), checked on `probe`: int8 linear layers, or
+    bf16 ones on a CPU (`others`' too), where CUDA autocasts. The scorers stay fp32."""
     cpu_bf16 = precision == "bf16" and device.type == "cpu"
     return Precision(
         torch.float32 if cpu_bf16 else AUTOCAST.get(precision, torch.float32),
@@ -387,7 +359,72 @@ def probe_rows(
 
 
 def autocast(device: torch.device, dtype: torch.dtype) -> AbstractContextManager[object]:
-    """Autocast to `dtype` on `device` (CUDA's bf16, fp16); none for fp32."""
     if dtype == torch.float32:
         return nullcontext()
     return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+class HasPrecision(Protocol):
+    linears: int8.Quantised
+    lowered: Lowered | None
+
+
+M = TypeVar("M", bound=HasPrecision)
+
+
+class Checkpoints(Generic[M]):
+    """A Laya or Von engine's checkpoints by key, each loaded once, by `spec.preload` or the
+    first thread to ask, and reported; and the options both engines read."""
+
+    def __init__(
+        self,
+        engine: str,
+        spec: EngineSpec,
+        report: Callable[[CheckpointLoad], None],
+        load: Callable[[str, torch.device, str, str | None], M],
+        *,
+        keys: Sequence[str],
+        on_cuda: str,
+    ) -> None:
+        calibrations = spec.options.get("calibrations", {})
+        if not isinstance(calibrations, dict) or not all(
+            key in keys and isinstance(path, str) for key, path in calibrations.items()
+        ):
+            raise ValueError(
+                f"{engine} engine option calibrations must map checkpoint keys {list(keys)} "
+                "to files"
+            )
+        self.long_states = spec.options.get("long_states", "cut")
+        if self.long_states not in LONG_STATES:
+            raise ValueError(f"{engine} engine option long_states must be one of {LONG_STATES}")
+        self.device = torch.device(spec.device)
+        self._engine, self._report, self._load = engine, report, load
+        self._paths, self._calibrations = dict(spec.checkpoints), calibrations
+        # `on_cuda`: what `auto` means on a GPU, the precision the engine's upstream runs there
+        self._precision = engine_precision(spec.options, spec.device, on_cuda=on_cuda)
+        self._loaded: dict[str, M] = {}
+        self._lock = threading.Lock()
+        for key in spec.preload:
+            self(key)
+
+    def __call__(self, key: str) -> M:
+        loaded = self._loaded.get(key)
+        if loaded is not None:
+            return loaded
+        if key not in self._paths:
+            raise ValueError(f"{self._engine} checkpoint {key!r} is not configured")
+        with self._lock:
+            if key not in self._loaded:
+                path, calibration = self._paths[key], self._calibrations.get(key)
+                loaded = self._load(path, self.device, self._precision.precision, calibration)
+                self._report(
+                    checkpoint_load(key, path, self._precision, loaded.linears, loaded.lowered)
+                )
+                self._loaded[key] = loaded
+            return self._loaded[key]
+
+    def refuse_cuts(self, cuts: Sequence[Cut], reads: str) -> None:
+        """Under `long_states=refuse`, the 422 for the question whose state was cut most."""
+        if cuts and self.long_states == "refuse":
+            tightest = min(cuts, key=lambda cut: cut.read)
+            raise state_too_long(tightest.total, tightest.question, tightest.read, reads)

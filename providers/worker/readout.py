@@ -18,8 +18,7 @@ from decidealot.contract import (
     ScoreQuestion,
 )
 
-ConfidenceRule = Callable[[Sequence[float]], float]
-"""Probabilities -> confidence in [0, 1]: each provider keeps its upstream's rule."""
+ConfidenceRule = Callable[[Sequence[float]], float]  # each provider keeps its upstream's
 
 
 def softmax(logits: Sequence[float], temperature: float = 1.0) -> list[float]:

@@ -1,9 +1,7 @@
 """A checkpoint's `tokenizer.json` through the `tokenizers` library alone, as transformers'
-`PreTrainedTokenizerFast` encodes and decodes it: loading that imported most of transformers (a
-second or more of a worker's start). What transformers does that changes ids is applied here
-too: no truncation, no padding, the special tokens `tokenizer_config.json` (or a legacy
-`special_tokens_map.json`) names, and, for non-BPE models, `clean_up_tokenization_spaces` on
-decode (tests/worker/test_modernbert.py compares both).
+`PreTrainedTokenizerFast` encodes and decodes it (loading that imported most of transformers, a
+second or more of a worker's start), with what transformers does that changes ids
+(tests/worker/test_modernbert.py compares both).
 """
 
 from __future__ import annotations
@@ -16,7 +14,6 @@ from tokenizers import Tokenizer
 
 from decidealot.providers.json_files import read_json_object
 
-SPECIAL_TOKENS_MAP = "special_tokens_map.json"
 ROLES = ("cls_token", "sep_token", "pad_token", "mask_token", "unk_token", "bos_token", "eos_token")
 
 
@@ -36,9 +33,8 @@ def _read(path: Path) -> dict[str, object]:
 
 
 class FastTokenizer:
-    """A tokenizer folder: `__call__` returning `{"input_ids": ...}` for a text or a list of
-    texts, `decode`, and each named special token as an attribute (`mask_token`,
-    `mask_token_id`, ... for every role of `ROLES`; None when the folder names none)."""
+    """A tokenizer folder, called as transformers' is (`{"input_ids": ...}`), with each special
+    token of `ROLES` and its id as attributes (`mask_token`, `mask_token_id`; None if unnamed)."""
 
     mask_token: str
     sep_token: str
@@ -48,7 +44,6 @@ class FastTokenizer:
     pad_token_id: int | None
 
     def __init__(self, directory: Path, *, required: Sequence[str] = ()) -> None:
-        """Load `directory`; `required` roles (e.g. `"mask_token"`) must be named."""
         try:
             self._tokenizer = Tokenizer.from_file(str(directory / "tokenizer.json"))
         except Exception as exc:  # tokenizers raises its own Exception subclass
@@ -58,7 +53,9 @@ class FastTokenizer:
         config = _read(directory / "tokenizer_config.json")
         # transformers reads special_tokens_map.json only for configs without
         # added_tokens_decoder, and then its entries win.
-        legacy = {} if "added_tokens_decoder" in config else _read(directory / SPECIAL_TOKENS_MAP)
+        legacy = (
+            {} if "added_tokens_decoder" in config else _read(directory / "special_tokens_map.json")
+        )
         self._clean_up = bool(config.get("clean_up_tokenization_spaces", False)) and (
             type(self._tokenizer.model).__name__ != "BPE"
         )
@@ -100,9 +97,8 @@ class FastTokenizer:
 
 
 class CachedIds:
-    """Token ids (no special tokens) of texts that recur from request to request (questions'
-    instructions and options: tokenising a three-question request's dozen texts cost three
-    times its state's), at most `size` texts (emptied when full). Callers never change them."""
+    """Token ids of texts that recur across requests (a three-question request's dozen texts
+    cost three times its state to tokenise), at most `size` (emptied when full)."""
 
     def __init__(self, tokenizer: FastTokenizer, size: int = 4096) -> None:
         self._tokenizer = tokenizer

@@ -389,7 +389,7 @@ def test_laya_files_are_refused_and_clamped_as_laya_does(payload: Any) -> None:
     installs the temperatures ours apply."""
     from types import SimpleNamespace
 
-    from decidealot.providers.laya.calibration import CalibrationError, parse
+    from decidealot.providers.laya.calibration import CalibrationError, Temperatures, parse
 
     agent = SimpleNamespace(model_id_or_path=None, subfolder=None, cfg=None)
     with warnings.catch_warnings():
@@ -400,6 +400,6 @@ def test_laya_files_are_refused_and_clamped_as_laya_does(payload: Any) -> None:
             with pytest.raises(CalibrationError):
                 parse(payload)
             return
-    by_type, by_options = parse(payload).clamped()
-    assert by_type == agent.temperature
-    assert by_options == agent.temperature_by_options
+    applied = Temperatures.of(parse(payload))
+    assert applied.by_type == agent.temperature
+    assert applied.by_options == agent.temperature_by_options

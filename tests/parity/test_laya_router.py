@@ -6,6 +6,7 @@ import asyncio
 import random
 import subprocess
 import sys
+from collections.abc import Iterable
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,8 @@ from decidealot.providers.laya.gateway.router import (
     AUTO_SELECTORS,
     TYPED_DECISION_WORKFLOWS,
     checkpoint_for,
-    route,
+    detect_checkpoint,
+    named_checkpoint,
     workflow_of,
 )
 from decidealot.service import build_providers, lane_of
@@ -302,6 +304,11 @@ CONTRACT_MODELS = [
     ("laya-multilingual", "Laya multilingual checkpoint for other languages and scripts."),
     ("laya-typed-decisions", "Laya checkpoint tuned for structured workflow decisions."),
 ]
+
+
+def route(selector: str, state: Any, names: Iterable[str]) -> str:
+    """What `checkpoint_for` answers, off the loop."""
+    return named_checkpoint(selector, names) or detect_checkpoint(state)
 
 
 def _request(model: str, state: Any, names: list[str]) -> SystemOneRequest:

@@ -50,16 +50,6 @@ SAME_ROLE_FUNCTIONS: dict[str, tuple[frozenset[str], str]] = {
         ),
         "each program's entry point",
     ),
-    "answer": (
-        frozenset(
-            {
-                "decidealot.providers.clm.worker.engine",
-                "decidealot.providers.laya.worker.readout",
-                "decidealot.providers.von.worker.readout",
-            }
-        ),
-        "each provider's contract answer from its own logits (CLM's readout lives in its engine)",
-    ),
 }
 """Function name -> (the modules allowed to define it, why). Besides these, one name in parallel
 provider folders (the same module path under providers/<p>/, e.g. each engine's `create`) is

@@ -143,14 +143,14 @@ def test_huge_batches_split_into_passes_with_equal_answers(
     prepared = [engine.prepare(job) for job in _jobs("english", 6, seed=7)]
     one_pass = run_together(engine, prepared)
     calls: list[int] = []
-    forward = engine._forward
+    forward = engine.forward
 
     def counting_forward(checkpoint: object, rows: list[object]) -> list[list[float]]:
         calls.append(len(rows))
         return forward(checkpoint, rows)  # type: ignore[arg-type]
 
     monkeypatch.setattr(engine, "shape", engine.shape._replace(max_tokens=400))
-    monkeypatch.setattr(engine, "_forward", counting_forward)
+    monkeypatch.setattr(engine, "forward", counting_forward)
     split = run_together(engine, prepared)
     assert len(calls) > 1 and sum(calls) == sum(len(p.rows) for p in prepared)
     for a, b in zip(one_pass, split, strict=True):
@@ -165,13 +165,13 @@ def test_cpu_passes_hold_rows_of_similar_length(
 ) -> None:
     prepared = [engine.prepare(job) for job in _jobs("english", 8, seed=3)]
     passes: list[list[int]] = []
-    forward = engine._forward
+    forward = engine.forward
 
     def recording_forward(checkpoint: object, rows: list[object]) -> list[list[float]]:
         passes.append([len(row.ids) for row in rows])  # type: ignore[attr-defined]
         return forward(checkpoint, rows)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(engine, "_forward", recording_forward)
+    monkeypatch.setattr(engine, "forward", recording_forward)
     run_together(engine, prepared)
     lengths = [n for one_pass in passes for n in one_pass]
     assert lengths == sorted(len(row.ids) for job in prepared for row in job.rows)

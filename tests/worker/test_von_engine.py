@@ -202,10 +202,10 @@ def test_a_checkpoint_loads_once_under_concurrent_first_jobs(
 ) -> None:
     from decidealot.providers.von.worker import engine as engine_module
 
-    loads: list[Path] = []
+    loads: list[str] = []
     model_class = engine_module.VonModel
 
-    def slow_model(directory: Path, *args: Any) -> Any:
+    def slow_model(directory: str, *args: Any) -> Any:
         loads.append(directory)
         time.sleep(0.2)  # both threads ask while the first load is under way
         return model_class(directory, *args)
@@ -220,7 +220,7 @@ def test_a_checkpoint_loads_once_under_concurrent_first_jobs(
     job = _job("a state", {"n": {"type": "noul"}})
     with ThreadPoolExecutor(2) as pool:
         prepared = list(pool.map(lambda _: engine.prepare(job), range(2)))
-    assert loads == [von_dirs["plain"]]
+    assert loads == [str(von_dirs["plain"])]
     assert len(run_together(engine, prepared)) == 2
 
 
@@ -494,3 +494,27 @@ async def test_provider_answers_through_a_real_worker(
         assert type(response.answers[name]) is type(answer)
         assert _flat(response.answers[name]) == pytest.approx(_flat(answer), abs=1e-6)
     assert response.usage.input_tokens == direct.input_tokens
+
+
+def test_state_free_rows_are_cached_least_recently_used_first_out(
+    von_dirs: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from decidealot.providers.von.worker import model as model_module
+
+    monkeypatch.setattr(model_module, "SHARED_CACHE_ROWS", 2)
+    model = _engine(von_dirs["plain"])._model("von-1.1")
+    passes: list[tuple[int, ...]] = []
+    score = model._pass
+
+    def counting(rows: list[Any]) -> list[torch.Tensor]:
+        passes.extend(tuple(row.ids) for row in rows)
+        return score(rows)
+
+    monkeypatch.setattr(model, "_pass", counting)
+    ids = {name: model.tokenizer(name)["input_ids"] for name in ("a b", "c d", "e f")}
+    rows = {name: model_module.VonRow(row, [1], shared=True) for name, row in ids.items()}
+    first = model.logits([rows["a b"]])[0]
+    for name in ("c d", "a b", "e f", "a b", "c d"):  # "c d" is the least recently used at "e f"
+        model.logits([rows[name]])
+    assert passes == [tuple(rows[name].ids) for name in ("a b", "c d", "e f", "c d")]
+    assert torch.equal(model.logits([rows["a b"]])[0], first)

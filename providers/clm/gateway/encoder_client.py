@@ -1,10 +1,8 @@
 """The client for CLM's OpenAI-compatible embeddings endpoint (gateway side, no torch).
 
-Only the operator's URL is contacted. Distinct inputs go in chunks of `MAX_INPUTS_PER_CALL`,
-one call at a time, as base64 float32 (float lists are accepted too); every vector must have
-exactly `width` finite values. Timeouts, transport errors, 429 and 5xx are retried for up to
-`retry_seconds`, anything else fails at once; every failure is `ProviderUnavailable` with its
-fixed message. Candidate vectors may be cached (TTL + LRU); state vectors never are.
+Only the operator's URL is contacted. Every failure is `ProviderUnavailable` with its fixed
+message; the log line says why, never with a text. Option texts' vectors may be cached (TTL +
+LRU); state vectors never are.
 """
 
 from __future__ import annotations
@@ -67,10 +65,8 @@ class _EncoderFailure(Exception):
 
 
 class Embedded(msgspec.Struct, frozen=True):
-    rows: list[bytes]
-    """One float32 row (host byte order) per input text, in input order."""
-    prompt_tokens: int
-    """The encoder's reported usage for the calls actually made (0 when all were cached)."""
+    rows: list[bytes]  # a float32 row (host byte order) per input text, in order
+    prompt_tokens: int  # the encoder's usage for the calls made (0 when all were cached)
 
 
 class EncoderClient:
@@ -90,8 +86,7 @@ class EncoderClient:
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ):
-        """`clock` times the cache's entries and `sleep` waits out each retry's backoff: a test
-        moves the clock past the TTL, and records the backoffs, instead of waiting."""
+        """`clock` and `sleep`: a test moves the cache past its TTL and records the backoffs."""
         self._endpoint = embeddings_endpoint(url)
         self._model = model
         self.width = width
@@ -108,9 +103,6 @@ class EncoderClient:
         self.answered_last_call: bool | None = None
         """Whether the encoder's last call (retries included) answered; None before any."""
 
-    def __repr__(self) -> str:  # never shows the key
-        return f"EncoderClient(model={self._model!r}, width={self.width})"
-
     async def start(self) -> None:
         if self._client is None:
             self._client = httpx.AsyncClient(headers=self._headers, timeout=self._timeout)
@@ -121,8 +113,7 @@ class EncoderClient:
             await client.aclose()
 
     async def embed(self, texts: Sequence[str], *, cache: bool) -> Embedded:
-        """Vectors for `texts`; with `cache`, cached rows are reused and misses stored (without
-        it, in a dict forgotten on return)."""
+        """Vectors for `texts`, each distinct text fetched once; `cache`: through the cache."""
         store: MutableMapping[str, bytes] = self._cache if cache and self._cache is not None else {}
         unique = dict.fromkeys(texts)
         found = {text: row for text in unique if (row := store.get(text)) is not None}

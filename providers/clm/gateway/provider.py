@@ -1,11 +1,9 @@
 """The CLM provider (gateway side; never imports torch, even indirectly).
 
 `accept` renders, bounds and de-duplicates a request's texts before any wait (422s, never
-truncation); `make` embeds each distinct text once (option texts through the cache), and the
-job carries each distinct vector once (layout in `decidealot.providers.clm.worker.engine`).
-By default `make` runs inside the residency hold, on the lane CLM shares with Laya and Von
-(`in_lane`), so the encoder, which may share the GPU or the cores, never overlaps another
-local model's pass; `clm_parallel_with_local_models` runs it before the hold, off the lane.
+truncation). By default `make` embeds them inside the residency hold, on the lane CLM shares
+with Laya and Von, so the encoder, which may share the GPU or the cores, never overlaps another
+local model's pass (`clm_parallel_with_local_models`: before the hold, off the lane).
 """
 
 from __future__ import annotations
@@ -22,8 +20,7 @@ from decidealot.providers.clm.render import render_questions
 from decidealot.providers.engine.protocol import MAX_FRAME_BYTES
 
 CHECKPOINT = "clm-0.1-8b"
-QWEN3_8B_WIDTH = 4096
-"""The contract: exactly 4096 floats per input, Qwen3-8B's hidden size."""
+QWEN3_8B_WIDTH = 4096  # the contract: exactly 4096 floats per input, Qwen3-8B's hidden size
 MAX_VECTORS = MAX_FRAME_BYTES // (2 * QWEN3_8B_WIDTH * 4)
 """Distinct vectors one request may carry (32768, 512 MiB of float32): half a worker frame,
 so no request reaches the frame limit, whatever DECIDEALOT_MAX_REQUEST_TOKENS allows."""
@@ -31,11 +28,10 @@ _DIGITS = b"0123456789"
 
 
 def estimated_tokens(text: str) -> int:
-    """The encoder tokens `text` costs, estimated from its UTF-8 bytes: every digit one token
-    (Qwen splits numbers into single digits), every other two bytes one token, plus one for the
-    end of the text. Every byte-level BPE token holds at least one byte, so this is never below
-    half of Qwen3's true count; ordinary text runs 2.5 to 4.5 bytes a token, so for prose in
-    any language, JSON and code it is above the true count (tests/unit/test_clm_tokens.py)."""
+    """The encoder tokens `text` costs, from its UTF-8 bytes: a digit one (Qwen splits numbers
+    into digits), two other bytes one, plus one. Never below half of Qwen3's true count (a BPE
+    token holds a byte at least); above it for prose in any language, JSON and code, which run
+    2.5 to 4.5 bytes a token (tests/unit/test_clm_tokens.py)."""
     raw = text.encode()
     rest = len(raw.translate(None, _DIGITS))
     return 1 + (len(raw) - rest) + -(-rest // 2)
@@ -44,9 +40,8 @@ def estimated_tokens(text: str) -> int:
 def encoder_texts(
     request: SystemOneRequest, max_text_bytes: int
 ) -> tuple[list[str], list[str], list[int]]:
-    """A request's state and option texts, each distinct text once, and `Job.vector_index`;
-    raises `RequestInvalid` for a text over `max_text_bytes` (never truncated: the encoder
-    only ever sees whole texts). CPU work, so callers run it off the event loop."""
+    """A request's state and option texts, each distinct text once, and `Job.vector_index`; a
+    text over `max_text_bytes` is refused, never truncated. CPU work: run it off the loop."""
     states: dict[str, int] = {}
     options: dict[str, int] = {}
     texts: list[list[int]] = []  # per question: its state text, then its option texts
@@ -71,27 +66,23 @@ def encoder_texts(
 
 @dataclass(frozen=True)
 class ClmJobToMake:
-    """An accepted request (`decidealot.protocols.JobToMake`), each distinct text once:
-    `make` calls the encoder."""
+    """An accepted request (`decidealot.protocols.JobToMake`), each distinct text once."""
 
     request: SystemOneRequest
     encoder: EncoderClient
     in_lane: bool
     states: list[str]
     options: list[str]
-    index: list[int]
-    """`Job.vector_index`: the state texts' rows first, then the option texts'."""
+    index: list[int]  # `Job.vector_index`: the state texts' rows, then the option texts'
 
     @property
     def cost(self) -> int:
-        """Model tokens as `usage.input_tokens` counts them, at most: every distinct text sent
-        to the encoder (a cold cache), plus one head row per distinct vector."""
+        """At most the `usage.input_tokens` this costs: every distinct text encoded (a cold
+        cache), plus one head row per distinct vector."""
         texts = (*self.states, *self.options)
         return sum(map(estimated_tokens, texts)) + len(texts)
 
     async def make(self) -> MadeJob:
-        """The job, each distinct vector once; the encoder's prompt tokens are the gateway's
-        share of `usage.input_tokens`."""
         states = await self.encoder.embed(self.states, cache=False)
         options = await self.encoder.embed(self.options, cache=True)
         job = Job(
@@ -107,9 +98,8 @@ class ClmJobToMake:
 
 @dataclass(eq=False)
 class ClmProvider:
-    """Local CLM: the encoder calls in the gateway, the head in the worker. `in_lane`: the
-    encoder calls run inside the residency hold, on the lane; `max_request_tokens` bounds a
-    request's `ClmJobToMake.cost` (0: no bound)."""
+    """Local CLM: the encoder calls in the gateway, the head in the worker; `max_request_tokens`
+    bounds a request's `ClmJobToMake.cost` (0: no bound)."""
 
     name = "clm"
     local = True
@@ -131,7 +121,6 @@ class ClmProvider:
         await self.runtime.unload()
 
     def status_details(self) -> dict[str, Json]:
-        """Whether the encoder answered its last call (`GET /v1/status`)."""
         return {"encoder_answered_last_call": self.encoder.answered_last_call}
 
     async def models(self) -> list[ModelInfo]:

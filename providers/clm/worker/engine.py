@@ -1,13 +1,9 @@
 """CLM's worker engine: the projection heads over the vectors the gateway sends, and the readout.
 
-`CLM_v0.1-8B.pt` is a `torch.save` dict of `state_head` and `action_head` (two same-shaped
-MLPs, parameter names as upstream's so its files load strictly), `logit_scale` and `cfg`.
-`Job.vectors` holds each distinct text's vector once (float32 in host byte order: gateway and
-worker share a host) and `Job.vector_index` which rows each question uses, so 400 questions
-over the same 255 labels carry 255 option rows, not 102,000. Rows are L2-normalised in numpy
-with upstream's exact float32 operations (at scale 100 a last-bit difference in the norm shows
-in the probabilities), and the readout is `softmax(scale * cos / temperature)` as in upstream
-`contrastive-lm` 0.1.0.
+`Job.vectors` holds each distinct text's vector once, float32 in host byte order (gateway and
+worker share a host). Rows are L2-normalised in numpy with upstream's exact float32 operations
+(at scale 100 a last-bit difference in the norm shows in the probabilities); the readout is
+`softmax(scale * cos / temperature)` as in upstream `contrastive-lm` 0.1.0.
 """
 
 from __future__ import annotations
@@ -23,7 +19,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from decidealot.contract import Answer, Question, ScoreQuestion
+from decidealot.contract import Answer, ScoreQuestion
 from decidealot.jobs import Decision, EngineSpec, Job
 from decidealot.providers.clm.render import option_keys, score_legend
 from decidealot.providers.engine.protocol import PassShape, ReportLoad, ignore_load
@@ -31,8 +27,7 @@ from decidealot.providers.worker.readout import answer_from_probabilities, first
 
 FLOAT32_BYTES = 4
 _NORM_EPS = 1e-12  # upstream's l2: v / (|v| + 1e-12)
-MAX_SCALE = 100.0
-"""Upstream caps exp(logit_scale) at 100."""
+MAX_SCALE = 100.0  # upstream caps exp(logit_scale) at 100
 
 _ACTIVATIONS: dict[str, type[nn.Module]] = {"gelu": nn.GELU, "relu": nn.ReLU, "silu": nn.SiLU}
 
@@ -78,17 +73,13 @@ class Head(nn.Module):
 
 @dataclass(frozen=True)
 class HeadPair:
-    """Both towers of one checkpoint, ready on their device."""
-
     state: Head
     action: Head
     scale: float
-    """min(exp(logit_scale), 100)."""
     cfg: HeadConfig
 
 
 def load_heads(path: Path, device: str) -> HeadPair:
-    """Load a head file weights-only; raise HeadFileError for anything unusable."""
     try:
         data = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
@@ -135,21 +126,15 @@ def _tower(data: dict[str, object], key: str, cfg: HeadConfig, name: str, device
 
 @dataclass(frozen=True)
 class ClmPreparedJob:
-    """One job's vectors, checked against its questions, waiting for a pass. The job is one
-    row of a pass: the heads are tiny, and a job's answers then match upstream's, and its own
-    answers alone, to the bit."""
+    """One job's vectors, checked against its questions. A job is one row of a pass: the heads
+    are tiny, and its answers then match upstream's, and its own alone, to the bit."""
 
-    tokens: int
-    """Distinct vectors this job adds to a pass."""
-    group: str
-    """The checkpoint key: jobs of one head share a pass."""
+    tokens: int  # the distinct vectors it adds to a pass
+    group: str  # the checkpoint key
     job: Job
-    vectors: torch.Tensor
-    """Unit-length float32 rows, each distinct vector once."""
-    state_rows: torch.Tensor
-    """Per question, its state's row in `vectors`."""
-    option_rows: torch.Tensor
-    """Every question's option rows in `vectors`, question after question."""
+    vectors: torch.Tensor  # unit-length rows, each distinct vector once
+    state_rows: torch.Tensor  # per question, its state's row in `vectors`
+    option_rows: torch.Tensor  # every question's option rows, question after question
     option_counts: list[int]
     input_tokens = 0  # the head reads vectors; the gateway adds the encoder's prompt tokens
 
@@ -165,14 +150,6 @@ def confidence(probs: Sequence[float]) -> float:
     best = first_max(probs)
     rest = [p for i, p in enumerate(probs) if i != best]
     return max(0.0, min(1.0, probs[best] - sum(rest) / len(rest)))
-
-
-def answer(question: Question, logits: list[float]) -> Answer:
-    """Upstream's readout; nothing is rounded. A noul's options are `NOUL_KEYS`, [false, true]."""
-    legend = score_legend(question) if isinstance(question, ScoreQuestion) else None
-    return answer_from_probabilities(
-        question, softmax(logits), confidence, true_index=1, legend=legend
-    )
 
 
 class ClmEngine:
@@ -241,17 +218,20 @@ class ClmEngine:
             zip(prepared.job.questions.items(), prepared.option_counts, strict=True)
         ):
             cos = options[option_of[option_at : option_at + count]] @ states[state_of[state_at]]
-            # float32 like upstream, then a float64 softmax
-            logits = (heads.scale * cos / temperature).tolist()
-            answers[name] = answer(question, logits)
+            # float32 like upstream, then a float64 softmax; nothing is rounded. A noul's options
+            # are `NOUL_KEYS`, [false, true].
+            probs = softmax((heads.scale * cos / temperature).tolist())
+            legend = score_legend(question) if isinstance(question, ScoreQuestion) else None
+            answers[name] = answer_from_probabilities(
+                question, probs, confidence, true_index=1, legend=legend
+            )
             option_at += count
         return Decision(model=prepared.group, answers=answers, input_tokens=0)
 
 
 def create(spec: EngineSpec, report: ReportLoad = ignore_load) -> ClmEngine:
-    """Load every head weights-only; a head whose input width is not the encoder's (the
-    gateway's `options["width"]`, 4096 for Qwen3-8B) fails here. A head is not a checkpoint
-    with a precision: it reports no load."""
+    """Every head, weights-only; one whose input is not the encoder's `options["width"]` fails
+    here. A head has no precision to report: it reports no load."""
     width = int(spec.options["width"])
     heads: dict[str, HeadPair] = {}
     for key, path in spec.checkpoints.items():

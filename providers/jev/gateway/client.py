@@ -1,10 +1,8 @@
 """The one HTTP client to TypeSafe: the operator's fixed URL and key, timeouts, bounded retries.
 
-Nothing in a request can reach this module's URL or key. Transient failures are retried, after
-TypeSafe's `retry-after-ms` / `Retry-After` or with backoff, while the retry budget allows: no
-delay starts that would end past it. Every failure is `ProviderUnavailable` with the fixed safe
-message; its log line names the route, the status or error class and TypeSafe's request id,
-never the key or a body (upstream bodies can echo the caller's state).
+Nothing in a request can reach this module's URL or key. No retry's delay starts that would end
+past the retry budget. Every failure is `ProviderUnavailable` with the fixed safe message; its
+log line never names the key or a body (upstream bodies can echo the caller's state).
 """
 
 from __future__ import annotations
@@ -39,8 +37,7 @@ _REQUEST_ID_HEADER = "x-typesafe-request-id"
 
 
 class InvalidReply(Exception):
-    """TypeSafe answered 2xx with a body the contract forbids (raised by the caller's `decode`);
-    the reason quotes no content."""
+    """A 2xx body the contract forbids (the caller's `decode` raises it); quotes no content."""
 
 
 class _Status(Exception):
@@ -70,8 +67,7 @@ class TypeSafeClient:
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        """`sleep` waits out each backoff and `clock` measures the retry budget: a test records
-        the delays and counts them on its clock instead of waiting them out."""
+        """`sleep` and `clock`: a test records the backoffs and spends the budget on its clock."""
         self._base_url = base_url.rstrip("/")
         # httpx.Headers hides `authorization` in its repr, so the key never prints from here.
         self._headers = httpx.Headers(
@@ -86,9 +82,6 @@ class TypeSafeClient:
         self._sleep = sleep
         self._clock = clock
         self._http: httpx.AsyncClient | None = None
-
-    def __repr__(self) -> str:
-        return f"TypeSafeClient(base_url={self._base_url!r})"
 
     async def start(self) -> None:
         if self._http is None:
@@ -182,8 +175,7 @@ def _wait(state: RetryCallState) -> float:
 
 
 def _failure(error: Exception, attempts: int) -> tuple[str, str]:
-    """The failure's metric reason (a small fixed set) and what went wrong, in words that carry
-    no URL, key or body."""
+    """The failure's metric reason and what went wrong, in words with no URL, key or body."""
     tries = f"after {attempts} attempt(s)"
     if isinstance(error, _Status):
         if error.status in (401, 403):

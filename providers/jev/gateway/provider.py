@@ -1,12 +1,9 @@
 """`JevProvider`: TypeSafe's hosted models behind `decidealot.protocols.HostedProvider`.
 
-Jev takes no residency slot and no lane. Its catalog is TypeSafe's, names as listed (local
-selectors win a collision in the gateway's catalog), cached for the contract's minute; callers
-share one refresh, and a failed refresh fails them all (nothing stale: unavailable is a 503).
-Requests are the body typesafe-sdk 0.7.5 sends (top-level nulls dropped, nulls inside
-`criteria` kept, `config` never sent). Replies decode into the contract's structs (upstream
-extras drop) and are checked against the questions asked, so a caller never gets an answer
-our contract forbids; reasons are fixed phrases because upstream bodies can echo content.
+Its catalog is TypeSafe's, cached for the contract's minute; callers share one refresh, and a
+failed refresh fails them all (nothing stale: unavailable is a 503). Requests are the body
+typesafe-sdk 0.7.5 sends. Replies are checked against the questions asked, so a caller never
+gets an answer our contract forbids; reasons are fixed phrases: upstream bodies can echo content.
 """
 
 from __future__ import annotations
@@ -63,9 +60,6 @@ class JevProvider:
         self._models: list[ModelInfo] = []
         self._fetched_at: float | None = None
         self._refresh: asyncio.Task[list[ModelInfo]] | None = None
-
-    def __repr__(self) -> str:
-        return f"JevProvider(client={self._client!r})"
 
     async def start(self) -> None:
         await self._client.start()

@@ -25,16 +25,13 @@ us) costs more than detecting a short state (about 0.2 ms at 500 characters)."""
 DIRECT_SELECTORS = {f"laya-{key}": key for key in CHECKPOINTS}
 
 TYPED_DECISION_WORKFLOWS = {
-    "agent_trace_observability": frozenset(
-        {"action", "needs_review", "outcome", "risk", "urgency"}
-    ),
-    "customer_service": frozenset({"action", "category", "churn_risk", "needs_human", "urgency"}),
-    "invoice_processing": frozenset(
-        {"discrepancy_severity", "disposition", "duplicate", "matches_order", "urgency"}
-    ),
-    "security_incidents": frozenset(
-        {"credential_compromise", "disposition", "severity", "true_positive", "urgency"}
-    ),
+    workflow: frozenset(questions.split())
+    for workflow, questions in (
+        ("agent_trace_observability", "action needs_review outcome risk urgency"),
+        ("customer_service", "action category churn_risk needs_human urgency"),
+        ("invoice_processing", "discrepancy_severity disposition duplicate matches_order urgency"),
+        ("security_incidents", "credential_compromise disposition severity true_positive urgency"),
+    )
 }
 
 
@@ -45,8 +42,7 @@ def workflow_of(question_names: Iterable[str]) -> str | None:
 
 
 def detect_checkpoint(state: State, leaves: list[str] | None = None) -> str:
-    """`english` or `multilingual` by script and language, as upstream's built-in detection
-    (`leaves`: the state's `lang.text_leaves`, where the caller has them)."""
+    """`english` or `multilingual` by script and language, as upstream's built-in detection."""
     detection = lang.analyse(state, leaves)
     if detection.script == "unknown":
         return FALLBACK
@@ -58,8 +54,7 @@ def detect_checkpoint(state: State, leaves: list[str] | None = None) -> str:
 
 
 def named_checkpoint(selector: str, question_names: Iterable[str]) -> str | None:
-    """The checkpoint the selector or the question set names (a direct selector, a
-    typed-decisions workflow), else None: detection decides."""
+    """The checkpoint a direct selector or a typed-decisions workflow names, else None."""
     direct = DIRECT_SELECTORS.get(selector)
     if direct is not None:
         return direct
@@ -70,15 +65,9 @@ def named_checkpoint(selector: str, question_names: Iterable[str]) -> str | None
     return None
 
 
-def route(selector: str, state: State, question_names: Iterable[str]) -> str:
-    """The checkpoint key (`english`, `multilingual`, `typed-decisions`) for one request."""
-    return named_checkpoint(selector, question_names) or detect_checkpoint(state)
-
-
 async def checkpoint_for(selector: str, request: SystemOneRequest) -> str:
-    """`route` for a request, on the loop unless detection must walk a state costlier than
-    `INLINE_DETECTION_COST` (it reads every line of every string value, as upstream, and a
-    state may be megabytes): then in a thread."""
+    """The checkpoint key for a request, in a thread where detection must walk a state costlier
+    than `INLINE_DETECTION_COST` (every line of every string value, as upstream)."""
     named = named_checkpoint(selector, request.questions)
     if named is not None:
         return named

@@ -1,25 +1,27 @@
 """The Laya worker engine: jobs -> encoder rows -> shared padded forward passes -> answers.
-Padding is masked, so a job's answers do not depend on what it shared passes with."""
+Padding is masked, so a job's answers do not depend on what it shared passes with. The readout
+is upstream `Agent._decode_answers`', unrounded (upstream rounds to 4 decimals)."""
 
 from __future__ import annotations
 
-import threading
+import math
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import cast
 
 import torch
 
-from decidealot.config import LONG_STATES
-from decidealot.contract import Cut, Question
-from decidealot.errors import RequestInvalid, state_too_long
+from decidealot.contract import Answer, Cut, NoulAnswer, Question
+from decidealot.errors import RequestInvalid
 from decidealot.jobs import Decision, EngineSpec, Job
 from decidealot.providers.engine.protocol import PassShape, ReportLoad, ignore_load
 from decidealot.providers.laya import CHECKPOINTS
-from decidealot.providers.laya.worker import readout
-from decidealot.providers.laya.worker.model import PASS_INPUTS, Checkpoint, load_checkpoint
-from decidealot.providers.laya.worker.render import LayaRow, fill, render_heads, state_ids, windows
-from decidealot.providers.worker.precision import checkpoint_load, engine_precision
+from decidealot.providers.laya.calibration import Temperatures
+from decidealot.providers.laya.worker import render
+from decidealot.providers.laya.worker.model import Checkpoint, load_checkpoint
+from decidealot.providers.laya.worker.render import LayaRow, fill
+from decidealot.providers.worker.modernbert import Checkpoints
+from decidealot.providers.worker.readout import answer_from_probabilities, softmax
 
 PASS_TOKEN_LIMIT = 262_144
 """Padded tokens (rows x longest row) above which a turn is cut into several passes."""
@@ -31,12 +33,10 @@ is pure waste there: a turn is cut wherever that saves more padding than this.""
 
 @dataclass(frozen=True, slots=True)
 class LayaPreparedJob:
-    """A job's rendered rows plus what readout needs; its checkpoint is its rows' group. The rows
-    are `windows` runs of one row per question, in question order."""
+    """A job's rows: `windows` runs of one row per question, in question order."""
 
     group: Checkpoint
-    key: str
-    """The checkpoint's key (`english`, ...), which names the answering model."""
+    key: str  # the checkpoint's key (`english`, ...), which names the answering model
     input_tokens: int
     questions: dict[str, Question]
     rows: list[LayaRow]
@@ -45,67 +45,38 @@ class LayaPreparedJob:
 
 
 class LayaEngine:
-    """Serves the three Laya checkpoints; each loads once, at create or on its first job.
-    `prepare` and `forward` may be called from several threads at once."""
+    """Serves the three Laya checkpoints; `prepare` and `forward` may run in several threads."""
 
     def __init__(self, spec: EngineSpec, report: ReportLoad = ignore_load):
         unknown = set(spec.checkpoints) - set(CHECKPOINTS)
         if unknown:
             raise ValueError(f"unknown Laya checkpoint keys: {sorted(unknown)}")
-        self._paths = dict(spec.checkpoints)
-        self._calibrations = calibrations(spec, CHECKPOINTS)
-        self._long_states = spec.options.get("long_states", "cut")
-        if self._long_states not in LONG_STATES:
-            raise ValueError(f"Laya engine option long_states must be one of {LONG_STATES}")
-        self._device = torch.device(spec.device)
-        # On a GPU upstream Laya autocasts to bf16 (its shipped `amp_dtype`): `auto` does too.
-        self._precision = engine_precision(spec.options, spec.device, on_cuda="bf16")
         # On CUDA a pass is worth a large batch: cut only past the token limit.
-        cpu = self._device.type == "cpu"
+        cpu = torch.device(spec.device).type == "cpu"
         self.shape = PassShape(PASS_TOKEN_LIMIT, CPU_PASS_COST if cpu else None)
-        self._loaded: dict[str, Checkpoint] = {}
-        self._load_lock = threading.Lock()
-        self._report = report
-        for key in spec.preload:
-            self._checkpoint(key)
-
-    def _checkpoint(self, key: str) -> Checkpoint:
-        loaded = self._loaded.get(key)
-        if loaded is not None:
-            return loaded
-        if key not in self._paths:
-            raise ValueError(f"Laya checkpoint {key!r} is not configured")
-        with self._load_lock:
-            if key not in self._loaded:
-                path = self._paths[key]
-                loaded = load_checkpoint(
-                    path, self._device, self._precision.precision, self._calibrations.get(key)
-                )
-                self._report(
-                    checkpoint_load(key, path, self._precision, loaded.linears, loaded.lowered)
-                )
-                self._loaded[key] = loaded
-            return self._loaded[key]
+        # On a GPU upstream Laya autocasts to bf16 (its shipped `amp_dtype`): `auto` does too.
+        self._checkpoint = Checkpoints(
+            "Laya", spec, report, load_checkpoint, keys=CHECKPOINTS, on_cuda="bf16"
+        )
 
     def prepare(self, job: Job) -> LayaPreparedJob:
         """One row per question, or under `windows` one per question per window of a state
-        longer than the questions leave room for; refused (`refuse`) or reported (`cuts`)
-        when a row holds only part of the state."""
+        longer than the questions leave room for."""
         checkpoint = self._checkpoint(job.checkpoint)
         tokenizer, specials, budget = checkpoint.tokenizer, checkpoint.specials, checkpoint.budget
 
         def encode(texts: Sequence[str]) -> list[list[int]]:
             return tokenizer(list(texts), add_special_tokens=False)["input_ids"]
 
-        heads = render_heads(job.questions, checkpoint.texts, specials, budget)
-        state = state_ids(job.state, encode, specials)
+        heads = render.render_heads(job.questions, checkpoint.texts, specials, budget)
+        state = render.state_ids(job.state, encode, specials)
         split = [state]
-        if self._long_states == "windows" and heads:
+        if self._checkpoint.long_states == "windows" and heads:
             if min(head.room for head in heads) == 0:
                 raise RequestInvalid.question(
                     None, "the questions' options fill the whole row, leaving no room for the state"
                 )
-            split = windows(state, heads, budget)
+            split = render.windows(state, heads, budget)
         if len(split) == 1:
             rows = [
                 fill(head, state, isinstance(job.state, list), specials, budget) for head in heads
@@ -116,17 +87,14 @@ class LayaEngine:
                 fill(head, ids, False, specials, budget) for ids in encode(texts) for head in heads
             ]
         cuts = _cuts(list(job.questions), rows, len(split), len(state))
-        if cuts and self._long_states == "refuse":
-            tightest = min(cuts, key=lambda cut: cut.read)
-            reads = f"laya-{job.checkpoint}'s {budget.max_len}-token rows"
-            raise state_too_long(tightest.total, tightest.question, tightest.read, reads)
+        self._checkpoint.refuse_cuts(cuts, f"laya-{job.checkpoint}'s {budget.max_len}-token rows")
         tokens = sum(len(row.ids) for row in rows)
         return LayaPreparedJob(
             checkpoint, job.checkpoint, tokens, job.questions, rows, len(split), cuts
         )
 
     def forward(self, group: Hashable, rows: Sequence[LayaRow]) -> list[list[float]]:
-        return self._forward(cast(Checkpoint, group), rows)
+        return cast(Checkpoint, group).forward(rows)
 
     def finish(self, prepared: LayaPreparedJob, outputs: Sequence[object]) -> Decision:
         """Each question's answer; over windows, upstream `predict_long`'s deciding window's."""
@@ -134,21 +102,39 @@ class LayaEngine:
         count = len(prepared.questions)
         answers = {}
         for i, (name, question) in enumerate(prepared.questions.items()):
-            per_window = [
-                readout.answer(question, outputs[w * count + i], temperatures)  # type: ignore[arg-type]
-                for w in range(prepared.windows)
-            ]
-            deciding = readout.deciding_window(per_window, question, temperatures)
-            answers[name] = per_window[deciding]
+            qtype = render.question_type(question)
+            per_window = []
+            for w in range(prepared.windows):
+                logits: list[float] = outputs[w * count + i]  # type: ignore[assignment]
+                probs = softmax(logits, temperatures.get(qtype, len(logits)))
+                # a noul's options are [false, true]
+                per_window.append(
+                    answer_from_probabilities(question, probs, entropy_confidence, true_index=1)
+                )
+            answers[name] = per_window[deciding_window(per_window, qtype, temperatures)]
         model = f"laya-{prepared.key}"
         return Decision(model, answers, prepared.input_tokens, prepared.cuts)
 
-    def _forward(self, checkpoint: Checkpoint, rows: Sequence[LayaRow]) -> list[list[float]]:
-        """One padded pass; returns each row's logits trimmed to its own option count."""
-        inputs = pass_inputs(rows, checkpoint.pad_id)
-        out = checkpoint.forward({name: t.to(self._device) for name, t in inputs.items()})
-        values = out.cpu().tolist()
-        return [values[i][: len(row.markers)] for i, row in enumerate(rows)]
+
+def entropy_confidence(probs: Sequence[float]) -> float:
+    """Upstream `confidence_from_probs`: 1 - H(p)/ln k, clipped to [0, 1]; 1.0 below 2 options."""
+    k = len(probs)
+    if k < 2:
+        return 1.0
+    entropy = -sum(p * math.log(min(1.0, max(p, 1e-12))) for p in probs)
+    return min(1.0, max(0.0, 1.0 - entropy / math.log(k)))
+
+
+def deciding_window(per_window: Sequence[Answer], qtype: str, temperatures: Temperatures) -> int:
+    """Which window's answer upstream `Agent.predict_long` keeps: a noul's highest P(true), else
+    the highest `answer_confidence`, compared as upstream reports them (4 decimals)."""
+
+    def key(answer: Answer) -> float:
+        if isinstance(answer, NoulAnswer):
+            return round(answer.noul, 4)
+        return temperatures.answer_confidence(qtype, list(answer.probabilities.values()))
+
+    return max(range(len(per_window)), key=lambda w: key(per_window[w]))
 
 
 def _cuts(names: list[str], rows: list[LayaRow], windows: int, total: int) -> list[Cut]:
@@ -164,32 +150,5 @@ def _cuts(names: list[str], rows: list[LayaRow], windows: int, total: int) -> li
     return cuts
 
 
-def pass_inputs(rows: Sequence[LayaRow], pad_id: int) -> dict[str, torch.Tensor]:
-    """`rows` padded on the right into one pass's `PASS_INPUTS` tensors, on the CPU, each from
-    Python lists in one call (a tensor per row, copied into the pass, cost more)."""
-    lengths = [len(row.ids) for row in rows]
-    counts = [len(row.markers) for row in rows]
-    length, width = max(lengths), max(counts)
-    input_ids = torch.tensor([[*row.ids, *[pad_id] * (length - len(row.ids))] for row in rows])
-    marker_pos = torch.tensor([[*row.markers, *[0] * (width - len(row.markers))] for row in rows])
-    attention = (torch.arange(length)[None, :] < torch.tensor(lengths)[:, None]).long()
-    marker_mask = torch.arange(width)[None, :] < torch.tensor(counts)[:, None]
-    qtype = torch.tensor([row.qtype for row in rows], dtype=torch.long)
-    tensors = (input_ids, attention, marker_pos, marker_mask, qtype)
-    return dict(zip(PASS_INPUTS, tensors, strict=True))
-
-
-def calibrations(spec: EngineSpec, keys: Sequence[str]) -> dict[str, str]:
-    """`spec.options["calibrations"]`: checkpoint key -> the file that replaces its temperatures."""
-    given = spec.options.get("calibrations", {})
-    if not isinstance(given, dict) or not all(
-        key in keys and isinstance(path, str) for key, path in given.items()
-    ):
-        raise ValueError(f"calibrations must map checkpoint keys {list(keys)} to file paths")
-    return dict(given)
-
-
-def create(spec: EngineSpec, report: ReportLoad = ignore_load) -> LayaEngine:
-    """The engine factory `EngineSpec.factory` names (`proc.build_engine` has applied the torch
-    threads)."""
-    return LayaEngine(spec, report)
+create = LayaEngine
+"""The factory `EngineSpec.factory` names."""

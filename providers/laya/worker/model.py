@@ -6,7 +6,7 @@ is our own pre-LN transformer layer, numerically upstream's `nn.TransformerEncod
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,8 +16,7 @@ from torch import nn
 
 from decidealot.providers.json_files import read_json_object
 from decidealot.providers.laya import calibration as calibration_file
-from decidealot.providers.laya.worker.readout import Temperatures
-from decidealot.providers.laya.worker.render import Budget, Specials
+from decidealot.providers.laya.worker.render import Budget, LayaRow, Specials
 from decidealot.providers.worker import modernbert
 from decidealot.providers.worker.bf16 import Lowered
 from decidealot.providers.worker.checkpoint_files import read_safetensors
@@ -125,38 +124,45 @@ class DecisionModel(nn.Module):
         return logits.masked_fill(~marker_mask, MASKED_LOGIT)
 
 
-PASS_INPUTS = ("input_ids", "attention_mask", "marker_pos", "marker_mask", "qtype")
-"""`DecisionModel.forward`'s inputs, by name: what a pass is given."""
-
-
 @dataclass(frozen=True, eq=False)
 class Checkpoint:
-    """Everything one loaded checkpoint needs to render, run and read out. Equal only to
-    itself (hashed by identity): it is the group of its jobs' rows (`LayaPreparedJob.group`)."""
+    """A loaded checkpoint; equal only to itself, as the group of its jobs' rows must be."""
 
     model: DecisionModel
     tokenizer: FastTokenizer
     specials: Specials
     budget: Budget
-    temperatures: Temperatures
+    temperatures: calibration_file.Temperatures
     device: torch.device
     pad_id: int
-    texts: CachedIds
-    """The questions' texts' token ids, kept across requests."""
-    amp_dtype: torch.dtype
+    texts: CachedIds  # the questions' texts' token ids, kept across requests
+    amp_dtype: torch.dtype  # this and the next two: `modernbert.at_precision`'s
     linears: Quantised
     lowered: Lowered | None
-    """`amp_dtype`, `linears`, `lowered`: `modernbert.at_precision`'s."""
 
-    def forward(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
-        """One padded pass: `PASS_INPUTS` tensors on the device -> `[rows, K]` fp32 logits."""
+    def forward(self, rows: Sequence[LayaRow]) -> list[list[float]]:
+        """Each row's option logits, from one pass padded on the right; each input is one
+        tensor made from lists (a tensor per row, copied in, cost more)."""
+        lengths = [len(row.ids) for row in rows]
+        counts = [len(row.markers) for row in rows]
+        length, width = max(lengths), max(counts)
+        ids = [[*row.ids, *[self.pad_id] * (length - len(row.ids))] for row in rows]
+        markers = [[*row.markers, *[0] * (width - len(row.markers))] for row in rows]
+        inputs = {
+            "input_ids": torch.tensor(ids),
+            "attention_mask": torch.tensor([[1] * n + [0] * (length - n) for n in lengths]),
+            "marker_pos": torch.tensor(markers),
+            "marker_mask": torch.arange(width)[None, :] < torch.tensor(counts)[:, None],
+            "qtype": torch.tensor([row.qtype for row in rows], dtype=torch.long),
+        }
         with torch.inference_mode(), modernbert.autocast(self.device, self.amp_dtype):
-            return self.model(**inputs).float()
+            logits = self.model(**{name: t.to(self.device) for name, t in inputs.items()})
+        values = logits.cpu().tolist()
+        return [values[i][: len(row.markers)] for i, row in enumerate(rows)]
 
 
 def probe(model: DecisionModel, specials: Specials, budget: Budget) -> Callable[[], torch.Tensor]:
-    """Option probabilities of random rows with four markers each, through `model`: what the
-    load checks int8 or bf16 against fp32 on."""
+    """What `at_precision` checks int8 or bf16 against fp32 on: random rows' probabilities."""
     ids, markers = modernbert.probe_rows(model.encoder.config, min(budget.max_len, PROBE_LENGTH))
     marker_pos = markers.expand(len(ids), -1).contiguous()
     ids.scatter_(1, marker_pos, specials.mask_id)
@@ -183,8 +189,7 @@ def load_checkpoint(
     precision: str = "fp32",
     calibration: str | Path | None = None,
 ) -> Checkpoint:
-    """The checkpoint in `directory`, its fp16 weights read as fp32, in `precision` (resolved);
-    a `calibration` file (laya's `save_calibration` payload) replaces its temperatures."""
+    """The checkpoint in `directory`, its fp16 weights read as fp32, in `precision` (resolved)."""
     root = Path(directory)
     config = read_json_object(_require(root / "rl_agent_config.json", "its config"), ValueError)
     weights_path = _require(root / "model.safetensors", "its weights")
@@ -197,11 +202,12 @@ def load_checkpoint(
         raise ValueError("rl_agent_config.json: 'encoder' and 'head_layers' are required")
     if config.get("option_layout", "sequential") != "sequential":
         raise ValueError("rl_agent_config.json: only the sequential option layout is supported")
-    temperatures = Temperatures(
+    temperatures = calibration_file.Temperatures(
         config.get("temperature", [1.0, 1.0, 1.0]), config.get("temperature_by_options", {})
     )
     if calibration is not None:
-        temperatures = Temperatures.of(calibration_file.read_calibration(Path(calibration)))
+        payload = calibration_file.read_calibration(Path(calibration))
+        temperatures = calibration_file.Temperatures.of(payload)
 
     encoder_config = modernbert.Config.read(
         _require(encoder_dir / "config.json", "its encoder config")

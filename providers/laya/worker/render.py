@@ -15,11 +15,9 @@ from decidealot.errors import RequestInvalid
 from decidealot.providers.laya.calibration import QTYPE_NAMES
 
 QTYPES = {name: i for i, name in enumerate(QTYPE_NAMES)}
-OPTION_TOKEN_CAP = 48
-"""Upstream keeps the first 48 tokens of each option text (before its marker is prepended)."""
+OPTION_TOKEN_CAP = 48  # upstream keeps an option text's first 48 tokens (before its marker)
 
-Encode = Callable[[Sequence[str]], list[list[int]]]
-"""Tokenise texts without special tokens; one id list per text."""
+Encode = Callable[[Sequence[str]], list[list[int]]]  # texts -> ids, no special tokens
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,8 +38,7 @@ class Budget:
 
 @dataclass(frozen=True, slots=True)
 class LayaRow:
-    """One question's encoder row: token ids, the position of each option's marker, its type,
-    and how many of the state's tokens it holds (`state_read`) of how many (`state_total`)."""
+    """One question's encoder row; it holds `state_read` of the state's `state_total` tokens."""
 
     ids: list[int]
     markers: list[int]
@@ -111,11 +108,7 @@ def _noul_option(label: str, description: Json, default: str) -> str:
 
 
 def question_type(question: Question) -> str:
-    if isinstance(question, ChoiceQuestion):
-        return "choice"
-    if isinstance(question, ScoreQuestion):
-        return "score"
-    return "noul"
+    return type(question).__struct_config__.tag  # type: ignore[return-value]
 
 
 def state_ids(state: State, encode: Encode, specials: Specials) -> list[int]:
@@ -126,8 +119,6 @@ def state_ids(state: State, encode: Encode, specials: Specials) -> list[int]:
 def render_heads(
     questions: dict[str, Question], encode: Encode, specials: Specials, budget: Budget
 ) -> list[LayaHead]:
-    """Each question's head, in `questions` order; `RequestInvalid` names a question whose
-    option markers cannot all fit in `max_len`."""
     mask = specials.mask_text
     heads: list[str] = []
     options: list[list[str]] = []
@@ -178,8 +169,7 @@ def _head(
 def fill(
     head: LayaHead, state: list[int], keep_tail: bool, specials: Specials, budget: Budget
 ) -> LayaRow:
-    """Upstream `build_sequence`: the head, as much of the state as its room holds (its first
-    tokens, or its last with `keep_tail`), `[SEP]`, within `max_len`."""
+    """Upstream `build_sequence`: the head, what its room holds of the state, `[SEP]`."""
     room = head.room
     kept = state[max(0, len(state) - room) :] if keep_tail else state[:room]
     ids = [*head.ids, *kept, specials.sep_id][: budget.max_len]
@@ -187,10 +177,8 @@ def fill(
 
 
 def windows(state: list[int], heads: list[LayaHead], budget: Budget) -> list[list[int]]:
-    """Upstream `Agent.predict_long`'s split with its defaults (`window_budget`): windows of
-    `max(64, max_len - head_max_len - 8)` tokens capped at the smallest room the questions
-    leave, a stride of half a window, the last one reaching the state's end. A state within
-    that room is one window, itself."""
+    """Upstream `Agent.predict_long`'s split with its defaults (`window_budget`), capped at the
+    smallest room the questions leave; the last window reaches the state's end."""
     room = min(head.room for head in heads)
     if len(state) <= room:
         return [state]

@@ -1,26 +1,41 @@
 """The Von engine a worker hosts: jobs -> packed rows (one per question, plus a no-state row per
-zero-shot noul) -> padded forward passes -> answers, the same alone or batched."""
+zero-shot noul) -> padded forward passes -> answers, the same alone or batched.
+
+The readout's arithmetic follows von-sdk 1.3.7 step by step (float32 softmax, then Python sums),
+unrounded like every provider's (upstream rounds what it reports), so probabilities keep summing
+to 1. Confidence (choice and score) is upstream's margin confidence `(K·p_max − 1)/(K − 1)` in
+[0, 1]; `noul` is the calibrated P(true) (upstream's `noul_raw`), not its banded decision.
+"""
 
 from __future__ import annotations
 
-import threading
+import math
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
-from decidealot.config import LONG_STATES
-from decidealot.contract import Answer, ChoiceQuestion, Cut, NoulQuestion, Question
-from decidealot.errors import RequestInvalid, state_too_long
+from decidealot.contract import (
+    Answer,
+    ChoiceAnswer,
+    ChoiceQuestion,
+    Cut,
+    NoulQuestion,
+    Question,
+    ScoreAnswer,
+)
+from decidealot.errors import RequestInvalid
 from decidealot.jobs import Decision, EngineSpec, Job
 from decidealot.providers.engine.protocol import PassShape, ReportLoad, ignore_load
-from decidealot.providers.von.worker import readout, render
+from decidealot.providers.von.calibration import VonCalibration
+from decidealot.providers.von.worker import render
 from decidealot.providers.von.worker.model import CPU_PASS_TOKENS, WINDOW, VonModel, VonRow
-from decidealot.providers.worker.precision import checkpoint_load, engine_precision
+from decidealot.providers.worker.modernbert import Checkpoints
+from decidealot.providers.worker.readout import answer_from_probabilities
 
 DEFAULT_MAX_STATE_TOKENS = WINDOW
 """Upstream's `VON_MAX_STATE_TOKENS` default; `EngineSpec.options["max_state_tokens"]` lowers it."""
+DEFAULT_DEBIAS = 0.7
 
 
 @dataclass(frozen=True)
@@ -29,83 +44,43 @@ class _Plan:
 
     name: str
     question: Question
-    row: int | None
-    """Index of the question's row in its job; None when there is nothing to score."""
-    null_row: int | None
-    """Index of the zero-shot noul's no-state row, when the debias pass runs."""
-    state_tokens: int
-    """Tokens of the fitted state, the temperature map's length feature (1 without a map)."""
-    fitted: str = ""
-    """The fitted state (what `state_tokens` counts)."""
+    row: int | None  # in its job's rows; None: nothing to score
+    null_row: int | None  # a zero-shot noul's state-free row, for the debias
+    state_tokens: int  # the fitted state's, the map's length feature (1 without a map)
+    fitted: str = ""  # the state as the row holds it
 
 
 @dataclass(frozen=True)
 class VonPreparedJob:
-    """A tokenised job, ready to share a forward pass with others of its checkpoint."""
+    """A tokenised job, ready to share a forward pass with others of its checkpoint (`group`)."""
 
-    checkpoint: str
+    group: str
     rows: list[VonRow]
     plans: list[_Plan]
     input_tokens: int
-    group: str
-    cuts: list[Cut]
-    """The questions whose state was cut in the middle."""
+    cuts: list[Cut]  # the questions whose state was cut in the middle
 
 
 class VonEngine:
-    """Serves the checkpoints of one `EngineSpec`; a checkpoint loads once, on first use.
-    `prepare` and `forward` may be called from several threads at once."""
+    """Serves Von's checkpoints; `prepare` and `forward` may run in several threads."""
 
     def __init__(self, spec: EngineSpec, report: ReportLoad = ignore_load):
-        self._checkpoints = {key: Path(path) for key, path in spec.checkpoints.items()}
-        calibrations = spec.options.get("calibrations", {})
-        if not isinstance(calibrations, dict) or not all(
-            key in self._checkpoints and isinstance(path, str) for key, path in calibrations.items()
-        ):
-            raise ValueError("Von engine option calibrations must map checkpoint keys to files")
-        self._calibrations = {key: Path(path) for key, path in calibrations.items()}
-        """Checkpoint key -> the file that replaces its `marker_calibration.json`."""
-        self._device = torch.device(spec.device)
-        self.shape = PassShape(CPU_PASS_TOKENS if self._device.type == "cpu" else None)
+        self.shape = PassShape(CPU_PASS_TOKENS if torch.device(spec.device).type == "cpu" else None)
         max_state_tokens = spec.options.get("max_state_tokens", DEFAULT_MAX_STATE_TOKENS)
         if not isinstance(max_state_tokens, int) or max_state_tokens < 1:
             raise ValueError("Von engine option max_state_tokens must be a positive integer")
         self._max_state_tokens = max_state_tokens
-        self._long_states = spec.options.get("long_states", "cut")
-        if self._long_states not in LONG_STATES:  # `DECIDEALOT_LONG_STATES`, handed over
-            raise ValueError(f"Von engine option long_states must be one of {LONG_STATES}")
         # Upstream Von runs fp32 on a GPU too (von.md): so does `auto` there.
-        self._precision = engine_precision(spec.options, spec.device, on_cuda="fp32")
-        self._models: dict[str, VonModel] = {}
-        self._load_lock = threading.Lock()
-        self._report = report
-        for key in spec.preload:
-            self._model(key)
-
-    def _model(self, checkpoint: str) -> VonModel:
-        model = self._models.get(checkpoint)
-        if model is not None:
-            return model
-        if checkpoint not in self._checkpoints:
-            raise ValueError(f"Von engine has no checkpoint {checkpoint!r}")
-        with self._load_lock:
-            if checkpoint not in self._models:
-                path = self._checkpoints[checkpoint]
-                calibration = self._calibrations.get(checkpoint)
-                model = VonModel(path, self._device, self._precision.precision, calibration)
-                self._report(
-                    checkpoint_load(
-                        checkpoint, str(path), self._precision, model.linears, model.lowered
-                    )
-                )
-                self._models[checkpoint] = model
-            return self._models[checkpoint]
+        self._model = Checkpoints(
+            "Von", spec, report, VonModel, keys=list(spec.checkpoints), on_cuda="fp32"
+        )
 
     def prepare(self, job: Job) -> VonPreparedJob:
         model = self._model(job.checkpoint)
         tokenizer, calibration = model.tokenizer, model.calibration
+        split = calibration.digit_split
         state = render.format_state(job.state)
-        state_ids = render.state_token_ids(tokenizer, state, digit_split=calibration.digit_split)
+        state_ids = render.state_token_ids(tokenizer, state, digit_split=split)
         fitted_tokens: dict[str, int] = {}
         rows: list[VonRow] = []
         plans: list[_Plan] = []
@@ -118,9 +93,7 @@ class VonEngine:
             if not options:
                 plans.append(_Plan(name, question, None, None, 0))
                 continue
-            fixed = render.options_tokens(
-                tokenizer, instructions, options, digit_split=calibration.digit_split
-            )
+            fixed = render.options_tokens(tokenizer, instructions, options, digit_split=split)
             if fixed > WINDOW:
                 raise RequestInvalid.question(
                     name,
@@ -133,93 +106,119 @@ class VonEngine:
             if len(state_ids) > limit:
                 cuts.append(Cut(name, limit, len(state_ids)))
             fitted = render.fit_state(tokenizer, state, state_ids, limit)
-            rows.append(self._row(model, name, fitted, instructions, options))
-            row = len(rows) - 1
-            null_row = None
-            if isinstance(question, NoulQuestion) and not render.noul_options(question)[1]:
-                rows.append(self._row(model, name, "", instructions, options, shared=True))
-                null_row = len(rows) - 1
+            row = len(rows)
+            zero_shot = isinstance(question, NoulQuestion) and not render.noul_options(question)[1]
+            # the question's row, then a zero-shot noul's state-free row (its debias pass)
+            for text, shared in [(fitted, False), ("", True)][: 1 + zero_shot]:
+                packed = render.pack(tokenizer, text, instructions, options, digit_split=split)
+                ids: list[int] = tokenizer(packed)["input_ids"]
+                markers = [t for t, token in enumerate(ids) if token == model.mask_id]
+                if len(markers) != len(options):
+                    raise RequestInvalid.question(
+                        name, "criteria could not be packed as separate options"
+                    )
+                rows.append(VonRow(ids, markers, shared))
+            null_row = row + 1 if zero_shot else None
             if calibration.calibration_map is not None and fitted not in fitted_tokens:
                 fitted_ids = tokenizer(fitted, add_special_tokens=False)["input_ids"]
                 fitted_tokens[fitted] = max(1, len(fitted_ids))
             state_tokens = fitted_tokens.get(fitted, 1)
             plans.append(_Plan(name, question, row, null_row, state_tokens, fitted))
-        if cuts and self._long_states == "refuse":
-            tightest = min(cuts, key=lambda cut: cut.read)
-            reads = f"{job.checkpoint}'s {WINDOW}-token window"
-            raise state_too_long(tightest.total, tightest.question, tightest.read, reads)
+        self._model.refuse_cuts(cuts, f"{job.checkpoint}'s {WINDOW}-token window")
         if rows:
             input_tokens = sum(len(row.ids) for row in rows)
         else:  # upstream's estimate when no pass ran
             input_tokens = max(1, len(state) // 4) + max(1, instruction_chars // 4)
-        return VonPreparedJob(job.checkpoint, rows, plans, input_tokens, job.checkpoint, cuts)
-
-    @staticmethod
-    def _row(
-        model: VonModel,
-        name: str,
-        state: str,
-        instructions: str,
-        options: list[str],
-        *,
-        shared: bool = False,
-    ) -> VonRow:
-        text = render.pack(
-            model.tokenizer, state, instructions, options, digit_split=model.calibration.digit_split
-        )
-        ids: list[int] = model.tokenizer(text)["input_ids"]
-        markers = [t for t, token in enumerate(ids) if token == model.mask_id]
-        if len(markers) != len(options):
-            raise RequestInvalid.question(name, "criteria could not be packed as separate options")
-        return VonRow(ids, markers, shared)
+        return VonPreparedJob(job.checkpoint, rows, plans, input_tokens, cuts)
 
     def forward(self, group: Hashable, rows: Sequence[VonRow]) -> list[torch.Tensor]:
         with torch.inference_mode():
             return self._model(str(group)).logits(rows)
 
     def finish(self, prepared: VonPreparedJob, outputs: Sequence[object]) -> Decision:
-        model = self._model(prepared.checkpoint)
-        logits: list[torch.Tensor] = list(outputs)  # type: ignore[arg-type]
+        model = self._model(prepared.group)
+        answers: dict[str, Answer] = {}
         with torch.inference_mode():
-            answers = {plan.name: self._answer(model, plan, logits) for plan in prepared.plans}
-        return Decision(prepared.checkpoint, answers, prepared.input_tokens, prepared.cuts)
+            for plan in prepared.plans:
+                if plan.row is None:  # upstream's answer where no criteria left nothing to run
+                    if isinstance(plan.question, ChoiceQuestion):
+                        answers[plan.name] = ChoiceAnswer("", 0.0, {})
+                    else:
+                        answers[plan.name] = ScoreAnswer(0.0, 0.0, {}, {})
+                    continue
+                logits = self._logits(model, plan, outputs)
+                scale = max(temperature(logits, plan.state_tokens, model.calibration), 1e-4)
+                probs = torch.softmax(logits / scale, dim=-1).cpu().tolist()
+                # the choice is the raw logits' argmax, which a temperature never moves; options
+                # are packed as [yes, no], so P(true) comes first
+                best = int(torch.argmax(logits).item())
+                answers[plan.name] = answer_from_probabilities(
+                    plan.question, probs, margin_confidence, true_index=0, best=best
+                )
+        return Decision(prepared.group, answers, prepared.input_tokens, prepared.cuts)
 
     def tempered(
         self, prepared: VonPreparedJob, outputs: Sequence[object]
-    ) -> dict[str, tuple[torch.Tensor, int]]:
-        """Each scored question's logits as its temperature divides them (a zero-shot noul's
+    ) -> tuple[torch.Tensor, int]:
+        """A one-question job's logits as its temperature divides them (a zero-shot noul's
         debiased) and its state's tokens, even without a map: what `von calibrate` records."""
-        model = self._model(prepared.checkpoint)
-        logits: list[torch.Tensor] = list(outputs)  # type: ignore[arg-type]
-        found = {}
-        for plan in prepared.plans:
-            if plan.row is None:
-                continue
-            tokens = plan.state_tokens
-            if model.calibration.calibration_map is None:
-                ids = model.tokenizer(plan.fitted, add_special_tokens=False)["input_ids"]
-                tokens = max(1, len(ids))
-            found[plan.name] = (self._logits(model, plan, logits), tokens)
-        return found
+        model = self._model(prepared.group)
+        (plan,) = prepared.plans
+        tokens = plan.state_tokens
+        if model.calibration.calibration_map is None:
+            ids = model.tokenizer(plan.fitted, add_special_tokens=False)["input_ids"]
+            tokens = max(1, len(ids))
+        return self._logits(model, plan, outputs), tokens
 
     @staticmethod
-    def _logits(model: VonModel, plan: _Plan, logits: list[torch.Tensor]) -> torch.Tensor:
-        assert plan.row is not None
-        row_logits = logits[plan.row]
-        if plan.null_row is not None:
-            row_logits = readout.debias(row_logits, logits[plan.null_row], model.calibration)
-        return row_logits
-
-    @classmethod
-    def _answer(cls, model: VonModel, plan: _Plan, logits: list[torch.Tensor]) -> Answer:
-        question = plan.question
-        if plan.row is None:
-            return readout.empty_answer(isinstance(question, ChoiceQuestion))
-        row_logits = cls._logits(model, plan, logits)
-        probs = readout.probabilities(row_logits, plan.state_tokens, model.calibration)
-        return readout.answer(question, row_logits, probs)
+    def _logits(model: VonModel, plan: _Plan, outputs: Sequence[object]) -> torch.Tensor:
+        """The question's row's logits; a zero-shot noul's yes logit less the preference for
+        yes its state-free row shows (upstream's debias)."""
+        logits: torch.Tensor = outputs[plan.row]  # type: ignore[index,assignment]
+        if plan.null_row is None:
+            return logits
+        null: torch.Tensor = outputs[plan.null_row]  # type: ignore[assignment]
+        bias, prior = null[0] - null[1], model.calibration.noul_prior
+        correction = DEFAULT_DEBIAS * bias if prior is None else prior[0] * bias + prior[1]
+        return torch.stack([logits[0] - correction, logits[1]])
 
 
-def create(spec: EngineSpec, report: ReportLoad = ignore_load) -> VonEngine:
-    """The worker's entry point (`decidealot.providers.von.worker.engine:create`)."""
-    return VonEngine(spec, report)
+def entropy_ratio(logits: torch.Tensor) -> float:
+    """Entropy of softmax(logits) over ln K: the map's difficulty feature."""
+    probs = torch.softmax(logits.float(), dim=-1)
+    n = max(probs.numel(), 1)
+    if n <= 1:
+        return 0.0
+    return -(probs * torch.log(probs.clamp_min(1e-12))).sum().item() / math.log(n)
+
+
+def features(logits: torch.Tensor, state_tokens: int) -> dict[str, float]:
+    """The map's inputs for one question (upstream `_calib_features`)."""
+    return {
+        "bias": 1.0,
+        "entropy": entropy_ratio(logits),
+        "log_tokens": math.log10(state_tokens) / 4.0,
+        "n_options": logits.numel() / 8.0,
+    }
+
+
+def temperature(logits: torch.Tensor, state_tokens: int, calibration: VonCalibration) -> float:
+    """The scalar temperature, or the map's input-conditioned one clamped to [lo, hi]."""
+    params = calibration.calibration_map
+    if params is None:
+        return calibration.temperature
+    raw = sum(
+        params.get(name, 0.0) * value for name, value in features(logits, state_tokens).items()
+    )
+    return min(params["hi"], max(params["lo"], raw))
+
+
+def margin_confidence(probs: Sequence[float]) -> float:
+    n = len(probs)
+    if n <= 1:
+        return 1.0
+    return max(0.0, min(1.0, (n * max(probs) - 1) / (n - 1)))
+
+
+create = VonEngine
+"""The factory `EngineSpec.factory` names."""

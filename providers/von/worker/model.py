@@ -1,24 +1,23 @@
 """Von's checkpoint and forward pass (von.md §1, §3): ModernBERT plus the option-marker scorer.
 
-The encoder is built from `config.json` on the meta device and assigned the tensors of
-`option_marker.pt` (the full state dict; `model.safetensors` holds the same encoder and is not
-read). A pass's rows are padded on the right and each keeps its own masks and position ids, so
-a row's logits do not depend on what it is batched with.
+`option_marker.pt` holds the full state dict (`model.safetensors`, the same encoder, is not
+read). Each row of a pass keeps its own masks and position ids, so its logits do not depend on
+what it is batched with.
 """
 
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from cachetools import LRUCache
 from torch import nn
 
 from decidealot.providers.json_files import read_json_object
-from decidealot.providers.von.calibration import CalibrationError, VonCalibration, parse
+from decidealot.providers.von.calibration import CalibrationError, parse
 from decidealot.providers.worker import modernbert
 from decidealot.providers.worker.tokenizer import FastTokenizer, TokenizerError
 
@@ -39,16 +38,6 @@ own, as upstream scores it, so its logits are the same whichever request scored 
 
 class VonCheckpointError(ValueError):
     """A Von checkpoint directory that cannot be served as it is."""
-
-
-def load_calibration(path: Path) -> VonCalibration:
-    """Read the calibration file. Upstream falls back to plain attention when it is missing or
-    unreadable, which answers 1.2+ weights in the wrong mode: here that checkpoint is refused."""
-    data = read_json_object(path, lambda message: VonCheckpointError(f"Von checkpoint: {message}"))
-    try:
-        return parse(data)
-    except CalibrationError as exc:
-        raise VonCheckpointError(f"Von checkpoint: {path.name}: {exc}") from None
 
 
 class OptionMarkerScorer(nn.Module):
@@ -72,8 +61,7 @@ class VonRow:
 
     ids: list[int]
     markers: list[int]
-    shared: bool = False
-    """True for a row that holds no state, so its logits may be cached and reused."""
+    shared: bool = False  # no state: its logits may be cached and reused
 
     @property
     def tokens(self) -> int:
@@ -95,28 +83,26 @@ def _independent_layout(row: VonRow, length: int) -> tuple[list[int], list[int]]
     return spans, positions
 
 
-def _additive(allowed: torch.Tensor) -> torch.Tensor:
-    """Float mask (0 allowed, most negative blocked): boolean 4-D masks are only honoured by
-    sdpa, while additive ones mean the same under every attention implementation."""
-    blocked = torch.finfo(torch.float32).min
-    return torch.zeros(allowed.shape, dtype=torch.float32, device=allowed.device).masked_fill(
-        ~allowed, blocked
-    )
-
-
 class VonModel:
-    """A loaded Von checkpoint: tokenizer, encoder, scorer and calibration, on one device."""
-
     def __init__(
         self,
-        directory: Path,
+        directory: str | Path,
         device: torch.device,
         precision: str = "fp32",
-        calibration: Path | None = None,
+        calibration: str | Path | None = None,
     ):
-        """Load `directory` onto `device` in `precision` (resolved), with its own calibration
-        file or `calibration`, which replaces it whole (upstream's `VON_CALIBRATION`)."""
-        self.calibration = load_calibration(calibration or directory / "marker_calibration.json")
+        """`calibration` replaces the checkpoint's own file whole (upstream's `VON_CALIBRATION`)."""
+        directory = Path(directory)
+        # Upstream falls back to plain attention where the file is missing or unreadable, which
+        # answers 1.2+ weights in the wrong mode: here that checkpoint is refused.
+        path = Path(calibration or directory / "marker_calibration.json")
+        data = read_json_object(
+            path, lambda message: VonCheckpointError(f"Von checkpoint: {message}")
+        )
+        try:
+            self.calibration = parse(data)
+        except CalibrationError as exc:
+            raise VonCheckpointError(f"Von checkpoint: {path.name}: {exc}") from None
         try:
             config = modernbert.Config.read(directory / "config.json")
         except modernbert.ModernBertConfigError as exc:
@@ -133,9 +119,8 @@ class VonModel:
         self._load_weights(directory / "option_marker.pt")
         self.half_window: int = config.sliding_window
         self.device = device
-        self._shared_logits: OrderedDict[tuple[int, ...], torch.Tensor] = OrderedDict()
-        self._shared_lock = threading.Lock()
-        """Guards `_shared_logits`: a worker may run several passes at once."""
+        self._shared_logits: LRUCache[tuple[int, ...], torch.Tensor] = LRUCache(SHARED_CACHE_ROWS)
+        self._shared_lock = threading.Lock()  # several passes may run at once
         self.encoder.to(device).eval()
         self.scorer.to(device).eval()
         self.amp_dtype, self.linears, self.lowered = modernbert.at_precision(
@@ -143,8 +128,7 @@ class VonModel:
         )
 
     def _probe(self) -> Callable[[], torch.Tensor]:
-        """Option probabilities of random rows with four markers each, through the encoder
-        and scorer: what the load checks int8 or bf16 against fp32 on."""
+        """What `at_precision` checks int8 or bf16 against fp32 on: random rows' probabilities."""
         ids, markers = modernbert.probe_rows(self.encoder.config)
         ids[ids == self.mask_id] = self.pad_id
         ids[:, markers] = self.mask_id
@@ -168,8 +152,7 @@ class VonModel:
         modernbert.load(self.scorer, parts["scorer"])
 
     def logits(self, rows: Sequence[VonRow]) -> list[torch.Tensor]:
-        """One logit vector per row: shared rows from the cache or a pass of their own, the
-        others from one padded pass (the worker's planner sized it)."""
+        """One logit vector per row: shared rows from the cache or a pass of their own."""
         own = [index for index, row in enumerate(rows) if not row.shared]
         scored = dict(zip(own, self._pass([rows[i] for i in own]), strict=True)) if own else {}
         return [scored[i] if i in scored else self._shared(row) for i, row in enumerate(rows)]
@@ -177,39 +160,29 @@ class VonModel:
     def _shared(self, row: VonRow) -> torch.Tensor:
         key = tuple(row.ids)
         with self._shared_lock:
-            if (cached := self._shared_logits.get(key)) is not None:
-                self._shared_logits.move_to_end(key)
-                return cached
+            cached = self._shared_logits.get(key)  # a hit is the most recently used now
+        if cached is not None:
+            return cached
         (logits,) = self._pass([row])
         with self._shared_lock:
-            self._shared_logits[key] = logits.clone()
-            if len(self._shared_logits) > SHARED_CACHE_ROWS:
-                self._shared_logits.popitem(last=False)
+            self._shared_logits[key] = logits.clone()  # the least recently used goes when full
         return logits
 
     def _pass(self, rows: Sequence[VonRow]) -> list[torch.Tensor]:
-        """Score `rows` in one padded forward pass; one logit vector per row."""
         lengths = [len(row.ids) for row in rows]
         length = max(lengths)
         ids = torch.tensor([[*row.ids, *[self.pad_id] * (length - len(row.ids))] for row in rows])
         valid = torch.arange(length)[None, :] < torch.tensor(lengths)[:, None]
         ids, valid = ids.to(self.device), valid.to(self.device)
         with modernbert.autocast(self.device, self.amp_dtype):
-            hidden = self._encode(rows, ids, valid, length)
-        states = hidden.float()
+            if self.calibration.independent_options:
+                masks, positions = self._independent_masks(rows, length, valid)
+                hidden = self.encoder(input_ids=ids, attention_mask=masks, position_ids=positions)
+            else:
+                hidden = self.encoder(input_ids=ids, attention_mask=valid.long())
+        states = hidden.last_hidden_state.float()
         markers = torch.cat([states[b, row.markers] for b, row in enumerate(rows)])
         return list(self.scorer(markers).split([len(row.markers) for row in rows]))
-
-    def _encode(
-        self, rows: Sequence[VonRow], ids: torch.Tensor, valid: torch.Tensor, length: int
-    ) -> torch.Tensor:
-        """The encoder's last hidden states for one padded pass, in either attention mode."""
-        if self.calibration.independent_options:
-            masks, positions = self._independent_masks(rows, length, valid)
-            hidden = self.encoder(input_ids=ids, attention_mask=masks, position_ids=positions)
-        else:
-            hidden = self.encoder(input_ids=ids, attention_mask=valid.long())
-        return hidden.last_hidden_state
 
     def _independent_masks(
         self, rows: Sequence[VonRow], length: int, valid: torch.Tensor
@@ -229,8 +202,7 @@ class VonModel:
         near = positions.to(torch.int32)
         distance = (near.unsqueeze(2) - near.unsqueeze(1)).abs_()
         sliding = (distance <= self.half_window).logical_and_(allowed).logical_or_(eye)
-        masks = {
-            "full_attention": _additive(full.unsqueeze(1)),
-            "sliding_attention": _additive(sliding.unsqueeze(1)),
-        }
-        return masks, positions
+        return {
+            modernbert.FULL: full.unsqueeze(1),
+            modernbert.SLIDING: sliding.unsqueeze(1),
+        }, positions

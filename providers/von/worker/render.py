@@ -1,10 +1,6 @@
-"""Von's input rendering (von.md §2): question texts, option texts, packing and the state cut.
-
-String work plus the checkpoint's tokenizer (no torch), reproducing von-sdk 1.3.7. Where the
-contract admits input upstream rejects or renders as nothing, the nearest sensible text is used:
-absent instructions are empty (as upstream's ""), and a score level that is neither a string
-nor upstream's `{"what", "examples"}` object is its JSON text.
-"""
+"""Von's input rendering (von.md §2): question texts, option texts, packing and the state cut,
+reproducing von-sdk 1.3.7. Where the contract admits input upstream rejects or renders as
+nothing, the nearest sensible text is used (absent instructions are upstream's "")."""
 
 from __future__ import annotations
 
@@ -135,17 +131,15 @@ def options_tokens(
 
 
 def state_limit(options_length: int, *, window: int, max_state_tokens: int) -> int:
-    """The state tokens a question leaves room for (upstream `_fit_state`'s `limit`, what it
-    reports as `kept_tokens`): the window less the question and its option markers, less 8."""
+    """The state tokens a question leaves room for (upstream `_fit_state`'s `limit`)."""
     return max(16, min(max_state_tokens, window - options_length - 8))
 
 
 def fit_state(tokenizer: FastTokenizer, state: str, state_ids: list[int], limit: int) -> str:
     """Cut the middle out of a state too long for the window (60% head, 40% tail), as upstream:
-    rules sit at its top and recent events at its bottom. `state_ids` are
-    `state_token_ids(state)`, once for all of a request's questions; `limit` is `state_limit`.
-    The kept ids are decoded, joined by " ... " and the packed text tokenised again, as von-sdk
-    does, so the model reads upstream's tokens even where they end up past the window."""
+    rules sit at its top and recent events at its bottom. The kept ids are decoded, joined by
+    " ... " and the packed text tokenised again, as von-sdk does, so the model reads upstream's
+    tokens even where they end up past the window."""
     if len(state_ids) <= limit:
         return state
     head = int(limit * 0.6)
