@@ -91,7 +91,6 @@ class Executor:
         return self._residency.ledger.pending_request() if local else contextlib.nullcontext()
 
     async def decide(self, routed: Routed) -> Answered[SystemOneResponse]:
-        """Answer one validated request on its route, admitted on its own."""
         with self._admitted(routed.route.provider.local):
             return await self._decide(routed, ["body"])
 
@@ -99,8 +98,7 @@ class Executor:
     async def _decide(
         self, routed: Routed, where: Loc, sent: Callable[[], None] | None = None
     ) -> Answered[SystemOneResponse]:
-        """Answer one admitted request; `where` is its place in the body, `sent` is called
-        once a local one's job is on its way to the worker."""
+        """`where` is its place in the body; `sent` is called once a local job is on its way."""
         request, route = routed
         provider = route.provider
         tracing.annotate(provider=provider.name, model=request.model)
@@ -214,11 +212,9 @@ class Executor:
         request: SystemOneRequest,
         sent: Callable[[], None] | None,
     ) -> tuple[SystemOneResponse, list[Cut], str]:
-        """Accept the request before any wait (so refusals are immediate), make its job (if
-        it has calls to make) before the hold or, when it asks, inside it (on the lane), then
-        run the job on the provider's runtime inside its residency slot and lane. Returns the
-        response, the questions whose state the model read only in part, and the checkpoint
-        (the worker's key, as `/v1/status` and the precision metrics name it) that answered."""
+        """Accepted before any wait, so refusals are immediate; a job with calls to make is
+        made before the hold or, when it asks, inside it (on the lane). Also returns the cuts,
+        and the checkpoint that answered (the worker's key, as `/v1/status` names it)."""
         accepted = await provider.accept(selector, request)
         if isinstance(accepted, Job):
             async with self._residency.use(provider.runtime):
@@ -235,7 +231,6 @@ class Executor:
         return self._batch_calls if self._batch_calls is not None else contextlib.nullcontext()
 
     async def unload(self) -> UnloadResponse:
-        """Unload every local runtime, or none (ProviderBusy) while any is deciding."""
         unloaded = await self._residency.unload_all()
         was_loaded = {name: False for name in self._local_providers}
         for entry in unloaded:
@@ -246,8 +241,7 @@ class Executor:
 
 
 def respond(decision: Decision, gateway_tokens: int = 0) -> SystemOneResponse:
-    """The response to a local decision: the worker's answers, and every model token the
-    request cost (the worker's and the gateway's, e.g. CLM's encoder calls)."""
+    """`usage` counts every model token: the worker's and the gateway's (CLM's encoder calls)."""
     tokens = decision.input_tokens + gateway_tokens
     return SystemOneResponse(decision.model, decision.answers, Usage(input_tokens=tokens))
 

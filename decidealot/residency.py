@@ -159,10 +159,9 @@ class Residency:
     # -- decisions ---------------------------------------------------------------------------
 
     def batch_turns(self, runtimes: list[LocalRuntime]) -> list[list[LocalRuntime]]:
-        """The turns in which one batch should take the local runtimes it names (in input
-        order) so that it loads each at most once: the resident ones first, then the others in
-        order, as many at a time as there are slots. A turn's runtimes all fit at once; a
-        later turn's only evict runtimes the batch is done with (or others, by LRU)."""
+        """The turns in which one batch takes the local runtimes it names, loading each at most
+        once: the resident ones first, then the others, as many at a time as there are slots (a
+        later turn evicts only runtimes the batch is done with, or others by LRU)."""
         resident = [r for r in runtimes if self._slots[r.name].resident]
         ordered = resident + [r for r in runtimes if r not in resident]
         size = self._max_resident
@@ -170,7 +169,7 @@ class Residency:
 
     @contextlib.asynccontextmanager
     async def use(self, runtime: LocalRuntime) -> AsyncIterator[None]:
-        """Hold `runtime` loaded (and its lane) for one decision."""
+        """`runtime` loaded, and its lane, for one decision."""
         slot = self._slots[runtime.name]
         try:
             with self.ledger.claim(runtime.name) as claim:
@@ -186,8 +185,8 @@ class Residency:
                         yield
                     finally:
                         lane.release()
-                slot.last_used = time.monotonic()
         finally:
+            slot.last_used = time.monotonic()
             self._pump()
 
     async def _admit(self, slot: _Slot, claim: Claim) -> None:
@@ -199,7 +198,7 @@ class Residency:
         await future
 
     def _pump(self) -> None:
-        """Admit, load and evict as far as the queue allows; called on every state change."""
+        """Admit, load and evict as far as the queue allows: called on every state change."""
         index = 0
         while index < len(self._queue):
             slot, future, claim = self._queue[index]
@@ -234,8 +233,7 @@ class Residency:
         return min(idle, key=lambda s: s.last_used, default=None)
 
     async def _switch(self, victim: _Slot | None, slot: _Slot) -> None:
-        """Load `slot` in place of `victim` (if any), which the load unloads first (and may
-        reuse what it leaves, `LocalRuntime.load`); failures fail only `slot`'s waiters."""
+        """A failure fails only `slot`'s waiters."""
         try:
             replacing = None
             if victim is not None:

@@ -1,10 +1,7 @@
-"""The running service: configured providers, residency, catalog and executor, plus draining.
-
-This is where the layers are put together: the registered providers the settings enable are
-built by their descriptors (with every checkpoint path filled from the installed bundles), each
-local runtime is registered with residency on the lane its descriptor gives it, and the catalog
-collects the selectors. HTTP
-and MCP both drive one `Service`; it knows nothing about either transport.
+"""The running service, where the layers are put together: the enabled providers built by
+their descriptors (every checkpoint path filled), each local runtime registered with residency on
+its descriptor's lane, the catalog of their selectors. HTTP and MCP both drive one `Service`; it
+knows nothing about either transport.
 """
 
 from __future__ import annotations
@@ -32,27 +29,20 @@ from decidealot.contract import (
 from decidealot.executor import Executor
 from decidealot.jobs import CheckpointLoad
 from decidealot.ledger import Ledger
-from decidealot.protocols import (
-    LocalProvider,
-    LocalRuntime,
-    Provider,
-    ReportsDetails,
-)
+from decidealot.protocols import LocalProvider, LocalRuntime, Provider, ReportsDetails
 from decidealot.residency import Residency
 
 log = logging.getLogger("decidealot.service")
 
 
 def build_providers(settings: Settings) -> list[Provider]:
-    """The enabled providers, each built by its descriptor; checkpoint settings left unset
-    name the installed bundles."""
+    """Checkpoint settings left unset name the installed bundles."""
     resolved = with_checkpoints(settings)
     return [d.build(resolved, d.of(resolved)) for d in registry.enabled(resolved)]
 
 
 def lane_of(name: str, runtime: LocalRuntime, settings: Settings) -> tuple[str | None, str]:
-    """The residency lane and group of local provider `name`: its descriptor's rule
-    (`ProviderDescriptor.lane_for`); one not registered takes turns with every other."""
+    """Its descriptor's rule; a provider not registered takes turns with every other."""
     try:
         descriptor = registry.descriptor(name)
     except KeyError:
@@ -65,8 +55,7 @@ def _disabled(name: str, local: bool) -> ProviderStatus:
 
 
 def _calibrations(name: str, settings: Settings) -> dict[str, str]:
-    """Checkpoint key -> the calibration file a `*_CALIBRATION` setting gives it (unset: the
-    temperatures the checkpoint ships)."""
+    """Checkpoint key -> the calibration file a `*_CALIBRATION` setting gives it."""
     try:
         descriptor = registry.descriptor(name)
     except KeyError:
@@ -144,7 +133,7 @@ class Service:
         await self.residency.start()
 
     async def close(self) -> None:
-        """Stop workers and clients; called after the last request has finished."""
+        """After the last request has finished."""
         self.ledger.draining = True
         await self.residency.close()
         for provider in self.providers:
@@ -157,8 +146,7 @@ class Service:
         return Health("ok", [p.name for p in self.providers])
 
     def status(self) -> Status:
-        """What runs (`GET /v1/status`): each registered provider, the checkpoints each local
-        worker holds and in what precision and why, residency slots, and decisions in flight."""
+        """`GET /v1/status`."""
         built = {provider.name: provider for provider in self.providers}
         ledger = self.ledger
         providers = [

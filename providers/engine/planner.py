@@ -34,8 +34,7 @@ from decidealot.jobs import Decision
 from decidealot.providers.engine.protocol import Engine, PassShape, PreparedJob
 
 STARVE_TURNS = 8
-"""Turns a job with rows left may be overtaken, since its rows last ran, before it goes
-first."""
+"""Turns a job may be overtaken, since its rows last ran, before it goes first."""
 
 
 @dataclass(eq=False)

@@ -1,9 +1,7 @@
 """`CheckpointProvider`: a local provider whose every decision is one job on one checkpoint.
 
-Laya and Von differ only in their engine, their selectors, their checkpoints and which
-checkpoint answers a request (Laya routes, Von has one); the worker runtime and the job are the
-same, and live here, so their descriptors build this class with their own choice of checkpoint.
-Imports no torch, directly or indirectly.
+Laya and Von differ only in their engine, selectors, checkpoints and which checkpoint answers a
+request (Laya routes, Von has one): their descriptors build this class with their own choice.
 """
 
 from __future__ import annotations
@@ -32,8 +30,7 @@ def only(checkpoint: str) -> ChooseCheckpoint:
 
 
 class CheckpointProvider:
-    """Each decision is one job on this provider's worker (`decidealot.protocols.LocalProvider`),
-    on the checkpoint `choose` picks for it."""
+    """A `LocalProvider`: each decision one job, on the checkpoint `choose` picks for it."""
 
     local = True
     accepts_temperature = False
@@ -62,11 +59,9 @@ class CheckpointProvider:
         preload: tuple[str, ...] = (),
         calibrations: dict[str, str] | None = None,
     ) -> Self:
-        """The provider over a worker process running `factory`'s engine on `checkpoints`
-        (key -> path; the service has filled every checkpoint setting, override or installed
-        bundle); the runtime applies `DECIDEALOT_DEVICE`, the torch threads and the precision,
-        the engine `DECIDEALOT_LONG_STATES`. `calibrations` (key -> file) replace those
-        checkpoints' own confidence rules."""
+        """Over a worker process running `factory`'s engine on `checkpoints` (key -> path, every
+        one filled by the service); `calibrations` (key -> file) replace those checkpoints' own
+        confidence rules."""
         options: dict[str, object] = {
             "precision": settings.precision,
             "long_states": settings.long_states,
@@ -85,7 +80,7 @@ class CheckpointProvider:
         """Nothing to open: the worker starts when residency first loads it."""
 
     async def close(self) -> None:
-        """Stop the worker if it is still up (residency normally has already)."""
+        """Residency has normally stopped the worker already."""
         await self.runtime.unload()
 
     async def models(self) -> list[ModelInfo]:
