@@ -19,8 +19,7 @@ from swagger_ui_bundle import swagger_ui_path
 
 from decidealot import logs, metrics
 from decidealot.asgi.body import CLIENT_GONE, ClientGone, read_body, unless_gone
-from decidealot.asgi.edge import Cors, RootPath
-from decidealot.asgi.middleware import ASGIApp, Gateway
+from decidealot.asgi.middleware import ASGIApp, Cors, Gateway, RootPath
 from decidealot.contract import TRUNCATED_HEADER, ErrorBody, truncated_header
 from decidealot.errors import DecidealotError, ShuttingDown
 from decidealot.http import openapi
@@ -73,7 +72,7 @@ def _on_error(_: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:
 
 def create_app(service: Service) -> ASGIApp:
     """REST routes and the `/mcp` mount behind the gateway layer, like any route; in front of
-    it, when set, the path prefix and CORS (`decidealot.asgi.edge`)."""
+    it, when set, the path prefix and CORS (`decidealot.asgi.middleware`)."""
     settings = service.settings
     mcp = McpEndpoint(service)
 
