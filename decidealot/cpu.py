@@ -14,12 +14,8 @@ import functools
 from pathlib import Path
 
 CPUINFO = Path("/proc/cpuinfo")
-
-BF16_UNITS = ("amx_bf16", "avx512_bf16")
-"""Flags of native bf16 dot products (AMX tiles, AVX-512 VDPBF16PS), best first."""
-
-INT8_UNITS = ("amx_int8", "avx512_vnni", "avx_vnni")
-"""Flags of int8 dot-product units (AMX tiles, AVX-512 VNNI, AVX-VNNI), best first."""
+BF16_UNITS = ("amx_bf16", "avx512_bf16")  # native bf16 dot products, best first
+INT8_UNITS = ("amx_int8", "avx512_vnni", "avx_vnni")  # int8 dot-product units, best first
 
 
 @functools.cache

@@ -1,8 +1,5 @@
-"""The service's exception hierarchy; transport maps each to its status and envelope.
-
-Messages are fixed, safe strings: nothing upstream (keys, URLs, bodies, tracebacks) is ever
-copied into them.
-"""
+"""The service's errors, each with its status and envelope. Messages are fixed, safe strings:
+nothing upstream (keys, URLs, bodies, tracebacks) is ever copied into them."""
 
 from __future__ import annotations
 
@@ -18,7 +15,6 @@ class DecidealotError(Exception):
     code: str = "INTERNAL_ERROR"
     message: str = "the request could not be completed"
     headers: dict[str, str] = {}  # noqa: RUF012 (read-only; subclasses replace it)
-    """Response headers this error adds (e.g. `Retry-After`)."""
 
     def __init__(self, message: str | None = None, details: dict[str, Json] | None = None):
         super().__init__(message or self.message)
@@ -50,8 +46,6 @@ class UnsupportedEncoding(DecidealotError):
 
 
 class MalformedBody(DecidealotError):
-    """The body cannot be decoded as declared (e.g. corrupt gzip or zstd data)."""
-
     status, code, message = 400, "MALFORMED_BODY", "the request body could not be decoded"
 
 

@@ -1,8 +1,5 @@
-"""JSON Schemas of the request bodies, with every bound the validator enforces.
-
-One source for the OpenAPI document and the MCP tool input schemas, so both state the limits
-`decidealot.validation.requests` applies; msgspec derives the shapes from the wire types.
-"""
+"""JSON Schemas of the request bodies with every bound the validator enforces, for both the
+OpenAPI document and the MCP tools; msgspec derives the shapes from the wire types."""
 
 from __future__ import annotations
 
@@ -114,10 +111,9 @@ def request_components(ref_template: str, *, json_values: bool = False) -> dict[
 
 
 def declare_models(request: dict[str, Any], names: list[str] | None, listing: str) -> None:
-    """`model` of a `SystemOneRequest` schema as the enum of `names`, the catalog now, so the
-    schema names every model a call may use; `listing` is where a caller reads them (the
-    OpenAPI document says `GET /v1/models`, the MCP tools `list_models`). With no names (a
-    hosted catalog that could not be read) `model` stays open and its description says so."""
+    """`model` of a `SystemOneRequest` schema as the enum of `names`, the catalog now, or open
+    and saying so where there are none (a hosted catalog could not be read); `listing` is where
+    a caller reads them (`GET /v1/models`, `list_models`)."""
     model = request["properties"]["model"]
     if names is None:
         model["description"] = (

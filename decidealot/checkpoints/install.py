@@ -1,9 +1,8 @@
 """Download, verify and install bundles (`serve` before it listens, and `prepare`); no torch.
 
-Each bundle is fetched with huggingface_hub into a staging folder inside the model directory,
-every file checked against its pinned size and sha256 (else the hub's own digest at the pinned
-revision), and only then renamed into place, its install record written last: a later start
-trusts that record after a quick size check and makes no request.
+Each file is fetched with huggingface_hub into a staging folder in the model directory and checked
+against its pinned size and sha256 (else the hub's digest at the pinned revision) before the folder
+is renamed into place: a later start trusts its install record after a size check, no request.
 """
 
 from __future__ import annotations
@@ -118,8 +117,6 @@ class _Installer:
             "endpoint": self.endpoint,
         }
 
-    # messages
-
     def fail(self, what: str, fix: str, file: str | None = None) -> BundleError:
         where = f"bundle {self.manifest.name}" + (f": {file}" if file else "")
         return BundleError(f"{where}: {what}. Fix: {fix}")
@@ -204,8 +201,6 @@ class _Installer:
             "unset HF_HUB_OFFLINE for the first start, copy in a model directory prepared with "
             f"`decidealot prepare`, or {self.placed.replacement}",
         )
-
-    # steps
 
     def install(self, *, rehash: bool) -> None:
         problem = self.problem(rehash=rehash)
@@ -317,7 +312,6 @@ class _Installer:
 
     def fetch_and_verify(self, remote: _Remote) -> RecordFile:
         m, file = self.manifest, remote.file
-        # a bar on a terminal, log lines otherwise
         bar = functools.partial(_Bar if self.bar else _LogProgress, label=f"{m.name}/{file.path}")
         try:
             local = Path(

@@ -1,8 +1,5 @@
-"""Bundle manifests and install records: what a bundle must hold, and what was verified.
-
-A manifest (`decidealot.bundles`, or `DECIDEALOT_BUNDLE_MANIFEST_DIR`) pins a bundle's hub
-repository, revision and files with their sizes and sha256.
-"""
+"""Bundle manifests, which pin a bundle's hub repository, revision and files (sizes, sha256),
+and install records, what was verified."""
 
 from __future__ import annotations
 

@@ -36,8 +36,7 @@ _DOCS_ASSETS = {
     "swagger-ui.css": "text/css",
     "swagger-ui-bundle.js": "text/javascript",
     "favicon-32x32.png": "image/png",
-}
-"""What the Swagger page loads, by file name in the bundle, with its media type."""
+}  # what the Swagger page loads
 
 # Relative URLs, so the page also works under a path prefix added by a proxy.
 _DOCS_PAGE = """<!doctype html>
