@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 from typing import Any, Literal, TypeAlias
-from urllib.parse import unquote
+from urllib.parse import quote, unquote
 
 import msgspec
 
@@ -116,18 +116,14 @@ def truncated_header(cuts: list[Cut]) -> str:
     return ", ".join(members)
 
 
+_PRINTABLE_BUT_PERCENT = "".join(chr(c) for c in range(0x20, 0x7F) if chr(c) != "%")
+
+
 def _sf_string(text: str) -> str:
     """An sf-string holds printable ASCII only: `"` and `\\` are escaped as RFC 8941 says,
     `%` and any other character are written as their UTF-8 bytes `%`-escaped."""
-    out = []
-    for char in text:
-        if char in '"\\':
-            out.append("\\" + char)
-        elif char == "%" or not " " <= char <= "~":
-            out.append("".join(f"%{byte:02X}" for byte in char.encode()))
-        else:
-            out.append(char)
-    return '"' + "".join(out) + '"'
+    escaped = quote(text, safe=_PRINTABLE_BUT_PERCENT).replace("\\", "\\\\").replace('"', '\\"')
+    return f'"{escaped}"'
 
 
 _MEMBER = re.compile(r'"((?:[ !#-\[\]-~]|\\["\\])*)"((?:;[a-z*][a-z0-9_.*-]*=-?[0-9]{1,15})*)')

@@ -9,8 +9,6 @@ from decidealot.contract import ErrorBody, Json, Loc, ValidationErrorBody, Valid
 
 
 class DecidealotError(Exception):
-    """Base of every error the service answers with a status other than 2xx."""
-
     status: int = 500
     code: str = "INTERNAL_ERROR"
     message: str = "the request could not be completed"

@@ -77,9 +77,7 @@ class Histogram(_Private, prometheus_client.Histogram):
         (self.labels(**labels) if labels else super()).observe(amount)
 
 
-class ResidencyView(Protocol):
-    """What `ServiceCollector` reads from `decidealot.residency.Residency`."""
-
+class ResidencyView(Protocol):  # what `ServiceCollector` reads of `Residency`
     @property
     def names(self) -> list[str]: ...
 

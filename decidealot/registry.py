@@ -117,8 +117,6 @@ class Tiny:
 
 @dataclass(frozen=True)
 class ProviderDescriptor(Generic[S]):
-    """Everything the service knows about one provider."""
-
     name: str  # `/health` and unload reports name it; its variables usually start with it
     order: int  # its place in listings; a local name still wins a collision with a hosted one
     settings: type[S]  # a frozen struct whose fields are annotated with `config.setting`

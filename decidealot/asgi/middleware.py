@@ -60,7 +60,6 @@ def request_id_from(value: bytes | None) -> str:
 async def send_json(
     send: Send, status: int, body: bytes, extra: Sequence[tuple[bytes, bytes]] = ()
 ) -> None:
-    """A whole JSON answer, given outside Litestar's routes."""
     length = str(len(body)).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", length), *extra]
     await send({"type": "http.response.start", "status": status, "headers": headers})
@@ -98,8 +97,6 @@ class BearerKeys:
 
 
 class Gateway:
-    """Wraps the Litestar app, so that no request bypasses the stages the module names."""
-
     def __init__(
         self,
         app: ASGIApp,

@@ -249,20 +249,12 @@ class _Installer:
         # huggingface_hub names partial files per process; a killed process leaves them behind
         for partial in (self.staging / ".cache").rglob("*.incomplete"):
             partial.unlink(missing_ok=True)
-        remotes = [self.remote(file) for file in self.manifest.files]
-        present = [r for r in remotes if not r.absent]
+        m = self.manifest
+        present = [r for r in map(self.remote, m.files) if not r.absent]
         self.check_space(present)
-        total = sum(r.size or 0 for r in present)
-        log.info(
-            "bundle %s: fetching %d files (%s) from %s@%s",
-            self.manifest.name,
-            len(present),
-            mb(total),
-            self.manifest.repo,
-            self.manifest.revision[:12],
-        )
-        verified = [self.fetch_and_verify(remote) for remote in present]
-        self.commit(verified)
+        files = f"{len(present)} files ({mb(sum(r.size or 0 for r in present))})"
+        log.info("bundle %s: fetching %s from %s@%s", m.name, files, m.repo, m.revision[:12])
+        self.commit([self.fetch_and_verify(remote) for remote in present])
 
     def remote(self, file: ManifestFile) -> _Remote:
         """Ask the hub what it serves at the pinned revision before downloading anything."""

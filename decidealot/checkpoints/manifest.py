@@ -113,12 +113,8 @@ def installed_problem(manifest: Manifest, folder: Path, *, rehash: bool) -> str 
     record = read_record(folder)
     if record is None:
         return "no readable install record"
-    if (record.bundle, record.repo, record.revision, record.subfolder) != (
-        manifest.name,
-        manifest.repo,
-        manifest.revision,
-        manifest.subfolder,
-    ):
+    pinned = (manifest.name, manifest.repo, manifest.revision, manifest.subfolder)
+    if (record.bundle, record.repo, record.revision, record.subfolder) != pinned:
         return f"installed from {record.repo}@{record.revision[:12]}, manifest pins another"
     recorded = {f.path: f for f in record.files}
     for file in manifest.files:

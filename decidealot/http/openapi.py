@@ -44,8 +44,6 @@ def _ref(name: str) -> dict[str, str]:
 
 @dataclass(frozen=True)
 class Example:
-    """One named request and the answer the document shows beside it."""
-
     summary: str
     request: dict[str, Any]
     response: dict[str, Any]

@@ -59,12 +59,8 @@ class _Issues(list[ValidationIssue]):
             what = f"at most {most} items after validation, not {len(value)}"
             self.add(loc, f"{kind} should have {what}", "too_long")
         else:
-            self.add(
-                loc,
-                f"{kind} should have at least 1 item after validation, not 0",
-                "too_short",
-                value,
-            )
+            msg = f"{kind} should have at least 1 item after validation, not 0"
+            self.add(loc, msg, "too_short", value)
 
     def needs(
         self, loc: Loc, what: str, value: list[Json] | dict[str, Json], low: int, high: int
