@@ -107,9 +107,8 @@ class RequestInvalid(DecidealotError):
 
 
 def state_too_long(total: int, question: str, room: int, reads: str) -> RequestInvalid:
-    """The 422 of `DECIDEALOT_LONG_STATES=refuse`: the state has `total` tokens and
-    `question`, the tightest, leaves `room` for it in what the model `reads` (e.g.
-    "laya-english's 512-token rows"). Never echoes the state."""
+    """The 422 of `DECIDEALOT_LONG_STATES=refuse`: `question`, the tightest, leaves `room` of the
+    state's `total` tokens in what the model `reads` ("laya-english's 512-token rows")."""
     msg = (
         f"the state has {total} tokens and question {question!r} leaves room for {room} of them "
         f"in {reads}; DECIDEALOT_LONG_STATES=refuse refuses a state that would be cut: shorten "

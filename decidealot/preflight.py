@@ -63,13 +63,10 @@ def checkpoint_problems(settings: Settings, *, overrides_only: bool = False) -> 
         if overrides_only and not override:
             continue
         path = placed.path(settings)
-        where = (
-            f"{placed.bundle.variable}={path}"
-            if override
-            else f"bundle {placed.name} (installed at {path})"
-        )
-        for problem in _problems(path, placed):
-            lines.append(f"{where}: {problem}")
+        where = f"bundle {placed.name} (installed at {path})"
+        if override:
+            where = f"{placed.bundle.variable}={path}"
+        lines += [f"{where}: {problem}" for problem in _problems(path, placed)]
     return lines
 
 

@@ -110,8 +110,7 @@ class Tiny:
     """How to write random checkpoints of a provider's bundles (`decidealot checkpoints tiny`)."""
 
     writer: str
-    """`module:function` writing them under a folder (bundle name -> path); named, not
-    imported: like an engine factory it runs outside the gateway (`decidealot.providers.tiny`)."""
+    """`module:function` writing them (bundle name -> path in a folder); named: it imports torch."""
     needs: str | None = None  # what else the provider needs to run (its lines then commented out)
 
 
@@ -139,8 +138,7 @@ class ProviderDescriptor(Generic[S]):
     tiny: Tiny | None = None
     calibrations: tuple[Calibration, ...] = ()
     calibrator: str = ""
-    """`module:function` that fits a calibration file on labelled rows (`decidealot
-    calibrate`); like `Tiny.writer` it imports torch, so it is named, not imported."""
+    """`module:function` fitting a calibration file on labelled rows; named, as `Tiny.writer`."""
 
     def of(self, settings: Settings) -> S:
         section = settings.sections.get(self.name)

@@ -18,10 +18,9 @@ CONFIG_DESCRIPTION = (
 
 INTEGER = {"type": "integer", "minimum": -(2**63), "maximum": 2**64 - 1}
 SMALL_NUMBER = {"type": "number", "minimum": -(2**53), "maximum": 2**53}
-"""Together, what `strict_json.parse_json` takes for a number anywhere in a body: the 64-bit
-integer range, however the number is spelled. Every double past 2**53 is whole, so the two
-cover each number once; spelled as one bounded `number`, hypothesis-based generators reject
-most of what they draw."""
+"""Together, what `strict_json.parse_json` takes for a number: the 64-bit integer range, however
+spelled. Every double past 2**53 is whole, so the two cover each number once; as one bounded
+`number`, hypothesis-based generators would reject most of what they draw."""
 
 
 def _json_value(ref: dict[str, str]) -> dict[str, Any]:

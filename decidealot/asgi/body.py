@@ -64,9 +64,8 @@ class Incoming:
 
 def check_media_type(headers: Headers) -> bool:
     """JSON only; True when the body must still show it is JSON. A missing Content-Type is read
-    as JSON (FastAPI's leniency). `curl -d` / `--data-binary` send the form type, so a form
-    body is read as JSON when it is a JSON object or array, as many JSON APIs do for curl; a
-    real form body (`a=1&b=2`) is refused once read, with a message that says what to send."""
+    as JSON (FastAPI's leniency), and a form body as JSON when it is an object or array, as many
+    JSON APIs do for `curl -d`, which sends the form type; a real form body is refused once read."""
     raw = headers.get(b"content-type")
     if raw is None:
         return False
@@ -153,9 +152,8 @@ def _gunzip(data: bytes, limit: int) -> bytes:
 
 def zstd_window_limit(limit: int) -> int:
     """The largest window a zstd frame may declare: the body limit rounded up to a power of two.
-    A frame of known size (one-shot compression, as the TypeSafe SDK sends) declares a window of
-    at most its content size, so every body within the limit fits; a streamed frame's window
-    comes from its compression level and may not."""
+    A frame of known size (one-shot, as the TypeSafe SDK sends) declares at most that size, so
+    every body within the limit fits; a streamed frame's window follows its level and may not."""
     return max(_ZSTD_MIN_WINDOW, 1 << (limit - 1).bit_length())
 
 

@@ -1,14 +1,12 @@
-"""The ASGI layers in front of every route (404s and /mcp included).
+"""The ASGI layers in front of every route (404s and /mcp included). `Gateway` gives each request
+its id, access line, HTTP metrics and trace span, checks its bearer token and admits it unless
+the service is draining; a request the drain cuts is answered 503 here, never cut off. Whatever
+answered before the body had all arrived, the rest is then read and dropped (`Incoming.discard`).
 
-`Gateway` gives each request its id, access line, HTTP metrics and trace span, checks its bearer
-token and admits it unless the service is draining; a request the drain cuts is answered 503
-here, never cut off. Whatever answered before the body had all arrived (a 401, a 503, a 413 or
-415, a 404), the rest is then read and dropped (`Incoming.discard`).
-
-In front of it, when set: the path prefix of a reverse proxy (`RootPath`) and CORS (`Cors`).
-The prefix must be gone before the gateway decides what is public and which route a metric
-counts, CORS headers must reach its own answers too (a 401, a drain's 503), and a preflight,
-which carries no credentials, must be answered before auth.
+In front of it, when set: a reverse proxy's path prefix (`RootPath`) and CORS (`Cors`). The
+prefix must be gone before the gateway decides what is public and which route a metric counts,
+CORS headers must reach its own answers too (a 401, a drain's 503), and a preflight, which
+carries no credentials, must be answered before auth.
 """
 
 from __future__ import annotations

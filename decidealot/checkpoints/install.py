@@ -389,10 +389,9 @@ def _fsync(path: Path) -> None:
 
 
 def install_enabled(settings: Settings, *, progress: bool, rehash: bool = False) -> None:
-    """Make every enabled bundle installed and verified, or raise one BundleError naming all
-    that failed, each with what replaces it: a user without hub access fixes the configuration
-    once, not once per bundle. `progress`: tqdm bars, else log lines. `rehash`: re-hash
-    installed files instead of trusting their install record and sizes."""
+    """Make every enabled bundle installed and verified, or raise one BundleError naming all that
+    failed, each with what replaces it, so a user without hub access fixes the configuration once.
+    `progress`: tqdm bars, else log lines. `rehash`: trust no install record, re-hash every file."""
     failed: list[tuple[Placed, BundleError]] = []
     for placed in to_download(settings):
         try:

@@ -1,8 +1,7 @@
 """The Litestar app: routes over the service, error envelopes, wrapped in the gateway layer.
-
-`GET /docs` is Swagger UI 5 (OpenAPI 3.1) from the `swagger-ui-bundle-v2` package, served here
-so that it works where no CDN is reachable; public, like the document, whose bearer security
-lets Swagger's Authorize button take the key for the calls the page makes.
+`GET /docs` is Swagger UI 5 from the `swagger-ui-bundle-v2` package, served here so that it works
+where no CDN is reachable; public, like the document, whose bearer security lets Swagger's
+Authorize button take the key for the calls the page makes.
 """
 
 from __future__ import annotations

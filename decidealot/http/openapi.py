@@ -1,7 +1,6 @@
-"""The OpenAPI document, generated from the msgspec wire types plus the validator's bounds.
-
-Built by hand rather than by Litestar because the routes read their bodies themselves (limits,
-decompression, all-issues validation), so Litestar cannot see their request types.
+"""The OpenAPI document, from the msgspec wire types plus the validator's bounds; by hand, not by
+Litestar, because the routes read their bodies themselves (limits, decompression, all-issues
+validation), so Litestar cannot see their request types.
 
 Its named examples are the contract's own requests beside answers whose numbers only show the
 shape: Swagger UI pre-fills a body with an operation's first example, so a first "Try it out"

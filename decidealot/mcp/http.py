@@ -58,11 +58,10 @@ class MethodNotAllowed(DecidealotError):
 def transport_security(
     allowed_hosts: tuple[str, ...], cors_origins: tuple[str, ...] = ()
 ) -> TransportSecuritySettings:
-    """DNS-rebinding protection: the Host (and any browser Origin) must name an allowed host
-    (one without a port: on any port), or the Origin be one DECIDEALOT_CORS_ORIGINS lists. `*`
-    turns the check off for deployments reached under names they cannot list (the bearer key
-    still guards them). A CORS `*` is not carried over: letting any page read the API's answers
-    is no reason to let any page reach the tools through a rebound name."""
+    """DNS-rebinding protection: the Host (and any browser Origin) must name an allowed host (one
+    without a port: on any port), or the Origin be a listed CORS one. `*` turns the check off for
+    deployments reached under names they cannot list (the bearer key still guards them). A CORS
+    `*` is not carried over: any page may read the API's answers, not reach the tools."""
     hosts = allowed_hosts or LOOPBACK_HOSTS
     if "*" in hosts:
         return TransportSecuritySettings(enable_dns_rebinding_protection=False)

@@ -210,9 +210,8 @@ def _names(models: Json) -> list[str] | None:
 
 
 def in_tool_terms(envelope: Json) -> Json:
-    """An error envelope whose messages name the tools where they name HTTP routes ("use a
-    name returned by list_models", not "GET /v1/models"): an agent sees only tools. Forwarded
-    envelopes are renamed too; nothing else in them changes."""
+    """An error envelope (forwarded ones too) whose messages name the tools where they name HTTP
+    routes ("list_models", not "GET /v1/models"): an agent sees only tools. Nothing else changes."""
     if not isinstance(envelope, dict):
         return envelope
     renamed = dict(envelope)

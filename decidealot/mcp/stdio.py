@@ -1,10 +1,8 @@
 """`decidealot mcp`: the MCP tools over stdio, for IDEs and desktop clients; stdout carries only
-MCP messages, logs go to stderr.
-
-Without `--url` this process is a Decidealot of its own (`serve`'s startup checks, its own
-providers). With `--url` it forwards each tool call, arguments untouched, to a running
-Decidealot: IDE sessions share one server and its loaded models, and errors are the server's
-own envelopes, byte for byte.
+MCP messages, logs go to stderr. Without `--url` this process is a Decidealot of its own
+(`serve`'s startup checks, its own providers). With `--url` it forwards each tool call,
+arguments untouched, to a running Decidealot: IDE sessions share one server and its loaded
+models, and errors are the server's own envelopes, byte for byte.
 """
 
 from __future__ import annotations
@@ -266,9 +264,7 @@ class ForwardingBackend:
 
     def __init__(self, base_url: str, api_key: str | None, timeout: httpx.Timeout) -> None:
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._client = httpx.AsyncClient(
-            base_url=base_url.rstrip("/"), headers=headers, timeout=timeout
-        )
+        self._client = httpx.AsyncClient(base_url=base_url, headers=headers, timeout=timeout)
 
     async def close(self) -> None:
         await self._client.aclose()

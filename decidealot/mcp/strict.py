@@ -1,12 +1,10 @@
 """What both transports check each incoming JSON-RPC message against before the SDK parses it,
-and what a message they refuse is told (docs/mcp.md).
-
-The SDK parses leniently (a duplicate key keeps its last value, `10**30` and `NaN` are numbers, a
-lone surrogate is a string), so `screen` replaces the raw `arguments` of a `tools/call` that the
-HTTP API's strict parser refuses by a marker holding its 422 envelope, answered as a tool error
-(`rejection`); arguments that pass are left byte for byte. `checked` then holds the whole message
-to the SDK's schema, strictly. The SDK names only 2026-07-28 in `server/discover` and -32022;
-both transports name `SERVED_VERSIONS`.
+and what a message they refuse is told (docs/mcp.md). The SDK parses leniently (a duplicate key
+keeps its last value, `10**30` and `NaN` are numbers, a lone surrogate is a string), so `screen`
+replaces the raw `arguments` of a `tools/call` that the HTTP API's strict parser refuses by a
+marker holding its 422 envelope, answered as a tool error (`rejection`); arguments that pass are
+left byte for byte. `checked` then holds the whole message to the SDK's schema, strictly. The SDK
+names only 2026-07-28 in `server/discover` and -32022; both transports name `SERVED_VERSIONS`.
 """
 
 from __future__ import annotations
