@@ -1,8 +1,5 @@
-"""Which model names exist and which provider answers each.
-
-Local providers' names are read once at start, hosted ones from their provider when needed; a
-local name always wins over a hosted one of the same spelling.
-"""
+"""Which model names exist and which provider answers each; a local name always wins over a
+hosted one of the same spelling."""
 
 from __future__ import annotations
 

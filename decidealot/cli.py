@@ -1,8 +1,6 @@
 """`decidealot serve | prepare | mcp | encoder | models | calibrate | checkpoints tiny DIR`.
-
-Every subcommand reads the settings once, from the environment; a bad value exits with status 2
-and one line naming the variable. Subcommands import their heavy parts lazily.
-"""
+Each reads the settings once, from the environment (a bad value: status 2 and one line naming
+the variable), and imports its heavy parts lazily."""
 
 from __future__ import annotations
 

@@ -1,9 +1,8 @@
 """The service's settings: how a `DECIDEALOT_*` variable is declared, parsed and checked.
 
-A setting is a field of a frozen msgspec struct annotated with `setting(parse)`, its variable
-`DECIDEALOT_` + the field name in capitals; providers declare theirs the same way
-(`Settings.sections`). Nothing else reads the environment (but the OpenTelemetry SDK, OTEL_*:
-`decidealot.tracing`), so a `DECIDEALOT_*` name no struct declares is a typo and is refused.
+A setting is a frozen msgspec struct's field annotated with `setting(parse)`, its variable
+`DECIDEALOT_` + the name in capitals (the core's, and providers' in `Settings.sections`). Nothing
+else reads the environment (but OpenTelemetry, OTEL_*), so an undeclared name is refused as a typo.
 """
 
 from __future__ import annotations
@@ -20,8 +19,7 @@ import msgspec
 
 from decidealot import cpu
 
-Parse = Callable[[str, str], object]
-"""`parse(variable, raw)`: the value of a setting, or `ConfigError`."""
+Parse = Callable[[str, str], object]  # `parse(variable, raw)`: the value, or `ConfigError`
 
 Device = Literal["auto", "cpu", "cuda"]
 LogFormat = Literal["auto", "json", "text"]
@@ -130,8 +128,7 @@ def secrets(name: str, raw: str) -> tuple[str, ...]:
     return keys
 
 
-SECRETS: tuple[Parse, ...] = (secret, secrets)
-"""Parsers of secret settings: masked in a repr, and readable from their `_FILE` twin's file."""
+SECRETS: tuple[Parse, ...] = (secret, secrets)  # masked in a repr, readable from a `_FILE` twin
 FILE_SUFFIX = "_FILE"
 
 
@@ -247,8 +244,7 @@ class Settings(Section, frozen=True, kw_only=True):
     log_level: Annotated[str, setting(choice(("debug", "info", "warning", "error")))] = "info"
     log_format: Annotated[LogFormat, setting(choice(("auto", "json", "text")))] = "auto"
     root_path: Annotated[str, setting(_root_path)] = ""
-    """The path prefix a reverse proxy serves the service under ("": none); requests arrive
-    with it (kept) or without it (stripped), and the OpenAPI document names it."""
+    """The prefix a reverse proxy serves under ("": none); routes answer with it and without."""
     cors_origins: Annotated[tuple[str, ...], setting(_origins)] = ()
     """Browser origins allowed to call the API ((): CORS off, no CORS headers at all)."""
 
@@ -286,8 +282,7 @@ class Settings(Section, frozen=True, kw_only=True):
     # Tracing, from the standard OTEL_* variables.
     trace_exporters: tuple[str, ...] = ()  # (): off; ("otlp",): OTLP over HTTP
 
-    sections: dict[str, msgspec.Struct] = {}
-    """Each registered provider's settings, by provider name (`ProviderDescriptor.of`)."""
+    sections: dict[str, msgspec.Struct] = {}  # each provider's settings, by its name
 
 
 def read_section(

@@ -1,19 +1,17 @@
 """Wire types of the Decidealot contract (seeds/003): requests, answers, listings and errors.
 
-Requests are built only by `decidealot.validation.requests`, so everything past it holds
-validated structs. Field order in each struct is the order the contract's examples show.
-"""
+Only `decidealot.validation.requests` builds requests, so everything past it holds validated
+structs. Fields are in the order the contract's examples show."""
 
 from __future__ import annotations
 
 import re
 from typing import Any, Literal, TypeAlias
-from urllib.parse import unquote
+from urllib.parse import quote, unquote
 
 import msgspec
 
-Json: TypeAlias = Any
-"""Any JSON value (state, instructions, criteria). msgspec cannot name a recursive alias."""
+Json: TypeAlias = Any  # any JSON value: msgspec cannot name a recursive alias
 
 State: TypeAlias = str | dict[str, Json] | list[Json]
 Loc: TypeAlias = list[str | int]
@@ -59,14 +57,12 @@ class BatchRequest(msgspec.Struct, frozen=True):
 
 
 class Labelled(msgspec.Struct, frozen=True):
-    """One row of a label file (`decidealot calibrate`): `gold` is the right answer's position
-    in the contract's order (the choice label's among the criteria, the score level, a noul's 1
-    when the statement is true, 0 when false)."""
+    """One row of a label file (`decidealot calibrate`)."""
 
     line: int
     state: State
     question: Question
-    gold: int
+    gold: int  # the right answer: a choice label's index in criteria, a score level, noul 1 if true
 
 
 # -- answers ---------------------------------------------------------------------------------
@@ -120,18 +116,14 @@ def truncated_header(cuts: list[Cut]) -> str:
     return ", ".join(members)
 
 
+_PRINTABLE_BUT_PERCENT = "".join(chr(c) for c in range(0x20, 0x7F) if chr(c) != "%")
+
+
 def _sf_string(text: str) -> str:
     """An sf-string holds printable ASCII only: `"` and `\\` are escaped as RFC 8941 says,
     `%` and any other character are written as their UTF-8 bytes `%`-escaped."""
-    out = []
-    for char in text:
-        if char in '"\\':
-            out.append("\\" + char)
-        elif char == "%" or not " " <= char <= "~":
-            out.append("".join(f"%{byte:02X}" for byte in char.encode()))
-        else:
-            out.append(char)
-    return '"' + "".join(out) + '"'
+    escaped = quote(text, safe=_PRINTABLE_BUT_PERCENT).replace("\\", "\\\\").replace('"', '\\"')
+    return f'"{escaped}"'
 
 
 _MEMBER = re.compile(r'"((?:[ !#-\[\]-~]|\\["\\])*)"((?:;[a-z*][a-z0-9_.*-]*=-?[0-9]{1,15})*)')
@@ -191,61 +183,46 @@ class CheckpointStatus(msgspec.Struct, kw_only=True):
 
     name: str
     precision: str
-    requested: str
-    """The `DECIDEALOT_PRECISION` value it came from (`auto` by default)."""
-    reason: str
-    """Why: `requested`, what `auto` chose on which CPU flags, or the load probe's fallback."""
+    requested: str  # the `DECIDEALOT_PRECISION` value it came from (`auto` by default)
+    reason: str  # `requested`, what `auto` chose on which CPU flags, or the load probe's fallback
     folder: str
-    verified: str | None
-    """`repo@revision` of the install record that verified it; None for a local checkpoint."""
-    int8_share: float
-    """Share of its encoder's linear layers that run int8 (0 outside `int8`)."""
-    calibration: str | None = None
-    """Its `DECIDEALOT_*_CALIBRATION` file; None: the temperatures its checkpoint ships."""
+    verified: str | None  # `repo@revision` of the install record that verified it; None: local
+    int8_share: float  # share of its encoder's linear layers that run int8 (0 outside `int8`)
+    calibration: str | None = None  # its `DECIDEALOT_*_CALIBRATION` file; None: as shipped
 
 
 class ProviderStatus(msgspec.Struct, kw_only=True):
     name: str
     enabled: bool
     local: bool
-    loaded: bool | None = None
-    """Local providers: whether its worker is up (None for a hosted or disabled one)."""
+    loaded: bool | None = None  # whether its worker is up (None: a hosted or disabled one)
     device: str | None = None
-    running: int = 0
-    """Decisions holding its residency slot now."""
+    running: int = 0  # decisions holding its residency slot now
     checkpoints: list[CheckpointStatus] = []
-    details: dict[str, Json] = {}
-    """The provider's own (CLM `encoder_answered_last_call`, Jev `catalog_age_seconds`)."""
+    details: dict[str, Json] = {}  # its own (CLM `encoder_answered_last_call`, Jev catalog age)
 
 
 class SlotStatus(msgspec.Struct, kw_only=True):
-    total: int
-    """`DECIDEALOT_MAX_RESIDENT_PROVIDERS`."""
+    total: int  # `DECIDEALOT_MAX_RESIDENT_PROVIDERS`
     held_by: list[str]
 
 
 class DecisionStatus(msgspec.Struct, kw_only=True):
-    queued: int
-    """Admitted to local providers and not yet holding a slot."""
-    running: int
-    """Holding a slot: sent to a worker, or about to be."""
-    limit: int
-    """`DECIDEALOT_MAX_PENDING_REQUESTS` (0: no bound) on queued plus running."""
+    queued: int  # admitted to local providers and not yet holding a slot
+    running: int  # holding a slot: sent to a worker, or about to be
+    limit: int  # `DECIDEALOT_MAX_PENDING_REQUESTS` (0: no bound) on queued plus running
 
 
 class CpuStatus(msgspec.Struct, kw_only=True):
-    bf16_units: list[str]
-    """The CPU's native bf16 flags (amx_bf16, avx512_bf16): where `auto` runs bf16."""
-    int8_units: list[str]
-    """Its int8 dot-product flags (amx_int8, avx512_vnni, avx_vnni): where int8 may run."""
+    bf16_units: list[str]  # native bf16 flags (amx_bf16, avx512_bf16): where `auto` runs bf16
+    int8_units: list[str]  # int8 dot-product flags (amx_int8, avx512_vnni, avx_vnni)
 
 
 class Status(msgspec.Struct, kw_only=True):
     """`GET /v1/status`: what runs, for an operator (the contract's `/health` stays as it is)."""
 
     status: Literal["ok", "draining"]
-    precision: str
-    """`DECIDEALOT_PRECISION` as set."""
+    precision: str  # `DECIDEALOT_PRECISION` as set
     cpu: CpuStatus
     providers: list[ProviderStatus]
     slots: SlotStatus

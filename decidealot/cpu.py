@@ -4,8 +4,7 @@ Reduced precision pays on a CPU only where it has units for it: bf16 matrix prod
 10x fp32 with AMX and 3x with avx512_bf16, but at about 1 GFLOP/s where neither exists, and
 int8 through `torch._int_mm` is 20x slower than fp32 without VNNI or AMX (docs/performance.md).
 It is decided from the flags, never by running a kernel: oneDNN can pick an instruction the CPU
-lacks, and the process dies of SIGILL. Both the gateway (refusals before listening) and the
-worker (what `auto` chooses) read the flags here; tests replace `flags` with a CPU's list.
+lacks, and the process dies of SIGILL. The gateway (refusals) and the worker (`auto`) read them.
 """
 
 from __future__ import annotations
@@ -14,12 +13,8 @@ import functools
 from pathlib import Path
 
 CPUINFO = Path("/proc/cpuinfo")
-
-BF16_UNITS = ("amx_bf16", "avx512_bf16")
-"""Flags of native bf16 dot products (AMX tiles, AVX-512 VDPBF16PS), best first."""
-
-INT8_UNITS = ("amx_int8", "avx512_vnni", "avx_vnni")
-"""Flags of int8 dot-product units (AMX tiles, AVX-512 VNNI, AVX-VNNI), best first."""
+BF16_UNITS = ("amx_bf16", "avx512_bf16")  # native bf16 dot products, best first
+INT8_UNITS = ("amx_int8", "avx512_vnni", "avx_vnni")  # int8 dot-product units, best first
 
 
 @functools.cache
@@ -62,9 +57,8 @@ def missing_units(precision: str, cpu: frozenset[str]) -> str | None:
 
 
 def auto_precision(device: str, cpu: frozenset[str], on_cuda: str) -> tuple[str, str]:
-    """What `DECIDEALOT_PRECISION=auto` runs on `device` (resolved) and why: on CUDA `on_cuda`,
-    what the engine's upstream runs on a GPU; on a CPU with native bf16 units bf16 (the load
-    probe may still fall back to fp32); elsewhere fp32, exactly as `fp32`."""
+    """What `DECIDEALOT_PRECISION=auto` runs on `device` (resolved), and why: `on_cuda` is what
+    the engine's upstream runs on a GPU; a bf16 choice may still fall back to fp32 at load."""
     if device == "cuda":
         return on_cuda, f"auto on cuda: {on_cuda}, as upstream runs on a GPU"
     units = bf16_units(cpu)

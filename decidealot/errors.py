@@ -1,8 +1,5 @@
-"""The service's exception hierarchy; transport maps each to its status and envelope.
-
-Messages are fixed, safe strings: nothing upstream (keys, URLs, bodies, tracebacks) is ever
-copied into them.
-"""
+"""The service's errors, each with its status and envelope. Messages are fixed, safe strings:
+nothing upstream (keys, URLs, bodies, tracebacks) is ever copied into them."""
 
 from __future__ import annotations
 
@@ -12,13 +9,10 @@ from decidealot.contract import ErrorBody, Json, Loc, ValidationErrorBody, Valid
 
 
 class DecidealotError(Exception):
-    """Base of every error the service answers with a status other than 2xx."""
-
     status: int = 500
     code: str = "INTERNAL_ERROR"
     message: str = "the request could not be completed"
     headers: dict[str, str] = {}  # noqa: RUF012 (read-only; subclasses replace it)
-    """Response headers this error adds (e.g. `Retry-After`)."""
 
     def __init__(self, message: str | None = None, details: dict[str, Json] | None = None):
         super().__init__(message or self.message)
@@ -50,8 +44,6 @@ class UnsupportedEncoding(DecidealotError):
 
 
 class MalformedBody(DecidealotError):
-    """The body cannot be decoded as declared (e.g. corrupt gzip or zstd data)."""
-
     status, code, message = 400, "MALFORMED_BODY", "the request body could not be decoded"
 
 
@@ -115,9 +107,8 @@ class RequestInvalid(DecidealotError):
 
 
 def state_too_long(total: int, question: str, room: int, reads: str) -> RequestInvalid:
-    """The 422 of `DECIDEALOT_LONG_STATES=refuse`: the state has `total` tokens and
-    `question`, the tightest, leaves `room` for it in what the model `reads` (e.g.
-    "laya-english's 512-token rows"). Never echoes the state."""
+    """The 422 of `DECIDEALOT_LONG_STATES=refuse`: `question`, the tightest, leaves `room` of the
+    state's `total` tokens in what the model `reads` ("laya-english's 512-token rows")."""
     msg = (
         f"the state has {total} tokens and question {question!r} leaves room for {room} of them "
         f"in {reads}; DECIDEALOT_LONG_STATES=refuse refuses a state that would be cut: shorten "

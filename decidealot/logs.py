@@ -1,8 +1,6 @@
-"""Process-wide logging: one line per record, JSON or text (docs/operations.md#logs).
-
-The request id lives in a context variable the HTTP layer sets per request, so every line
-written while serving it carries the id without passing it around (and, inside a span, the
-trace's ids). Lines never carry state contents or keys: callers log names and sizes.
+"""Process-wide logging: one line per record, JSON or text (docs/operations.md#logs), each with
+the request id the HTTP layer sets in a context variable (and, inside a span, the trace's ids).
+Lines never carry state contents or keys: callers log names and sizes.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
-"""The service's metrics on prometheus_client, and their text exposition for `/metrics`.
+"""The service's metrics on prometheus_client (docs/operations.md lists them), for `/metrics`.
 
-Every metric is defined at the bottom of this module (docs/operations.md lists them); call
-sites pass label values as keywords, from bounded sets (route templates, provider names, fixed
+Label values, passed as keywords, come from bounded sets (route templates, provider names, fixed
 reasons), never request contents or keys. `REGISTRY` is private: prometheus_client's global one
-may be filled by other libraries. `ServiceCollector` adds what is read from one service at
-scrape time, so that services sharing a process (tests) each report their own.
+may be filled by other libraries.
 """
 
 from __future__ import annotations
@@ -23,10 +21,8 @@ from prometheus_client import (
 )
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
-"""Prometheus text exposition format 0.0.4, which every scraper reads."""
-MEDIA_TYPE = CONTENT_TYPE.removesuffix("; charset=utf-8")
-"""CONTENT_TYPE for frameworks that append the charset themselves (Litestar does)."""
+CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4  # the text format every scraper reads
+MEDIA_TYPE = CONTENT_TYPE.removesuffix("; charset=utf-8")  # Litestar appends the charset
 
 DEFAULT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 """Seconds: from a cached fake's microseconds to a cold CPU forward pass over a long batch."""
@@ -81,9 +77,7 @@ class Histogram(_Private, prometheus_client.Histogram):
         (self.labels(**labels) if labels else super()).observe(amount)
 
 
-class ResidencyView(Protocol):
-    """What `ServiceCollector` reads from `decidealot.residency.Residency`."""
-
+class ResidencyView(Protocol):  # what `ServiceCollector` reads of `Residency`
     @property
     def names(self) -> list[str]: ...
 
@@ -91,7 +85,8 @@ class ResidencyView(Protocol):
 
 
 class ServiceCollector:
-    """One service's `/metrics`: the process's metrics plus gauges read at scrape time."""
+    """One service's `/metrics`: the process's metrics plus gauges read from it at scrape time
+    (services sharing a process, as in tests, each report their own)."""
 
     def __init__(self, residency: ResidencyView) -> None:
         self._residency = residency

@@ -1,8 +1,7 @@
-"""Checks `serve` and `prepare` run before anything listens: device, bundles, checkpoint files.
-
-Each would otherwise start and fail every request with a worker traceback (a checkpoint file
-its engine cannot read, a calibration file it refuses, no GPU, bf16 or int8 without their CPU
-units), so each is told here in one message naming the setting or bundle. No torch here.
+"""Checks `serve` and `prepare` run before anything listens: device, bundles, checkpoint files;
+no torch. Each would otherwise start and fail every request with a worker traceback (a file its
+engine cannot read, no GPU, bf16 without its CPU units), so each is told here in one message
+naming the setting or bundle.
 """
 
 from __future__ import annotations
@@ -64,13 +63,10 @@ def checkpoint_problems(settings: Settings, *, overrides_only: bool = False) -> 
         if overrides_only and not override:
             continue
         path = placed.path(settings)
-        where = (
-            f"{placed.bundle.variable}={path}"
-            if override
-            else f"bundle {placed.name} (installed at {path})"
-        )
-        for problem in _problems(path, placed):
-            lines.append(f"{where}: {problem}")
+        where = f"bundle {placed.name} (installed at {path})"
+        if override:
+            where = f"{placed.bundle.variable}={path}"
+        lines += [f"{where}: {problem}" for problem in _problems(path, placed)]
     return lines
 
 
@@ -153,5 +149,4 @@ def ready_to_serve(settings: Settings, *, progress: bool, rehash: bool) -> None:
     report_calibrations(settings)
 
 
-ERRORS = (ConfigError, BundleError, CheckpointError)
-"""What `prepare` raises for the user to read; the CLI prints it and exits non-zero."""
+ERRORS = (ConfigError, BundleError, CheckpointError)  # the CLI prints them, exits non-zero

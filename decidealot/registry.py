@@ -1,8 +1,5 @@
-"""The registered providers: what each declares in its descriptor, and the settings read with them.
-
-Each `ProviderDescriptor` is an entry point of the `decidealot.providers` group; the rest of the
-service iterates them and names no provider (docs/architecture.md, "A provider is one folder").
-"""
+"""The registered providers (entry points of group `decidealot.providers`): what each declares in
+its descriptor, and the settings read with them. The rest of the service names no provider."""
 
 from __future__ import annotations
 
@@ -30,8 +27,7 @@ S = TypeVar("S", bound=msgspec.Struct)
 FileCheck = Callable[[Path], "str | None"]
 """Reads one file of a checkpoint the way its engine will: what is wrong with it, or None."""
 
-_MAX_SAFETENSORS_HEADER = 100_000_000
-"""The safetensors format's own bound on its JSON header."""
+_MAX_SAFETENSORS_HEADER = 100_000_000  # the safetensors format's own bound on its JSON header
 
 
 def json_object_problem(path: Path) -> str | None:
@@ -80,21 +76,15 @@ def safetensors_header(path: Path) -> str | None:
 class Bundle:
     """One downloadable checkpoint of a local provider."""
 
-    name: str
-    """Its manifest is `<name>.json` in `manifests`; it installs to DECIDEALOT_MODEL_DIR/<name>."""
-    setting: str
-    """The provider's setting that replaces the download with a local checkpoint."""
-    entry: str = ""
-    """What the provider loads inside the installed folder: "" the folder, else one file."""
-    entry_is: str = "checkpoint file"
-    """What messages call that one file."""
-    files: tuple[str, ...] = ()
-    """Files a checkpoint directory must hold: the ones the engine reads."""
+    name: str  # its manifest is `<name>.json`; it installs to DECIDEALOT_MODEL_DIR/<name>
+    setting: str  # the provider's setting that replaces the download with a local checkpoint
+    entry: str = ""  # what the provider loads in the installed folder: "" the folder, else a file
+    entry_is: str = "checkpoint file"  # what messages call that one file
+    files: tuple[str, ...] = ()  # files a checkpoint directory must hold: the ones the engine reads
     checks: Mapping[str, FileCheck] = field(default_factory=dict, hash=False)
-    """How the startup checks read a file's contents, by its name in `files` (or `entry`):
-    a file the engine would fail to parse stops startup as a missing one does."""
-    manifests: Traversable | None = None
-    """Where its manifest lies; None: the manifests shipped in `decidealot.bundles`."""
+    """Startup's reading of a file, by name in `files` (or `entry`): one the engine cannot parse
+    stops startup as a missing one does."""
+    manifests: Traversable | None = None  # where its manifest lies; None: `decidealot.bundles`
 
     @property
     def variable(self) -> str:
@@ -104,20 +94,15 @@ class Bundle:
 @dataclass(frozen=True)
 class Calibration:
     """A setting naming a calibration file, in the checkpoint's upstream format, that replaces
-    the confidence rule one bundle's checkpoint ships (its temperatures)."""
+    the temperatures one bundle's checkpoint ships."""
 
     setting: str
-    bundle: str
-    """The bundle whose checkpoint it calibrates."""
-    key: str
-    """That checkpoint's key in the provider's engine (`EngineSpec.checkpoints`)."""
-    check: FileCheck
-    """What is wrong with a file (startup stops, naming the setting and the file), or None."""
+    bundle: str  # the bundle whose checkpoint it calibrates
+    key: str  # that checkpoint's key in the provider's engine (`EngineSpec.checkpoints`)
+    check: FileCheck  # a file it finds wrong stops startup, naming the setting and the file
     warnings: Callable[[Path, Path], list[str]]
-    """(file, checkpoint directory) -> what upstream warns of when it loads that file there
-    (a file fitted for another checkpoint, temperatures it clamps)."""
-    selectors: tuple[str, ...]
-    """The selectors that name this checkpoint alone: `decidealot calibrate --model` takes them."""
+    """(file, checkpoint directory) -> what upstream warns of when it loads that file there."""
+    selectors: tuple[str, ...]  # those naming this checkpoint alone (`calibrate --model`)
 
 
 @dataclass(frozen=True)
@@ -125,39 +110,27 @@ class Tiny:
     """How to write random checkpoints of a provider's bundles (`decidealot checkpoints tiny`)."""
 
     writer: str
-    """`module:function` writing them under a folder (bundle name -> path); named, not
-    imported: like an engine factory it runs outside the gateway (`decidealot.providers.tiny`)."""
-    needs: str | None = None
-    """What else the provider needs to run (the lines are printed commented out then)."""
+    """`module:function` writing them (bundle name -> path in a folder); named: it imports torch."""
+    needs: str | None = None  # what else the provider needs to run (its lines then commented out)
 
 
 @dataclass(frozen=True)
 class ProviderDescriptor(Generic[S]):
-    """Everything the service knows about one provider."""
-
-    name: str
-    """`/health` and unload reports name it so; its settings' variables usually start with it."""
-    order: int
-    """Its place in listings; a local name still wins a collision with a hosted one."""
-    settings: type[S]
-    """Its settings: a frozen struct whose fields are annotated with `config.setting`."""
+    name: str  # `/health` and unload reports name it; its variables usually start with it
+    order: int  # its place in listings; a local name still wins a collision with a hosted one
+    settings: type[S]  # a frozen struct whose fields are annotated with `config.setting`
     enabled: Callable[[S], bool]
-    switch_off: str
-    """How a user turns it off, for messages that offer it as a fix."""
-    build: Callable[[Settings, S], Provider]
-    """The provider, from the settings with every checkpoint setting filled."""
+    switch_off: str  # how a user turns it off, for messages that offer it as a fix
+    build: Callable[[Settings, S], Provider]  # the provider; checkpoint settings all filled
     off: str = ""
     """How messages say it is off ("DECIDEALOT_LAYA_ENABLED=false"): a setting that matters only
     while it is on (a bundle's, `only_while_on`) is refused when set: `<var> is set but <off>`."""
-    only_while_on: tuple[str, ...] = ()
-    """Settings besides its bundles' that mean nothing while it is off."""
-    local: bool = True
-    """Decisions run on this host, in a worker, and take a residency slot."""
+    only_while_on: tuple[str, ...] = ()  # more settings that mean nothing while it is off
+    local: bool = True  # decisions run on this host, in a worker, and take a residency slot
     selectors: tuple[ModelInfo, ...] = ()
     """The model names a local provider serves (a hosted one lists its own at run time)."""
     bundles: tuple[Bundle, ...] = ()
-    lane_group: str | None = None
-    """On CPU, providers of one group may hold the shared lane together; None: its own group."""
+    lane_group: str | None = None  # on CPU, one group may hold the shared lane; None: its own
     free_of_lane: Callable[[S], bool] = lambda section: False
     """True where its settings take it off every lane (it then overlaps other models)."""
     check: Callable[[S], None] = lambda section: None
@@ -165,8 +138,7 @@ class ProviderDescriptor(Generic[S]):
     tiny: Tiny | None = None
     calibrations: tuple[Calibration, ...] = ()
     calibrator: str = ""
-    """`module:function` that fits a calibration file on labelled rows (`decidealot
-    calibrate`); like `Tiny.writer` it imports torch, so it is named, not imported."""
+    """`module:function` fitting a calibration file on labelled rows; named, as `Tiny.writer`."""
 
     def of(self, settings: Settings) -> S:
         section = settings.sections.get(self.name)
@@ -177,8 +149,7 @@ class ProviderDescriptor(Generic[S]):
         return section
 
     def calibration_files(self, section: S) -> dict[str, str]:
-        """Checkpoint key -> the calibration file `section` sets for it (unset: the checkpoint
-        runs with the temperatures it ships)."""
+        """Checkpoint key -> the calibration file `section` sets (unset: shipped temperatures)."""
         files = {c.key: getattr(section, c.setting) for c in self.calibrations}
         return {key: str(path) for key, path in files.items() if path is not None}
 
@@ -205,8 +176,7 @@ class ProviderDescriptor(Generic[S]):
         return "local", self.lane_group or self.name
 
 
-Descriptor = ProviderDescriptor[Any]
-"""A descriptor of any provider: each one's settings type is its own."""
+Descriptor = ProviderDescriptor[Any]  # any provider's: each one's settings type is its own
 
 
 @functools.cache
@@ -228,10 +198,9 @@ def registered() -> tuple[Descriptor, ...]:
 
 
 def _entry_points() -> list[importlib.metadata.EntryPoint]:
-    """The group's entry points of every distribution on the path, in path order. Unlike
-    `importlib.metadata.entry_points`, a second copy of a distribution's metadata (a stale
-    `decidealot.egg-info` left in a checkout by an in-tree build) does not hide the one that
-    declares the group."""
+    """The group's entry points of every distribution on the path, in path order: unlike with
+    `importlib.metadata.entry_points`, a stale second copy of a distribution's metadata (an
+    in-tree build's `decidealot.egg-info`) does not hide the one that declares the group."""
     return [
         point
         for distribution in importlib.metadata.distributions()
@@ -272,8 +241,7 @@ def from_env(environ: Mapping[str, str] | None = None) -> Settings:
 
 
 def settings(**values: object) -> Settings:
-    """Settings from field values, core and providers' alike (defaults for the rest):
-    `settings(max_resident_providers=2, laya_enabled=False)`."""
+    """Settings from field values, core and providers' alike (defaults for the rest)."""
     return replace(Settings(), **values)
 
 

@@ -1,8 +1,5 @@
-"""JSON Schemas of the request bodies, with every bound the validator enforces.
-
-One source for the OpenAPI document and the MCP tool input schemas, so both state the limits
-`decidealot.validation.requests` applies; msgspec derives the shapes from the wire types.
-"""
+"""JSON Schemas of the request bodies with every bound the validator enforces, for both the
+OpenAPI document and the MCP tools; msgspec derives the shapes from the wire types."""
 
 from __future__ import annotations
 
@@ -21,10 +18,9 @@ CONFIG_DESCRIPTION = (
 
 INTEGER = {"type": "integer", "minimum": -(2**63), "maximum": 2**64 - 1}
 SMALL_NUMBER = {"type": "number", "minimum": -(2**53), "maximum": 2**53}
-"""Together, what `strict_json.parse_json` takes for a number anywhere in a body: the 64-bit
-integer range, however the number is spelled. Every double past 2**53 is whole, so the two
-cover each number once; spelled as one bounded `number`, hypothesis-based generators reject
-most of what they draw."""
+"""Together, what `strict_json.parse_json` takes for a number: the 64-bit integer range, however
+spelled. Every double past 2**53 is whole, so the two cover each number once; as one bounded
+`number`, hypothesis-based generators would reject most of what they draw."""
 
 
 def _json_value(ref: dict[str, str]) -> dict[str, Any]:
@@ -114,10 +110,9 @@ def request_components(ref_template: str, *, json_values: bool = False) -> dict[
 
 
 def declare_models(request: dict[str, Any], names: list[str] | None, listing: str) -> None:
-    """`model` of a `SystemOneRequest` schema as the enum of `names`, the catalog now, so the
-    schema names every model a call may use; `listing` is where a caller reads them (the
-    OpenAPI document says `GET /v1/models`, the MCP tools `list_models`). With no names (a
-    hosted catalog that could not be read) `model` stays open and its description says so."""
+    """`model` of a `SystemOneRequest` schema as the enum of `names`, the catalog now, or open
+    and saying so where there are none (a hosted catalog could not be read); `listing` is where
+    a caller reads them (`GET /v1/models`, `list_models`)."""
     model = request["properties"]["model"]
     if names is None:
         model["description"] = (

@@ -1,10 +1,9 @@
-"""OpenTelemetry traces, off unless the standard OTEL_* variables configure an exporter.
+"""OpenTelemetry traces, off unless the standard OTEL_* variables configure an exporter: until
+`setup` installs the SDK (the `decidealot[otel]` extra), each helper here costs one check. The
+API package is a plain dependency: the MCP SDK needs it anyway.
 
-`setup` installs the SDK (the `decidealot[otel]` extra) when `Settings.trace_exporters` names an
-exporter; until then each helper here costs one check. The API package is a plain dependency
-because the MCP SDK needs it anyway. Spans never carry request text, keys or exception messages
-(which may quote the state), and only W3C `traceparent`/`tracestate` travel, in and out
-(docs/operations.md#traces).
+Spans never carry request text, keys or exception messages (which may quote the state); only
+W3C `traceparent`/`tracestate` travel, in and out (docs/operations.md#traces).
 """
 
 from __future__ import annotations
@@ -34,8 +33,7 @@ P = ParamSpec("P")
 T = TypeVar("T")
 Kind = Literal["internal", "server", "client"]
 Attribute = str | int | float | bool
-SHUTDOWN_SECONDS = 5.0
-"""How long exiting waits for queued spans to reach the collector."""
+SHUTDOWN_SECONDS = 5.0  # how long exiting waits for queued spans to reach the collector
 
 _KINDS = {"internal": SpanKind.INTERNAL, "server": SpanKind.SERVER, "client": SpanKind.CLIENT}
 _PROPAGATOR = TraceContextTextMapPropagator()
@@ -110,8 +108,7 @@ def span(
     attributes: Mapping[str, Attribute] | None = None,
     **named: Attribute,
 ) -> contextlib.AbstractContextManager[Span]:
-    """A span around a block, the current span inside it (child of `parent` when given, else
-    of the current one). `named` attributes get the `decidealot.` prefix."""
+    """A span around a block, current inside it: a child of `parent`, else of the current one."""
     if _tracer is None:
         return _OFF
     return _live(_tracer, name, _KINDS[kind], parent, {**(attributes or {}), **_named(named)})

@@ -1,8 +1,7 @@
 """What arrives through a request's `receive`: its body, and the client's hanging up.
 
-A body is held to the size limit on the wire and again decoded, in bounded pieces, so neither a
-huge upload nor a zip bomb is ever held in memory; a zstd frame's window is bounded by the limit
-too, so decoding memory never depends on what a frame declares.
+A body is held to the size limit on the wire and again decoded, in bounded pieces, and a zstd
+frame's window to the limit too: no upload or zip bomb is ever held in memory whole.
 """
 
 from __future__ import annotations
@@ -28,19 +27,15 @@ from decidealot.errors import (
 
 T = TypeVar("T")
 
-CLIENT_GONE = 499
-"""The status the access log records for a request whose client went away (as nginx does)."""
+CLIENT_GONE = 499  # the access log's status for a request whose client went away (as nginx's)
 
 _PIECE = 64 * 1024
-_ZSTD_MIN_WINDOW = 1 << 10
-"""zstd's smallest window (ZSTD_WINDOWLOG_ABSOLUTEMIN)."""
-_ZSTD_WINDOW_TOO_LARGE = "Frame requires too much memory"
-"""zstd's text for frameParameter_windowTooLarge, the one ZstdError that is not corruption."""
+_ZSTD_MIN_WINDOW = 1 << 10  # ZSTD_WINDOWLOG_ABSOLUTEMIN
+_ZSTD_WINDOW_TOO_LARGE = "Frame requires too much memory"  # the one ZstdError not corruption
 
 Headers = dict[bytes, bytes]
 
-_DISCARD_LIMITS = 8
-"""`Incoming.discard` drops up to this many body limits; past that the connection just closes."""
+_DISCARD_LIMITS = 8  # body limits `Incoming.discard` drops at most; then the connection closes
 
 
 class Incoming:
@@ -57,10 +52,9 @@ class Incoming:
         return message
 
     async def discard(self, largest_body: int, settings: Settings) -> None:
-        """After an early answer, read and drop what is left of the body (for at most the read
-        timeout and `_DISCARD_LIMITS` times `largest_body`), so the server does not close the
-        connection on unread bytes: the reset that would follow can destroy the answer before a
-        client that is still writing reads it."""
+        """After an early answer, read and drop what is left of the body (bounded), so the server
+        does not close the connection on unread bytes: the reset that would follow can destroy
+        the answer before a client that is still writing reads it."""
         left = _DISCARD_LIMITS * largest_body
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(settings.request_read_timeout_seconds):
@@ -70,9 +64,8 @@ class Incoming:
 
 def check_media_type(headers: Headers) -> bool:
     """JSON only; True when the body must still show it is JSON. A missing Content-Type is read
-    as JSON (FastAPI's leniency). `curl -d` / `--data-binary` send the form type, so a form
-    body is read as JSON when it is a JSON object or array, as many JSON APIs do for curl; a
-    real form body (`a=1&b=2`) is refused once read, with a message that says what to send."""
+    as JSON (FastAPI's leniency), and a form body as JSON when it is an object or array, as many
+    JSON APIs do for `curl -d`, which sends the form type; a real form body is refused once read."""
     raw = headers.get(b"content-type")
     if raw is None:
         return False
@@ -159,9 +152,8 @@ def _gunzip(data: bytes, limit: int) -> bytes:
 
 def zstd_window_limit(limit: int) -> int:
     """The largest window a zstd frame may declare: the body limit rounded up to a power of two.
-    A frame of known size (one-shot compression, as the TypeSafe SDK sends) declares a window of
-    at most its content size, so every body within the limit fits; a streamed frame's window
-    comes from its compression level and may not."""
+    A frame of known size (one-shot, as the TypeSafe SDK sends) declares at most that size, so
+    every body within the limit fits; a streamed frame's window follows its level and may not."""
     return max(_ZSTD_MIN_WINDOW, 1 << (limit - 1).bit_length())
 
 

@@ -1,10 +1,12 @@
-"""The ASGI layer in front of every route (404s and /mcp included): `Gateway` gives each request
+"""The ASGI layers in front of every route (404s and /mcp included). `Gateway` gives each request
 its id, access line, HTTP metrics and trace span, checks its bearer token and admits it unless
-the service is draining; a request the drain cuts is answered 503 here, never cut off.
+the service is draining; a request the drain cuts is answered 503 here, never cut off. Whatever
+answered before the body had all arrived, the rest is then read and dropped (`Incoming.discard`).
 
-Whatever answered before the body had all arrived (a 401, a 503, a 413 or 415, a 404), the rest
-is then read and dropped (`Incoming.discard`, bounded): closing a connection with bytes still
-coming makes the kernel reset it, and a client still writing sees the reset, not the answer.
+In front of it, when set: a reverse proxy's path prefix (`RootPath`) and CORS (`Cors`). The
+prefix must be gone before the gateway decides what is public and which route a metric counts,
+CORS headers must reach its own answers too (a 401, a drain's 503), and a preflight, which
+carries no credentials, must be answered before auth.
 """
 
 from __future__ import annotations
@@ -19,10 +21,13 @@ import uuid
 from collections.abc import Collection, Sequence
 
 import msgspec
+from litestar.config.cors import CORSConfig
+from litestar.constants import DEFAULT_ALLOWED_CORS_HEADERS
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
 from decidealot import logs, metrics, tracing
 from decidealot.asgi.body import Incoming
+from decidealot.contract import TRUNCATED_HEADER
 from decidealot.errors import DecidealotError, ShuttingDown, Unauthorized
 from decidealot.ledger import CUT_SHORT
 from decidealot.service import Service
@@ -31,12 +36,10 @@ log = logging.getLogger("decidealot.http")
 
 PUBLIC_PATHS = frozenset({"/health", "/docs", "/docs/", "/openapi.json"})
 PUBLIC_PREFIXES = ("/docs/assets/", "/.well-known/")
-"""The Swagger page, its assets and the document it loads hold no secret, and a browser cannot
-send a bearer token to open them (decidealot.http.app). OAuth clients probe the well-known
-paths after a 401: there is no OAuth here, and their 404 without a key tells a client so, where
-a 401 sends it on through discovery and registration to a dead end (docs/mcp.md)."""
-UNADMITTED_PATHS = frozenset({"/metrics"})
-"""Behind auth, but answered while draining too: a scrape can watch the drain."""
+"""Swagger's page, assets and document hold no secret, and a browser cannot send a bearer token
+to open them. OAuth clients probe the well-known paths after a 401: a 404 without a key tells
+them there is no OAuth here; a 401 sends them through discovery to a dead end (docs/mcp.md)."""
+UNADMITTED_PATHS = frozenset({"/metrics"})  # answered while draining: a scrape watches it
 _METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 _REQUEST_ID = re.compile(
     r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
@@ -55,7 +58,6 @@ def request_id_from(value: bytes | None) -> str:
 async def send_json(
     send: Send, status: int, body: bytes, extra: Sequence[tuple[bytes, bytes]] = ()
 ) -> None:
-    """A whole JSON answer, given outside Litestar's routes."""
     length = str(len(body)).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", length), *extra]
     await send({"type": "http.response.start", "status": status, "headers": headers})
@@ -80,7 +82,6 @@ class BearerKeys:
         token = token.strip()
         matched = ""
         for key, ident in self._keys.items():  # every key, so the time does not tell which
-            # compare_digest runs in time independent of where the bytes differ
             if hmac.compare_digest(token, key):
                 matched = f" key {ident}"
         return matched if scheme.lower() == b"bearer" else ""
@@ -94,8 +95,6 @@ class BearerKeys:
 
 
 class Gateway:
-    """Wraps the Litestar app, so that no request bypasses the stages the module names."""
-
     def __init__(
         self,
         app: ASGIApp,
@@ -199,3 +198,105 @@ class Gateway:
                 logs.request_id.reset(token)
         if answered and status != 408 and not incoming.complete:  # a 408's body is not waited for
             await incoming.discard(self._largest_body, self._service.settings)
+
+
+ALLOWED_METHODS = ("GET", "POST")
+ALLOWED_HEADERS = (
+    "authorization",
+    "content-type",
+    "content-encoding",
+    "x-request-id",
+    "traceparent",
+    "tracestate",
+    "mcp-protocol-version",
+    "mcp-session-id",
+    "last-event-id",
+)
+EXPOSED_HEADERS = (
+    "x-request-id",
+    "x-typesafe-request-id",
+    "retry-after",
+    "www-authenticate",
+    TRUNCATED_HEADER.lower(),
+)
+"""What a browser's script may read of an answer besides the CORS-safelisted headers."""
+
+
+class RootPath:
+    """The app under `prefix` as well as at `/`, for a proxy that keeps the prefix and one that
+    strips it. The prefix is cut from `path` and `raw_path`; `root_path` is left alone, since
+    Litestar's router would cut it again wherever it recurs in a path."""
+
+    def __init__(self, app: ASGIApp, prefix: str) -> None:
+        self._app = app
+        self._prefix = prefix
+        self._raw = prefix.encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            path: str = scope["path"]
+            if path == self._prefix or path.startswith(self._prefix + "/"):
+                raw: bytes = scope.get("raw_path") or path.encode()
+                if raw.startswith(self._raw):
+                    raw = raw[len(self._raw) :] or b"/"
+                scope = {**scope, "path": path[len(self._prefix) :] or "/", "raw_path": raw}  # type: ignore[typeddict-item]
+        await self._app(scope, receive, send)
+
+
+class Cors:
+    """CORS for the listed origins, by the rules of Litestar's `CORSConfig`. Any other origin,
+    and a preflight asking for a method or header not allowed, passes on as if CORS were off (a
+    401 without the key), so the browser refuses it; Litestar's own CORS middleware would answer
+    such a preflight 400, and from inside the app, behind auth."""
+
+    def __init__(self, app: ASGIApp, origins: tuple[str, ...]) -> None:
+        self._app = app
+        self.config = CORSConfig(
+            allow_origins=list(origins),
+            allow_methods=list(ALLOWED_METHODS),
+            allow_headers=list(ALLOWED_HEADERS),
+            expose_headers=list(EXPOSED_HEADERS),
+        )
+        # and the CORS-safelisted request headers every preflight may name
+        self._allowed_headers = {h.lower() for h in DEFAULT_ALLOWED_CORS_HEADERS}
+        self._allowed_headers.update(self.config.allow_headers)
+        self._preflight = [
+            (name.lower().encode(), value.encode())
+            for name, value in self.config.preflight_headers.items()
+            if name.lower() not in ("access-control-allow-origin", "vary")
+        ]
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        headers = dict(scope["headers"]) if scope["type"] == "http" else {}
+        origin = headers.get(b"origin", b"").decode("latin-1")
+        if not origin or not self.config.is_origin_allowed(origin):
+            await self._app(scope, receive, send)
+        elif scope["method"] != "OPTIONS" or b"access-control-request-method" not in headers:
+            await self._app(scope, receive, self._with_headers(send, origin))
+        elif self._preflight_allowed(headers):
+            answer = [*self._preflight, *self._origin_headers(origin)]
+            await send({"type": "http.response.start", "status": 204, "headers": answer})
+            await send({"type": "http.response.body", "body": b""})
+        else:
+            await self._app(scope, receive, send)
+
+    def _preflight_allowed(self, headers: dict[bytes, bytes]) -> bool:
+        method = headers[b"access-control-request-method"].decode("latin-1")
+        asked = headers.get(b"access-control-request-headers", b"").decode("latin-1")
+        names = {h.strip().lower() for h in asked.split(",")} - {""}
+        return method in ALLOWED_METHODS and names <= self._allowed_headers
+
+    def _origin_headers(self, origin: str) -> list[tuple[bytes, bytes]]:
+        allowed = "*" if self.config.is_allow_all_origins else origin
+        return [(b"access-control-allow-origin", allowed.encode()), (b"vary", b"Origin")]
+
+    def _with_headers(self, send: Send, origin: str) -> Send:
+        exposed = (b"access-control-expose-headers", ", ".join(EXPOSED_HEADERS).encode())
+        extra = [*self._origin_headers(origin), exposed]
+
+        async def send_with_cors(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", ()), *extra]}
+            await send(message)
+
+        return send_with_cors

@@ -1,9 +1,8 @@
 """Download, verify and install bundles (`serve` before it listens, and `prepare`); no torch.
 
-Each bundle is fetched with huggingface_hub into a staging folder inside the model directory,
-every file checked against its pinned size and sha256 (else the hub's own digest at the pinned
-revision), and only then renamed into place, its install record written last: a later start
-trusts that record after a quick size check and makes no request.
+Each file is fetched with huggingface_hub into a staging folder in the model directory and checked
+against its pinned size and sha256 (else the hub's digest at the pinned revision) before the folder
+is renamed into place: a later start trusts its install record after a size check, no request.
 """
 
 from __future__ import annotations
@@ -118,8 +117,6 @@ class _Installer:
             "endpoint": self.endpoint,
         }
 
-    # messages
-
     def fail(self, what: str, fix: str, file: str | None = None) -> BundleError:
         where = f"bundle {self.manifest.name}" + (f": {file}" if file else "")
         return BundleError(f"{where}: {what}. Fix: {fix}")
@@ -205,8 +202,6 @@ class _Installer:
             f"`decidealot prepare`, or {self.placed.replacement}",
         )
 
-    # steps
-
     def install(self, *, rehash: bool) -> None:
         problem = self.problem(rehash=rehash)
         if problem is None:
@@ -254,20 +249,12 @@ class _Installer:
         # huggingface_hub names partial files per process; a killed process leaves them behind
         for partial in (self.staging / ".cache").rglob("*.incomplete"):
             partial.unlink(missing_ok=True)
-        remotes = [self.remote(file) for file in self.manifest.files]
-        present = [r for r in remotes if not r.absent]
+        m = self.manifest
+        present = [r for r in map(self.remote, m.files) if not r.absent]
         self.check_space(present)
-        total = sum(r.size or 0 for r in present)
-        log.info(
-            "bundle %s: fetching %d files (%s) from %s@%s",
-            self.manifest.name,
-            len(present),
-            mb(total),
-            self.manifest.repo,
-            self.manifest.revision[:12],
-        )
-        verified = [self.fetch_and_verify(remote) for remote in present]
-        self.commit(verified)
+        files = f"{len(present)} files ({mb(sum(r.size or 0 for r in present))})"
+        log.info("bundle %s: fetching %s from %s@%s", m.name, files, m.repo, m.revision[:12])
+        self.commit([self.fetch_and_verify(remote) for remote in present])
 
     def remote(self, file: ManifestFile) -> _Remote:
         """Ask the hub what it serves at the pinned revision before downloading anything."""
@@ -317,7 +304,6 @@ class _Installer:
 
     def fetch_and_verify(self, remote: _Remote) -> RecordFile:
         m, file = self.manifest, remote.file
-        # a bar on a terminal, log lines otherwise
         bar = functools.partial(_Bar if self.bar else _LogProgress, label=f"{m.name}/{file.path}")
         try:
             local = Path(
@@ -403,10 +389,9 @@ def _fsync(path: Path) -> None:
 
 
 def install_enabled(settings: Settings, *, progress: bool, rehash: bool = False) -> None:
-    """Make every enabled bundle installed and verified, or raise one BundleError naming all
-    that failed, each with what replaces it: a user without hub access fixes the configuration
-    once, not once per bundle. `progress`: tqdm bars, else log lines. `rehash`: re-hash
-    installed files instead of trusting their install record and sizes."""
+    """Make every enabled bundle installed and verified, or raise one BundleError naming all that
+    failed, each with what replaces it, so a user without hub access fixes the configuration once.
+    `progress`: tqdm bars, else log lines. `rehash`: trust no install record, re-hash every file."""
     failed: list[tuple[Placed, BundleError]] = []
     for placed in to_download(settings):
         try:

@@ -1,8 +1,5 @@
-"""Bundle manifests and install records: what a bundle must hold, and what was verified.
-
-A manifest (`decidealot.bundles`, or `DECIDEALOT_BUNDLE_MANIFEST_DIR`) pins a bundle's hub
-repository, revision and files with their sizes and sha256.
-"""
+"""Bundle manifests, which pin a bundle's hub repository, revision and files (sizes, sha256),
+and install records, what was verified."""
 
 from __future__ import annotations
 
@@ -116,12 +113,8 @@ def installed_problem(manifest: Manifest, folder: Path, *, rehash: bool) -> str 
     record = read_record(folder)
     if record is None:
         return "no readable install record"
-    if (record.bundle, record.repo, record.revision, record.subfolder) != (
-        manifest.name,
-        manifest.repo,
-        manifest.revision,
-        manifest.subfolder,
-    ):
+    pinned = (manifest.name, manifest.repo, manifest.revision, manifest.subfolder)
+    if (record.bundle, record.repo, record.revision, record.subfolder) != pinned:
         return f"installed from {record.repo}@{record.revision[:12]}, manifest pins another"
     recorded = {f.path: f for f in record.files}
     for file in manifest.files:

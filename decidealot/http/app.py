@@ -1,8 +1,7 @@
 """The Litestar app: routes over the service, error envelopes, wrapped in the gateway layer.
-
-`GET /docs` is Swagger UI 5 (OpenAPI 3.1) from the `swagger-ui-bundle-v2` package, served here
-so that it works where no CDN is reachable; public, like the document, whose bearer security
-lets Swagger's Authorize button take the key for the calls the page makes.
+`GET /docs` is Swagger UI 5 from the `swagger-ui-bundle-v2` package, served here so that it works
+where no CDN is reachable; public, like the document, whose bearer security lets Swagger's
+Authorize button take the key for the calls the page makes.
 """
 
 from __future__ import annotations
@@ -19,8 +18,7 @@ from swagger_ui_bundle import swagger_ui_path
 
 from decidealot import logs, metrics
 from decidealot.asgi.body import CLIENT_GONE, ClientGone, read_body, unless_gone
-from decidealot.asgi.edge import Cors, RootPath
-from decidealot.asgi.middleware import ASGIApp, Gateway
+from decidealot.asgi.middleware import ASGIApp, Cors, Gateway, RootPath
 from decidealot.contract import TRUNCATED_HEADER, ErrorBody, truncated_header
 from decidealot.errors import DecidealotError, ShuttingDown
 from decidealot.http import openapi
@@ -37,8 +35,7 @@ _DOCS_ASSETS = {
     "swagger-ui.css": "text/css",
     "swagger-ui-bundle.js": "text/javascript",
     "favicon-32x32.png": "image/png",
-}
-"""What the Swagger page loads, by file name in the bundle, with its media type."""
+}  # what the Swagger page loads
 
 # Relative URLs, so the page also works under a path prefix added by a proxy.
 _DOCS_PAGE = """<!doctype html>
@@ -73,7 +70,7 @@ def _on_error(_: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:
 
 def create_app(service: Service) -> ASGIApp:
     """REST routes and the `/mcp` mount behind the gateway layer, like any route; in front of
-    it, when set, the path prefix and CORS (`decidealot.asgi.edge`)."""
+    it, when set, the path prefix and CORS (`decidealot.asgi.middleware`)."""
     settings = service.settings
     mcp = McpEndpoint(service)
 

@@ -1,12 +1,17 @@
-"""The OpenAPI document, generated from the msgspec wire types plus the validator's bounds.
+"""The OpenAPI document, from the msgspec wire types plus the validator's bounds; by hand, not by
+Litestar, because the routes read their bodies themselves (limits, decompression, all-issues
+validation), so Litestar cannot see their request types.
 
-Built by hand rather than by Litestar because the routes read their bodies themselves (limits,
-decompression, all-issues validation), so Litestar cannot see their request types.
+Its named examples are the contract's own requests beside answers whose numbers only show the
+shape: Swagger UI pre-fills a body with an operation's first example, so a first "Try it out"
+gets a decision, not a schema-generated body the validator refuses. An example is listed only
+while every model it names is accepted.
 """
 
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -25,9 +30,8 @@ from decidealot.contract import (
     UnloadResponse,
     ValidationErrorBody,
 )
-from decidealot.errors import ProviderUnavailable
-from decidealot.http import examples
-from decidealot.http.examples import Example
+from decidealot.errors import ProviderUnavailable, Unauthorized
+from decidealot.validation.requests import unknown_model
 
 _REF = "#/components/schemas/{name}"
 _JSON = "application/json"
@@ -35,6 +39,176 @@ _JSON = "application/json"
 
 def _ref(name: str) -> dict[str, str]:
     return {"$ref": _REF.format(name=name)}
+
+
+@dataclass(frozen=True)
+class Example:
+    summary: str
+    request: dict[str, Any]
+    response: dict[str, Any]
+
+    @property
+    def models(self) -> set[str]:
+        items = self.request.get("requests", [self.request])
+        return {item["model"] for item in items}
+
+
+def _choice(probabilities: dict[str, float]) -> dict[str, Any]:
+    best = max(probabilities, key=probabilities.__getitem__)
+    return {
+        "type": "choice",
+        "choice": best,
+        "confidence": probabilities[best],
+        "probabilities": probabilities,
+    }
+
+
+def _answered(model: str, input_tokens: int, **answers: Any) -> dict[str, Any]:
+    usage = {"input_tokens": input_tokens, "output_tokens": 0}
+    return {"model": model, "answers": answers, "usage": usage}
+
+
+_PRIORITIES = [
+    "Routine, answer in the normal queue.",
+    "Important, answer soon.",
+    "Urgent, interrupt the on-call queue.",
+]
+
+CHOICE = Example(
+    "A choice on laya: one named label",
+    {
+        "model": "laya",
+        "state": {"operation": "delete", "resource": "protected-record", "reversible": False},
+        "questions": {
+            "handling": {
+                "type": "choice",
+                "instructions": "Select the required handling.",
+                "criteria": {
+                    "allow": "The operation is reversible and does not affect protected data.",
+                    "require_review": "The operation is irreversible or affects protected data.",
+                    "deny": "The operation is prohibited.",
+                },
+            }
+        },
+    },
+    _answered(
+        "laya-multilingual",
+        91,
+        handling=_choice({"allow": 0.02, "require_review": 0.94, "deny": 0.04}),
+    ),
+)
+
+SCORE = Example(
+    "A score on laya: an expected position on an ordered rubric",
+    {
+        "model": "laya",
+        "state": "A customer reports repeated failures after following the documented setup.",
+        "questions": {
+            "priority": {
+                "type": "score",
+                "instructions": "Score the response priority.",
+                "criteria": _PRIORITIES,
+            }
+        },
+    },
+    _answered(
+        "laya-english",
+        62,
+        priority={
+            "type": "score",
+            "score": 1.63,
+            "confidence": 0.81,
+            "legend": {str(level): text for level, text in enumerate(_PRIORITIES)},
+            "probabilities": {"0": 0.08, "1": 0.21, "2": 0.71},
+        },
+    ),
+)
+
+NOUL = Example(
+    "A noul on laya: the probability that a statement is true",
+    {
+        "model": "laya",
+        "state": [
+            "The requested change removes an audit record.",
+            "The requester has no documented exception.",
+        ],
+        "questions": {
+            "needs_review": {
+                "type": "noul",
+                "instructions": "Is human review required before the change runs?",
+                "criteria": {
+                    "true": "Review is required before the operation.",
+                    "false": "The operation may run without human review.",
+                },
+            }
+        },
+    },
+    _answered("laya-english", 58, needs_review={"type": "noul", "noul": 0.97}),
+)
+
+CLM = Example(
+    "CLM with a temperature (CLM selectors take one; the others take no config)",
+    {
+        "model": "clm",
+        "config": {"temperature": 0.8},
+        "state": "The customer requests a refund for a duplicate payment.",
+        "questions": {
+            "queue": {
+                "type": "choice",
+                "instructions": (
+                    "Route payment or refund questions to billing; software failures to technical."
+                ),
+                "criteria": {
+                    "billing": "Payment or refund question",
+                    "technical": "Software failure",
+                },
+            }
+        },
+    },
+    _answered("clm-0.1-8b", 41, queue=_choice({"billing": 0.9, "technical": 0.1})),
+)
+
+BATCH = Example(
+    "Two independent decisions, answered in input order",
+    {
+        "requests": [
+            {
+                "model": "laya",
+                "state": "A request would delete an audit record.",
+                "questions": {
+                    "review": {"type": "noul", "instructions": "Is human review needed?"}
+                },
+            },
+            {
+                "model": "von",
+                "state": "A support request arrived with no account identifier.",
+                "questions": {
+                    "queue": {
+                        "type": "choice",
+                        "criteria": {"standard": "Normal queue", "review": "Needs manual routing"},
+                    }
+                },
+            },
+        ]
+    },
+    {
+        "results": [
+            _answered("laya-english", 21, review={"type": "noul", "noul": 0.92}),
+            _answered("von-1.1", 23, queue=_choice({"standard": 0.2, "review": 0.8})),
+        ]
+    },
+)
+
+# the first example of an operation is the one Swagger UI pre-fills
+DECISIONS = {"choice": CHOICE, "score": SCORE, "noul": NOUL, "clm-temperature": CLM}
+BATCHES = {"batch": BATCH}
+
+UNLOADED = {
+    "status": "unloaded",
+    "providers": [{"name": "laya", "wasLoaded": True}, {"name": "von", "wasLoaded": False}],
+}
+UNAUTHORIZED = {"code": Unauthorized.code, "message": Unauthorized.message, "details": {}}
+UNKNOWN_MODEL = msgspec.to_builtins(ValidationErrorBody([unknown_model(["body"], "unknown-model")]))
 
 
 _TRUNCATED: dict[str, Any] = {
@@ -79,7 +253,7 @@ _ERRORS = {
     "401": _response(
         "ErrorBody",
         "UNAUTHORIZED: DECIDEALOT_API_KEY is set and the token is wrong.",
-        {"unauthorized": examples.UNAUTHORIZED},
+        {"unauthorized": UNAUTHORIZED},
     ),
     "408": _response("ErrorBody", "REQUEST_TIMEOUT: the body did not arrive in time."),
     "413": _response("ErrorBody", "REQUEST_TOO_LARGE: the (decoded) body exceeds the limit."),
@@ -89,7 +263,7 @@ _ERRORS = {
     "422": _response(
         "ValidationErrorBody",
         "TypeSafe validation envelope; every issue, with loc.",
-        {"unknown-model": examples.UNKNOWN_MODEL},
+        {"unknown-model": UNKNOWN_MODEL},
     ),
     "503": _response("ErrorBody", "PROVIDER_UNAVAILABLE."),
 }
@@ -109,8 +283,7 @@ _SSE_EVENT = {
         "data": {"type": "string", "contentMediaType": "application/json"},
     },
     "required": ["data"],
-}
-"""One event of the stream: `data` is the JSON-RPC response."""
+}  # one event of the stream: `data` is the JSON-RPC response
 
 
 def _schemas(settings: Settings) -> dict[str, Any]:
@@ -195,8 +368,8 @@ def document(settings: Settings, models: dict[str, bool] | None = None) -> dict[
 
     rpc = {"jsonrpc": "2.0"}
     mcp_examples: dict[str, Any] = {"tools-list": {**rpc, "id": 1, "method": "tools/list"}}
-    if examples.NOUL.models <= accepted:
-        call = {"name": "system_one", "arguments": examples.NOUL.request}
+    if NOUL.models <= accepted:
+        call = {"name": "system_one", "arguments": NOUL.request}
         mcp_examples["system-one"] = {**rpc, "id": 2, "method": "tools/call", "params": call}
     mcp_request = {"required": True, "content": _content(_JSON_RPC_MESSAGE, _named(mcp_examples))}
     mcp_responses = {
@@ -249,20 +422,20 @@ def document(settings: Settings, models: dict[str, bool] | None = None) -> dict[
                 },
             ),
             "/v1/systemone": decision(
-                "SystemOneRequest", "SystemOneResponse", "One decision", examples.DECISIONS
+                "SystemOneRequest", "SystemOneResponse", "One decision", DECISIONS
             ),
             "/v1/systemone/batch": decision(
                 "BatchRequest",
                 "BatchResponse",
                 "Independent decisions, all or nothing",
-                examples.BATCHES,
+                BATCHES,
             ),
             "/v1/models/unload": operation(
                 "post",
                 "Unload every loaded local provider (idempotent)",
                 {
                     "200": _response(
-                        "UnloadResponse", "What was loaded before.", {"unloaded": examples.UNLOADED}
+                        "UnloadResponse", "What was loaded before.", {"unloaded": UNLOADED}
                     ),
                     **guarded,
                     "409": _response("ErrorBody", "PROVIDER_BUSY: a decision is running."),

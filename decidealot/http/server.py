@@ -1,9 +1,7 @@
-"""Runs the app on granian (embedded, one worker, in this process) and owns SIGTERM.
-
-Embedding keeps providers, residency and the settings checked at startup in one process, and
-lets shutdown be ordered: stop admitting (new requests and /health get 503), let admitted
-requests finish for up to DECIDEALOT_DRAIN_SECONDS and answer the rest 503, stop the server,
-then the lifespan shutdown stops provider workers.
+"""Runs the app on granian, embedded (one worker, in this process), and owns SIGTERM: so
+providers, residency and the checked settings stay in one process, and shutdown is ordered: stop
+admitting (new requests and /health get 503), let admitted requests finish for up to
+DECIDEALOT_DRAIN_SECONDS and answer the rest 503, stop the server, then the provider workers.
 """
 
 from __future__ import annotations

@@ -1,2 +1,1 @@
-"""Decidealot's MCP server: the HTTP API's operations as tools (`tools`, `server`), over
-streamable HTTP at `/mcp` (`http`) and stdio (`stdio`, `decidealot mcp`)."""
+"""The MCP server: the HTTP API's operations as tools (`tools`, `server`), over `/mcp` and stdio."""

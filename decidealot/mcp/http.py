@@ -1,7 +1,7 @@
-"""MCP over streamable HTTP at `/mcp`, behind the same gateway as the REST API (bearer auth,
-request ids, admission), and stateless: every POST stands alone, so replicas need no session
-affinity (the tools never call back into the client). A POST body is read under the REST API's
-rules (`read_body`), `checked` and its version routing settled before the SDK gets plain JSON.
+"""MCP over streamable HTTP at `/mcp`, behind the REST API's gateway, and stateless: every POST
+stands alone, so replicas need no session affinity (the tools never call back into the client).
+A body is read under the REST API's rules (`read_body`), `checked` and its version routing
+settled before the SDK gets plain JSON.
 """
 
 from __future__ import annotations
@@ -39,16 +39,13 @@ from decidealot.service import Service
 
 MCP_PATH = "/mcp"
 
-LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "[::1]")
-"""Host names /mcp accepts when DECIDEALOT_MCP_ALLOWED_HOSTS is unset (any port)."""
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "[::1]")  # DECIDEALOT_MCP_ALLOWED_HOSTS unset
 
-_FRAMING_BYTES = 64 * 1024
-"""Room for the JSON-RPC envelope around arguments that may be DECIDEALOT_MAX_REQUEST_BYTES."""
+_FRAMING_BYTES = 64 * 1024  # room for the JSON-RPC envelope around arguments of the body limit
 _SCREENED_GROWTH = 4
-"""How many times its size a body can be once screened: refused arguments become their 422
-envelope, which quotes what the parser refused (a duplicate key) JSON-escaped, and an astral
-character, 4 bytes in UTF-8, is a 12-byte pair of escapes. The SDK's own body limit is set past
-that, so a body `read_body` admitted is never the SDK's plain-text 413."""
+"""How many times its size a body can grow once screened: refused arguments become their 422
+envelope, quoting what was refused JSON-escaped (an astral character's 4 UTF-8 bytes become 12).
+The SDK's own body limit is past that: a body `read_body` admitted never gets its plain 413."""
 
 
 class MethodNotAllowed(DecidealotError):
@@ -61,11 +58,10 @@ class MethodNotAllowed(DecidealotError):
 def transport_security(
     allowed_hosts: tuple[str, ...], cors_origins: tuple[str, ...] = ()
 ) -> TransportSecuritySettings:
-    """DNS-rebinding protection: the Host (and any browser Origin) must name an allowed host
-    (one without a port: on any port), or the Origin be one DECIDEALOT_CORS_ORIGINS lists. `*`
-    turns the check off for deployments reached under names they cannot list (the bearer key
-    still guards them). A CORS `*` is not carried over: letting any page read the API's answers
-    is no reason to let any page reach the tools through a rebound name."""
+    """DNS-rebinding protection: the Host (and any browser Origin) must name an allowed host (one
+    without a port: on any port), or the Origin be a listed CORS one. `*` turns the check off for
+    deployments reached under names they cannot list (the bearer key still guards them). A CORS
+    `*` is not carried over: any page may read the API's answers, not reach the tools."""
     hosts = allowed_hosts or LOOPBACK_HOSTS
     if "*" in hosts:
         return TransportSecuritySettings(enable_dns_rebinding_protection=False)

@@ -1,9 +1,8 @@
-"""The MCP server: the HTTP API's four operations as tools, over a `Backend` (`ServiceBackend`
-runs them in this process, `decidealot.mcp.stdio.ForwardingBackend` on a running Decidealot).
-
-A result is the HTTP response body, as structured content and as text. A failure is a tool
-error whose text is the HTTP API's envelope in tool terms, with no structured content, which
-clients check against the output schema even on errors (docs/mcp.md).
+"""The MCP server: the HTTP API's four operations as tools, over a `Backend` (`ServiceBackend` in
+this process, `stdio.ForwardingBackend` on a running Decidealot). A result is the HTTP response
+body, as structured content and as text; a failure, a tool error whose text is the HTTP API's
+envelope in tool terms, with no structured content, which clients check against the output
+schema even on errors (docs/mcp.md).
 """
 
 from __future__ import annotations
@@ -61,8 +60,7 @@ class ToolFailure(Exception):
 
 
 class Reply(NamedTuple):
-    """A tool's result: the HTTP response body, and the questions whose state the model read
-    only in part (the HTTP API's `Decidealot-Truncated`; the result's `_meta`)."""
+    """A tool's result: the HTTP response body, and its cuts (`Decidealot-Truncated`, `_meta`)."""
 
     body: Json
     cuts: list[Cut]
@@ -212,9 +210,8 @@ def _names(models: Json) -> list[str] | None:
 
 
 def in_tool_terms(envelope: Json) -> Json:
-    """An error envelope whose messages name the tools where they name HTTP routes ("use a
-    name returned by list_models", not "GET /v1/models"): an agent sees only tools. Forwarded
-    envelopes are renamed too; nothing else in them changes."""
+    """An error envelope (forwarded ones too) whose messages name the tools where they name HTTP
+    routes ("list_models", not "GET /v1/models"): an agent sees only tools. Nothing else changes."""
     if not isinstance(envelope, dict):
         return envelope
     renamed = dict(envelope)

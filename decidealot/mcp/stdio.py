@@ -1,11 +1,8 @@
-"""`decidealot mcp`: the MCP tools over stdio, for IDEs and desktop clients.
-
-Without `--url` this process is a Decidealot of its own: it runs `serve`'s startup checks
-(device, checkpoints, bundles), starts the configured providers and runs decisions itself.
-With `--url` it forwards every tool call to a running Decidealot (its key from
-DECIDEALOT_API_KEY), so any number of IDE sessions share one server and one set of loaded
-models; arguments go upstream untouched, so errors are the server's own envelopes, byte for
-byte (`ForwardingBackend`). stdout carries only MCP messages; logs go to stderr.
+"""`decidealot mcp`: the MCP tools over stdio, for IDEs and desktop clients; stdout carries only
+MCP messages, logs go to stderr. Without `--url` this process is a Decidealot of its own
+(`serve`'s startup checks, its own providers). With `--url` it forwards each tool call,
+arguments untouched, to a running Decidealot: IDE sessions share one server and its loaded
+models, and errors are the server's own envelopes, byte for byte.
 """
 
 from __future__ import annotations
@@ -58,8 +55,7 @@ from decidealot.service import Service
 log = logging.getLogger("decidealot.mcp")
 
 _CONNECT_SECONDS = 10.0
-_UNWIND_SECONDS = 0.5
-"""How long cancelled tool calls get to unwind before the backend closes under them."""
+_UNWIND_SECONDS = 0.5  # for cancelled tool calls to unwind before the backend closes under them
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -88,9 +84,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         except preflight.ERRORS as exc:
             print(f"decidealot mcp: {exc}", file=sys.stderr)
             return 2 if isinstance(exc, ConfigError) else 1
-    # Clients end the server by closing stdin, or by SIGTERM; Ctrl-C in a terminal is a
-    # normal end as well. A signal ends the process inside `_serve`; the suppression covers
-    # one that arrives before its handlers are in place.
+    # Closing stdin, SIGTERM and Ctrl-C are all normal ends. A signal ends the process inside
+    # `_serve`; the suppression covers one that arrives before its handlers are in place.
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(_serve(settings, args.url))
     tracing.shutdown()
@@ -156,10 +151,9 @@ async def _backend(settings: Settings, url: str | None) -> AsyncIterator[Backend
 async def _session(
     backend: Backend, wire: AsyncIterable[bytes] | None = None, stdout: Any = None
 ) -> None:
-    """One MCP session over `wire` (the client's lines; None: this process's stdin) and
-    `stdout` (None: this process's), which answers every line read before it ends: at end of
-    file the SDK cancels the requests it is still running and a refusal not yet written would
-    be lost, so the SDK sees the end of its input only once everything owed has been written."""
+    """One MCP session over `wire` (None: stdin) and `stdout`, answering every line read before
+    it ends: at end of file the SDK cancels the requests it still runs and would lose a refusal
+    not yet written, so it sees the end of its input only once everything owed is written."""
     server = build_server(backend)
     owed = _Owed()
     to_client, from_server = anyio.create_memory_object_stream[SessionMessage](0)
@@ -225,11 +219,10 @@ def _claim_stdin() -> anyio.AsyncFile[bytes]:
 async def _screened(
     wire: AsyncIterable[bytes], to_client: MemoryObjectSendStream[SessionMessage], owed: _Owed
 ) -> AsyncIterator[str]:
-    """stdin as the SDK reads it (UTF-8 lines), each line `checked` first: a refused one never
-    reaches the SDK, which would answer it nothing, and its refusal goes `to_client` instead; so
-    does a 2026-07-28 request naming a version not served. Blank lines are skipped. Each request
-    passed on is `owed` an answer (a `notifications/cancelled` settles the one it names), and
-    the end of the wire is passed on only once nothing is owed."""
+    """stdin as the SDK reads it (UTF-8 lines, blank ones skipped), each `checked` first: a
+    refused line, or a 2026-07-28 request naming a version not served, never reaches the SDK
+    (which would answer it nothing); its refusal goes `to_client`. Each request passed on is
+    `owed` an answer (a `notifications/cancelled` settles the one it names)."""
     async with to_client:
         async for line in wire:
             if not line.strip():
@@ -255,10 +248,9 @@ async def _screened(
 
 
 def _leave_now() -> NoReturn:
-    """End the process at once after a signal, the backend already closed: the SDK's stdin
-    reader is a non-daemon worker thread blocked in read() while the client keeps its end of the
-    pipe open, which asyncio.run and the interpreter's shutdown would wait for forever. MCP
-    messages are flushed as they are written, so nothing is left to clean up."""
+    """End the process at once after a signal, the backend closed: the SDK's stdin reader is a
+    non-daemon thread blocked in read() while the client holds its end of the pipe open, which
+    asyncio.run and the interpreter would wait for forever. MCP messages are already flushed."""
     log.info("MCP over stdio stopped")
     tracing.shutdown()
     logging.shutdown()
@@ -272,9 +264,7 @@ class ForwardingBackend:
 
     def __init__(self, base_url: str, api_key: str | None, timeout: httpx.Timeout) -> None:
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._client = httpx.AsyncClient(
-            base_url=base_url.rstrip("/"), headers=headers, timeout=timeout
-        )
+        self._client = httpx.AsyncClient(base_url=base_url, headers=headers, timeout=timeout)
 
     async def close(self) -> None:
         await self._client.aclose()

@@ -1,11 +1,9 @@
 """What both transports check each incoming JSON-RPC message against before the SDK parses it,
-and what a message they refuse is told (docs/mcp.md).
-
-The SDK parses leniently (a duplicate key keeps its last value, `10**30` and `NaN` are numbers, a
-lone surrogate is a string), so `screen` replaces the raw `arguments` of a `tools/call` that the
-HTTP API's strict parser refuses by a marker holding its 422 envelope, answered as a tool error
-(`rejection`) with the issues the same bytes get as an HTTP body; arguments that pass are left
-byte for byte. `checked` then holds the whole message to the SDK's schema, strictly. The SDK
+and what a message they refuse is told (docs/mcp.md). The SDK parses leniently (a duplicate key
+keeps its last value, `10**30` and `NaN` are numbers, a lone surrogate is a string), so `screen`
+replaces the raw `arguments` of a `tools/call` that the HTTP API's strict parser refuses by a
+marker holding its 422 envelope, answered as a tool error (`rejection`); arguments that pass are
+left byte for byte. `checked` then holds the whole message to the SDK's schema, strictly. The SDK
 names only 2026-07-28 in `server/discover` and -32022; both transports name `SERVED_VERSIONS`.
 """
 
@@ -37,8 +35,7 @@ from decidealot.validation.strict_json import parse_json
 
 SERVED_VERSIONS = (*HANDSHAKE_PROTOCOL_VERSIONS, *MODERN_PROTOCOL_VERSIONS)
 
-_MARKER = f"decidealot.rejected.{secrets.token_hex(16)}"
-"""The one key of a marker: drawn per process, so no client can send a rejection itself."""
+_MARKER = f"decidealot.rejected.{secrets.token_hex(16)}"  # per process: no client can forge one
 
 _LENIENT = json.JSONDecoder()
 _WHITESPACE = " \t\n\r"
@@ -73,7 +70,6 @@ BATCH_REFUSED = (
     "Invalid Request: JSON-RPC batches are not accepted; send each message on its own "
     "(MCP versions after 2025-03-26 have no batches, and this server takes none in 2025-03-26)"
 )
-"""What a batch is told, on both transports (docs/mcp.md says why)."""
 
 
 class JsonRpcRefusal(Exception):

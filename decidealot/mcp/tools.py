@@ -1,8 +1,6 @@
-"""The four MCP tools as clients see them: names, descriptions, annotations and JSON schemas,
-derived from the wire types in `decidealot.contract` (the `system_one` input is exactly the `POST
-/v1/systemone` body, every output schema exactly the HTTP response type) with the validator's
-bounds from `decidealot.schema`, the OpenAPI document's source too.
-"""
+"""The four MCP tools as clients see them. Their schemas are the wire types' (the `system_one`
+input is exactly the `POST /v1/systemone` body, each output the HTTP response type), with the
+validator's bounds from `decidealot.schema`, as in the OpenAPI document."""
 
 from __future__ import annotations
 
@@ -182,14 +180,12 @@ TOOLS: dict[str, Tool] = {
             ),
         ),
     )
-}
-"""Every tool, by name, in the order `tools/list` shows them."""
+}  # in the order `tools/list` shows them
 
 
 def listing(names: list[str] | None) -> list[Tool]:
-    """Every tool as `tools/list` shows it now: `model` in the input schemas lists `names`, the
-    names list_models returns (None when they cannot be read), as the OpenAPI document lists
-    them (`decidealot.schema.declare_models`). Only `model` changes: an `anyOf` at the root of
+    """Every tool as `tools/list` shows it now: `model` lists `names`, list_models' (None: they
+    cannot be read), as in the OpenAPI document. Only `model` changes: an `anyOf` at the root of
     an input schema, as the document splits `config` by model, is refused by some hosts."""
     system_one = copy.deepcopy(TOOLS[SYSTEM_ONE].input_schema)
     declare_models(system_one, names, LIST_MODELS)

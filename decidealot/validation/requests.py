@@ -1,10 +1,8 @@
-"""The System One request rules: decoded JSON -> validated, routed requests, or every issue.
-
-HTTP and MCP both call `strict_json.parse_json`, then `validate_request` / `validate_batch`;
-each request comes back with the route its model resolved to (nothing resolves a name twice).
-Issues use TypeSafe's (FastAPI/pydantic) 422 shape, the question type in `loc` as pydantic
-reports a discriminated union (`["body", "questions", "urgency", "score", "criteria"]`), all of
-a body's at once. The bounds beyond TypeSafe's schema are docs/api.md's table.
+"""The System One request rules: decoded JSON -> validated requests, each with the route its
+model resolved to (nothing resolves a name twice), or every issue of the body at once, in
+TypeSafe's (FastAPI/pydantic) 422 shape: the question type in `loc` as pydantic reports a
+discriminated union (`["body", "questions", "urgency", "score", "criteria"]`). The bounds
+beyond TypeSafe's schema are docs/api.md's table.
 
 Why not pydantic, which is installed and whose messages these are: it reports a model's unknown
 fields after its fields, not in the body's order; its `missing` issue echoes the parent object
@@ -41,8 +39,7 @@ MAX_TEMPERATURE = 100.0
 _REQUEST_FIELDS = frozenset({"model", "state", "questions", "config"})
 _QUESTION_FIELDS = frozenset({"type", "instructions", "criteria"})
 _QUESTIONS = {"choice": ChoiceQuestion, "score": ScoreQuestion, "noul": NoulQuestion}
-_UNCHECKED: Any = object()
-"""Stands for a route that could not be looked up (hosted catalog down, body invalid anyway)."""
+_UNCHECKED: Any = object()  # a route not looked up (hosted catalog down, body invalid anyway)
 
 
 class _Issues(list[ValidationIssue]):
@@ -62,12 +59,8 @@ class _Issues(list[ValidationIssue]):
             what = f"at most {most} items after validation, not {len(value)}"
             self.add(loc, f"{kind} should have {what}", "too_long")
         else:
-            self.add(
-                loc,
-                f"{kind} should have at least 1 item after validation, not 0",
-                "too_short",
-                value,
-            )
+            msg = f"{kind} should have at least 1 item after validation, not 0"
+            self.add(loc, msg, "too_short", value)
 
     def needs(
         self, loc: Loc, what: str, value: list[Json] | dict[str, Json], low: int, high: int
@@ -87,8 +80,7 @@ class _Draft(NamedTuple):
     loc: Loc
     ok: bool
     model: str | None
-    fields: dict[str, Json]
-    """`state`, `questions` (checked) and `config` of the request."""
+    fields: dict[str, Json]  # `state`, `questions` (checked) and `config` of the request
 
 
 @tracing.traced("validation")
@@ -236,8 +228,7 @@ def _check_question(value: Json, loc: Loc, issues: _Issues) -> Question | None:
 
 
 def question_issues(value: Json) -> tuple[Question | None, list[ValidationIssue]]:
-    """One question checked as a request's are (label files, `decidealot.validation.labels`);
-    `loc` starts at the question's type."""
+    """One question checked as a request's are (for label files); `loc` starts at its type."""
     issues = _Issues()
     return _check_question(value, [], issues), list(issues)
 
