@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, Generic, NamedTuple, Protocol, TypeVar
+from typing import Any, Generic, NamedTuple, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -314,12 +314,6 @@ def additive(mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | No
     )
 
 
-def build_encoder(config: Config) -> ModernBert:
-    """The encoder's modules on the meta device: shapes only, nothing allocated."""
-    with torch.device("meta"):
-        return ModernBert(config)
-
-
 def load(module: nn.Module, state: Mapping[str, torch.Tensor]) -> None:
     """Assign `state`'s tensors to `module`, strictly: they become its parameters, uncopied."""
     module.load_state_dict(state, strict=True, assign=True)
@@ -364,12 +358,7 @@ def autocast(device: torch.device, dtype: torch.dtype) -> AbstractContextManager
     return torch.autocast(device_type=device.type, dtype=dtype)
 
 
-class HasPrecision(Protocol):
-    linears: int8.Quantised
-    lowered: Lowered | None
-
-
-M = TypeVar("M", bound=HasPrecision)
+M = TypeVar("M")  # Laya's `Checkpoint` or a `VonModel`: both carry `linears` and `lowered`
 
 
 class Checkpoints(Generic[M]):
