@@ -33,8 +33,7 @@ from decidealot.providers.von.worker.model import CPU_PASS_TOKENS, WINDOW, VonMo
 from decidealot.providers.worker.modernbert import Checkpoints
 from decidealot.providers.worker.readout import answer_from_probabilities
 
-DEFAULT_MAX_STATE_TOKENS = WINDOW
-"""Upstream's `VON_MAX_STATE_TOKENS` default; `EngineSpec.options["max_state_tokens"]` lowers it."""
+DEFAULT_MAX_STATE_TOKENS = WINDOW  # upstream's `VON_MAX_STATE_TOKENS`; the engine option lowers it
 DEFAULT_DEBIAS = 0.7
 
 
@@ -80,7 +79,8 @@ class VonEngine:
         tokenizer, calibration = model.tokenizer, model.calibration
         split = calibration.digit_split
         state = render.format_state(job.state)
-        state_ids = render.state_token_ids(tokenizer, state, digit_split=split)
+        counted = render.split_digits(state) if split else state  # as the cut counts it
+        state_ids = tokenizer(counted, add_special_tokens=False)["input_ids"]
         fitted_tokens: dict[str, int] = {}
         rows: list[VonRow] = []
         plans: list[_Plan] = []
@@ -93,7 +93,9 @@ class VonEngine:
             if not options:
                 plans.append(_Plan(name, question, None, None, 0))
                 continue
-            fixed = render.options_tokens(tokenizer, instructions, options, digit_split=split)
+            # the question and its option markers without a state: what a state cannot cut
+            packed = render.pack(tokenizer, "", instructions, options, digit_split=split)
+            fixed = len(tokenizer(packed)["input_ids"])
             if fixed > WINDOW:
                 raise RequestInvalid.question(
                     name,
@@ -220,5 +222,4 @@ def margin_confidence(probs: Sequence[float]) -> float:
     return max(0.0, min(1.0, (n * max(probs) - 1) / (n - 1)))
 
 
-create = VonEngine
-"""The factory `EngineSpec.factory` names."""
+create = VonEngine  # the factory `EngineSpec.factory` names

@@ -44,15 +44,6 @@ def _criterion_text(value: Json) -> str | None:
     return None if value is None else json_text(value)
 
 
-def choice_options(question: ChoiceQuestion) -> list[str]:
-    """One option per label in order; a truthy description replaces the label entirely."""
-    options = []
-    for label, value in question.criteria.items():
-        description = _criterion_text(value)
-        options.append(description.strip() if description else label.strip())
-    return options
-
-
 def score_level_text(level: Json) -> str:
     """A level's text: upstream's `{"what", "examples"}` form, else the level as JSON text."""
     if isinstance(level, dict) and ("what" in level or "examples" in level):
@@ -77,8 +68,8 @@ def noul_options(question: NoulQuestion) -> tuple[list[str], bool]:
 
 def option_texts(question: Question) -> list[str]:
     """The option texts a question packs, in marker order."""
-    if isinstance(question, ChoiceQuestion):
-        return choice_options(question)
+    if isinstance(question, ChoiceQuestion):  # a truthy description replaces the label whole
+        return [(_criterion_text(v) or label).strip() for label, v in question.criteria.items()]
     if isinstance(question, ScoreQuestion):
         return [score_level_text(level) for level in question.criteria]
     return noul_options(question)[0]
@@ -114,20 +105,6 @@ def pack(
     markers = " ".join(f"{mask} {option.strip()}" for option in options)
     packed = f"{prefix} {sep} {markers}"
     return split_digits(packed) if digit_split else packed
-
-
-def state_token_ids(tokenizer: FastTokenizer, state: str, *, digit_split: bool) -> list[int]:
-    """The state's tokens as the cut counts them (digit-split when the checkpoint splits)."""
-    text = split_digits(state) if digit_split else state
-    return tokenizer(text, add_special_tokens=False)["input_ids"]
-
-
-def options_tokens(
-    tokenizer: FastTokenizer, question: str, options: Sequence[str], *, digit_split: bool
-) -> int:
-    """Tokens of the question and every option marker with no state: what a state cannot cut."""
-    text = pack(tokenizer, "", question, options, digit_split=digit_split)
-    return len(tokenizer(text)["input_ids"])
 
 
 def state_limit(options_length: int, *, window: int, max_state_tokens: int) -> int:
