@@ -28,7 +28,6 @@ _CORPUS = [
     "summary: A request changes access for an account that holds protected records.",
     "The invoice dated 2026-09-22 lists 3 items at 19.99 each; order 84213 shipped.",
 ]
-_ROLES = {f"{name}_token": f"[{name.upper()}]" for name in ("unk", "cls", "sep", "pad", "mask")}
 
 HIDDEN = 32
 LOCAL_ATTENTION = 16
@@ -106,7 +105,7 @@ def build_von_checkpoint(
         raise ValueError(f"unknown Von checkpoint size {size!r}; expected one of {SIZES}")
     path.mkdir(parents=True, exist_ok=True)
     tok = shared.bpe_tokenizer(
-        path, _CORPUS, _ROLES, 300, finish=_mask_and_template, model_max_length=8192
+        path, _CORPUS, shared.BERT_ROLES, 300, finish=_mask_and_template, model_max_length=8192
     )
     config = shared.modernbert_config(tok, _SHAPES[size])
     torch.manual_seed(seed)
