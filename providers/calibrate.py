@@ -1,8 +1,7 @@
 """`decidealot calibrate`'s shared part: label rows through a worker engine, the report, the plot.
 
-Each provider's calibrator (`ProviderDescriptor.calibrator`) fits a file in its upstream's
-format by its upstream's method, on rows run as a worker runs them (its engine and planner, in
-this process). Every used row is then scored by a cross-fitted fold's fit that did not see it.
+Each provider's calibrator (`ProviderDescriptor.calibrator`) fits by its upstream's method
+(docs/models.md, "Fitting one"); every used row is scored by a fold's fit that did not see it.
 """
 
 from __future__ import annotations
@@ -38,8 +37,7 @@ class Setup:
 
     checkpoint: Path
     key: str  # in the provider's engine
-    current: Path | None
-    """The calibration file the service runs it with (its setting), or None: its own."""
+    current: Path | None  # the calibration file the service runs it with; None: its own
     labels: Sequence[Labelled]
     labels_path: Path
     device: str
@@ -98,8 +96,7 @@ QUESTION = "q"  # the one question of a label row's job
 def collect(
     engine: Engine, read: Callable[[PreparedJob, Sequence[object]], R], setup: Setup
 ) -> tuple[list[LabelRow[R]], list[tuple[int, str]]]:
-    """Every label row through `engine`, `CHUNK_ROWS` at a time; a row the engine refuses
-    (`RequestInvalid`) is skipped with its reason; `ValueError` when no row is left."""
+    """Every label row through `engine`; one it refuses (`RequestInvalid`) is skipped, with why."""
 
     def finish(prepared: PreparedJob, outputs: Sequence[object]) -> tuple[Decision, R]:
         return engine.finish(prepared, outputs), read(prepared, outputs)

@@ -26,8 +26,7 @@ from decidealot.errors import ProviderUnavailable
 
 logger = logging.getLogger(__name__)
 
-MAX_INPUTS_PER_CALL = 32
-"""Upstream's chunk size, and TEI's default client batch limit."""
+MAX_INPUTS_PER_CALL = 32  # upstream's chunk size, and TEI's default client batch limit
 
 
 def embeddings_endpoint(url: str) -> str:
@@ -55,8 +54,7 @@ class _EmbeddingsResponse(msgspec.Struct):
 
 
 class _EncoderFailure(Exception):
-    """Why one call failed, in words safe to log; `transient` failures are retried. `kind` is
-    the metric reason: timeout, connection, status or invalid_reply."""
+    """Why a call failed, in words safe to log; `kind`: the metric reason; `transient`: retried."""
 
     def __init__(self, reason: str, kind: str = "invalid_reply", *, transient: bool = False):
         super().__init__(reason)
@@ -100,8 +98,7 @@ class EncoderClient:
             else None
         )
         self._client: httpx.AsyncClient | None = None
-        self.answered_last_call: bool | None = None
-        """Whether the encoder's last call (retries included) answered; None before any."""
+        self.answered_last_call: bool | None = None  # retries included; None before any call
 
     async def start(self) -> None:
         if self._client is None:
