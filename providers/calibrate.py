@@ -32,9 +32,7 @@ R = TypeVar("R")
 
 
 @dataclass(frozen=True)
-class Setup:
-    """What the command hands a provider's calibrator."""
-
+class Setup:  # what the command hands a provider's calibrator
     checkpoint: Path
     key: str  # in the provider's engine
     current: Path | None  # the calibration file the service runs it with; None: its own
@@ -134,8 +132,7 @@ def answer_probabilities(decision: Decision, name: str) -> list[float]:
 
 
 def folds_of(count: int, folds: int, seed: int) -> tuple[list[int], list[list[int]]]:
-    """von-sdk's split: the rows in `random.Random(seed)`'s shuffled order, and the held-out
-    index sets (fold f holds every `folds`-th of them from f), 2 to one per row."""
+    """von-sdk's split: the rows' shuffled order, and fold f's held-out rows (every `folds`-th)."""
     order = list(range(count))
     random.Random(seed).shuffle(order)
     folds = max(2, min(folds, count))

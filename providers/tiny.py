@@ -18,7 +18,7 @@ from transformers.utils import logging as transformers_logging
 from decidealot import registry
 from decidealot.registry import Descriptor
 
-MODERNBERT_BASE: dict[str, Any] = {
+MODERNBERT_BASE: dict[str, Any] = {  # ModernBERT-base's encoder shape, for base-sized benches
     "hidden_size": 768,
     "intermediate_size": 1152,
     "num_hidden_layers": 22,
@@ -27,7 +27,6 @@ MODERNBERT_BASE: dict[str, Any] = {
     "local_attention": 128,
     "initializer_range": 0.02,
 }
-"""ModernBERT-base's encoder shape, for the benchmarks' base-sized checkpoints."""
 BERT_ROLES = {f"{name}_token": f"[{name.upper()}]" for name in ("unk", "cls", "sep", "pad", "mask")}
 MODERNBERT_VOCAB_SIZE = 50368  # a base-sized checkpoint's rows (its tiny tokenizer uses few)
 

@@ -59,8 +59,7 @@ def temperature_bucket(qtype: str, options: int) -> str:
 
 
 class Temperatures:
-    """A checkpoint's softmax temperatures, clamped once at load as upstream does: its own
-    (`rl_agent_config.json`) or a calibration file's, which replaces them whole."""
+    """A checkpoint's temperatures (its own, or a calibration file's instead), clamped at load."""
 
     def __init__(
         self,

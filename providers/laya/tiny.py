@@ -80,9 +80,8 @@ HEAD_LAYERS = 2
 N_ACT = 2
 
 SIZES = ("tiny", "tiny512", "base")
-"""`tiny512`: `tiny` with a third layer and the shipped english budgets (512 / 192), so a bench
-sees the work around a pass at the real row lengths. `base`: ModernBERT-base's shape and
-embedding rows with the tiny tokenizer: the compute per token is the real model's."""
+"""`tiny512`: `tiny` with a third layer and english's budgets (512 / 192), for benches at real
+row lengths; `base`: ModernBERT-base's shape and embedding rows (a real model's compute)."""
 _TINY_SHAPE = {
     "hidden_size": HIDDEN,
     "intermediate_size": 2 * HIDDEN,

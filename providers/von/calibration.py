@@ -1,9 +1,8 @@
 """Von calibration files: `marker_calibration.json` as von-sdk 1.3.7 ships and writes it.
 
-Besides the temperature rule and the zero-shot noul prior, the file holds two flags that set
-how the forward pass runs, so `VON_CALIBRATION` replaces the checkpoint's file whole. Maps and
-priors upstream cannot use are dropped as upstream drops them. Pure Python: the gateway checks
-files before listening.
+Besides the temperature rule and the noul prior, it holds two flags that set how the forward
+pass runs, so `VON_CALIBRATION` replaces the checkpoint's file whole. Maps and priors upstream
+cannot use are dropped, as upstream drops them. Pure Python: the gateway checks files at start.
 """
 
 from __future__ import annotations
@@ -25,8 +24,6 @@ class CalibrationError(ValueError):
 
 @dataclass(frozen=True)
 class VonCalibration:
-    """`marker_calibration.json`: temperature rule, noul prior and the two forward-pass flags."""
-
     temperature: float
     calibration_map: dict[str, float] | None
     noul_prior: tuple[float, float] | None

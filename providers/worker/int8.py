@@ -56,8 +56,7 @@ class Quantised:
 
 
 def _linears(module: nn.Module) -> dict[str, list[tuple[nn.Module, str]]]:
-    """Every `nn.Linear` under `module` as (parent, attribute), by attribute name: its role in
-    each layer (ModernBERT's `Wqkv`, `Wo`, `Wi`)."""
+    """Every `nn.Linear` under `module` as (parent, attribute), by role (`Wqkv`, `Wo`, `Wi`)."""
     roles: dict[str, list[tuple[nn.Module, str]]] = {}
     for parent in module.modules():
         for name, child in parent.named_children():

@@ -336,8 +336,7 @@ def at_precision(
 def probe_rows(
     config: Config, length: int = int8.PROBE_LENGTH
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """An `at_precision` probe's input: `PROBE_ROWS` rows of `length` random ids (seeded, so
-    every load of a checkpoint decides alike) and four option-marker positions spread over them."""
+    """A probe's input: random ids (seeded: every load decides alike), four marker positions."""
     generator = torch.Generator().manual_seed(0)
     ids = torch.randint(0, config.vocab_size, (int8.PROBE_ROWS, length), generator=generator)
     return ids, torch.linspace(1, length - 2, 4).long()

@@ -1,8 +1,7 @@
 """The client for CLM's OpenAI-compatible embeddings endpoint (gateway side, no torch).
 
 Only the operator's URL is contacted. Every failure is `ProviderUnavailable` with its fixed
-message; the log line says why, never with a text. Option texts' vectors may be cached (TTL +
-LRU); state vectors never are.
+message; the log line says why, never with a text. Only option texts' vectors are cached.
 """
 
 from __future__ import annotations
@@ -67,9 +66,7 @@ class Embedded(msgspec.Struct, frozen=True):
     prompt_tokens: int  # the encoder's usage for the calls made (0 when all were cached)
 
 
-class EncoderClient:
-    """One shared `httpx.AsyncClient` to the configured endpoint, plus the candidate cache."""
-
+class EncoderClient:  # one shared `httpx.AsyncClient`, plus the candidate cache
     def __init__(
         self,
         url: str,

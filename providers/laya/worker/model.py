@@ -72,9 +72,8 @@ class HeadLayer(nn.Module):
     def forward(
         self, h: torch.Tensor, keep: torch.Tensor, index: torch.Tensor | None = None
     ) -> torch.Tensor:
-        """The layer's output at every position, or only at `index` (`[rows, K, d]` gather
-        positions): each position's output depends on the others only through attention's keys
-        and values, so computing a subset is exact and skips most of the layer's work."""
+        """Every position's output, or only `index`'s (`[rows, K, d]`): a position sees the others
+        only through attention's keys and values, so a subset is exact and skips most work."""
         y = self.norm1(h)
         if index is None:
             h = h + self.self_attn(y, keep)
@@ -184,9 +183,8 @@ class WeightsError(ValueError):
 
 def read_safetensors(path: Path, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
     """Every tensor in `path`, floating-point ones as `dtype` (None: as stored), each copied from
-    the file's mapping into its final dtype, then that mapping's pages given back: one copy, and
-    at most the model plus one tensor at the peak, where `safetensors.torch.load_file` and a
-    `.float()` held two (docs/performance.md)."""
+    the file's mapping, whose pages are then given back: one copy, the model plus one tensor at
+    the peak (`safetensors.torch.load_file` and `.float()` held two; docs/performance.md)."""
     try:
         with safe_open(path, framework="pt") as file:
             names = file.keys()  # the handle is not iterable
@@ -198,8 +196,7 @@ def read_safetensors(path: Path, dtype: torch.dtype | None = None) -> dict[str, 
 def _own_copy(view: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
     target = dtype if dtype is not None and view.is_floating_point() else view.dtype
     out = view.to(target, copy=True)  # its own memory, never a view of the mapping
-    size = view.numel() * view.element_size()
-    if size:
+    if size := view.numel() * view.element_size():
         drop_pages(view.data_ptr(), size)  # the page cache keeps them
     return out
 

@@ -2,9 +2,7 @@
 zero-shot noul) -> padded forward passes -> answers, the same alone or batched.
 
 The readout's arithmetic follows von-sdk 1.3.7 step by step (float32 softmax, then Python sums),
-unrounded like every provider's (upstream rounds what it reports), so probabilities keep summing
-to 1. Confidence (choice and score) is upstream's margin confidence `(K·p_max − 1)/(K − 1)` in
-[0, 1]; `noul` is the calibrated P(true) (upstream's `noul_raw`), not its banded decision.
+unrounded, so probabilities keep summing to 1; what it answers: docs/models.md, "Von".
 """
 
 from __future__ import annotations
@@ -93,9 +91,8 @@ class VonEngine:
             if not options:
                 plans.append(_Plan(name, question, None, None, 0))
                 continue
-            # the question and its option markers without a state: what a state cannot cut
             packed = render.pack(tokenizer, "", instructions, options, digit_split=split)
-            fixed = len(tokenizer(packed)["input_ids"])
+            fixed = len(tokenizer(packed)["input_ids"])  # the tokens no state cut reaches
             if fixed > WINDOW:
                 raise RequestInvalid.question(
                     name,

@@ -55,9 +55,7 @@ class OptionMarkerScorer(nn.Module):
 
 
 @dataclass(frozen=True)
-class VonRow:
-    """One packed sequence: token ids and the positions of its option markers."""
-
+class VonRow:  # one packed sequence
     ids: list[int]
     markers: list[int]
     shared: bool = False  # no state: its logits may be cached and reused

@@ -66,8 +66,7 @@ def noul_options(question: NoulQuestion) -> tuple[list[str], bool]:
     return [true_text or YES_TEXT, false_text or NO_TEXT], explicit
 
 
-def option_texts(question: Question) -> list[str]:
-    """The option texts a question packs, in marker order."""
+def option_texts(question: Question) -> list[str]:  # in marker order
     if isinstance(question, ChoiceQuestion):  # a truthy description replaces the label whole
         return [(_criterion_text(v) or label).strip() for label, v in question.criteria.items()]
     if isinstance(question, ScoreQuestion):
@@ -113,10 +112,8 @@ def state_limit(options_length: int, *, window: int, max_state_tokens: int) -> i
 
 
 def fit_state(tokenizer: FastTokenizer, state: str, state_ids: list[int], limit: int) -> str:
-    """Cut the middle out of a state too long for the window (60% head, 40% tail), as upstream:
-    rules sit at its top and recent events at its bottom. The kept ids are decoded, joined by
-    " ... " and the packed text tokenised again, as von-sdk does, so the model reads upstream's
-    tokens even where they end up past the window."""
+    """The middle cut out of a state too long for the window, as von-sdk cuts it (docs/models.md,
+    "Von"): rules sit at a state's top, recent events at its bottom."""
     if len(state_ids) <= limit:
         return state
     head = int(limit * 0.6)
