@@ -441,13 +441,14 @@ from pathlib import Path
 import torch
 torch.set_num_threads(1)
 from decidealot.providers.worker import modernbert
-from decidealot.providers.worker.checkpoint_files import read_safetensors
+from decidealot.providers.laya.worker.model import read_safetensors
 mode, folder = sys.argv[1], Path(sys.argv[2])
 config = modernbert.Config.read(folder / "encoder" / "config.json")
 weights = folder / "model.safetensors"
 started = time.perf_counter()
 if mode == "meta":
-    model = modernbert.build_encoder(config)
+    with torch.device("meta"):
+        model = modernbert.ModernBert(config)
 elif mode == "cpu-init":
     model = modernbert.ModernBert(config)
     for module in model.modules():

@@ -1,2 +1,1 @@
-"""Decision providers, one folder each (layout: docs/architecture.md); `gateway/` and `worker/`
-here hold what the local providers share."""
+"""Decision providers, one folder each; `gateway/` and `worker/` hold what local ones share."""

@@ -1,8 +1,7 @@
 """`decidealot calibrate`'s shared part: label rows through a worker engine, the report, the plot.
 
-Each provider's calibrator (`ProviderDescriptor.calibrator`) fits a file in its upstream's
-format by its upstream's method, on rows run as a worker runs them (its engine and planner, in
-this process). Every used row is then scored by a cross-fitted fold's fit that did not see it.
+Each provider's calibrator (`ProviderDescriptor.calibrator`) fits by its upstream's method
+(docs/models.md, "Fitting one"); every used row is scored by a fold's fit that did not see it.
 """
 
 from __future__ import annotations
@@ -33,13 +32,10 @@ R = TypeVar("R")
 
 
 @dataclass(frozen=True)
-class Setup:
-    """What the command hands a provider's calibrator."""
-
+class Setup:  # what the command hands a provider's calibrator
     checkpoint: Path
     key: str  # in the provider's engine
-    current: Path | None
-    """The calibration file the service runs it with (its setting), or None: its own."""
+    current: Path | None  # the calibration file the service runs it with; None: its own
     labels: Sequence[Labelled]
     labels_path: Path
     device: str
@@ -98,8 +94,7 @@ QUESTION = "q"  # the one question of a label row's job
 def collect(
     engine: Engine, read: Callable[[PreparedJob, Sequence[object]], R], setup: Setup
 ) -> tuple[list[LabelRow[R]], list[tuple[int, str]]]:
-    """Every label row through `engine`, `CHUNK_ROWS` at a time; a row the engine refuses
-    (`RequestInvalid`) is skipped with its reason; `ValueError` when no row is left."""
+    """Every label row through `engine`; one it refuses (`RequestInvalid`) is skipped, with why."""
 
     def finish(prepared: PreparedJob, outputs: Sequence[object]) -> tuple[Decision, R]:
         return engine.finish(prepared, outputs), read(prepared, outputs)
@@ -137,8 +132,7 @@ def answer_probabilities(decision: Decision, name: str) -> list[float]:
 
 
 def folds_of(count: int, folds: int, seed: int) -> tuple[list[int], list[list[int]]]:
-    """von-sdk's split: the rows in `random.Random(seed)`'s shuffled order, and the held-out
-    index sets (fold f holds every `folds`-th of them from f), 2 to one per row."""
+    """von-sdk's split: the rows' shuffled order, and fold f's held-out rows (every `folds`-th)."""
     order = list(range(count))
     random.Random(seed).shuffle(order)
     folds = max(2, min(folds, count))

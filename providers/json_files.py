@@ -1,8 +1,7 @@
 """The one reader of a provider's JSON files that must hold an object, in both processes.
 
 Python's `json`, not msgspec: the upstream packages read these files with it, so a NaN or
-Infinity literal loads here as it loads there (laya then clamps such a temperature, and the
-parity tests hold us to that).
+Infinity literal loads here as it loads there (the parity tests hold us to that).
 """
 
 from __future__ import annotations

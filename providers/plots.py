@@ -8,8 +8,7 @@ from pathlib import Path
 
 EXTRA = "pip install 'decidealot[plot]'"
 
-Series = tuple[str, Sequence[float], Sequence[float]]
-"""(legend label, x values, y values): one curve."""
+Series = tuple[str, Sequence[float], Sequence[float]]  # one curve: legend label, xs, ys
 
 
 def line_plot(

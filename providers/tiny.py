@@ -1,8 +1,6 @@
-"""Small random checkpoints of every local model, in the upstream on-disk formats: what the
-providers' `tiny` modules share, and the writer of them all.
-
-One code path for the test suite, the benchmarks and `decidealot checkpoints tiny DIR`; the
-answers carry no meaning. torch is imported here, so only the CLI, tests and benches do.
+"""Small random checkpoints of every local model in the upstream on-disk formats (answers carry
+no meaning) for the tests, the benchmarks and `decidealot checkpoints tiny DIR`, who alone import
+this module (it imports torch): what the providers' `tiny` modules share, and their writer.
 """
 
 from __future__ import annotations
@@ -20,7 +18,7 @@ from transformers.utils import logging as transformers_logging
 from decidealot import registry
 from decidealot.registry import Descriptor
 
-MODERNBERT_BASE: dict[str, Any] = {
+MODERNBERT_BASE: dict[str, Any] = {  # ModernBERT-base's encoder shape, for base-sized benches
     "hidden_size": 768,
     "intermediate_size": 1152,
     "num_hidden_layers": 22,
@@ -29,9 +27,8 @@ MODERNBERT_BASE: dict[str, Any] = {
     "local_attention": 128,
     "initializer_range": 0.02,
 }
-"""ModernBERT-base's encoder shape, for the benchmarks' base-sized checkpoints."""
-MODERNBERT_VOCAB_SIZE = 50368
-"""A base-sized checkpoint's embedding rows (its tiny tokenizer only reaches the first few)."""
+BERT_ROLES = {f"{name}_token": f"[{name.upper()}]" for name in ("unk", "cls", "sep", "pad", "mask")}
+MODERNBERT_VOCAB_SIZE = 50368  # a base-sized checkpoint's rows (its tiny tokenizer uses few)
 
 
 def modernbert_config(

@@ -33,8 +33,7 @@ class EncoderOptions(msgspec.Struct, frozen=True):
     model: str = "Qwen/Qwen3-8B"
     served_name: str = "qwen3-8b"
     device: str = "auto"
-    dtype: Dtype = "auto"
-    """`auto`: bfloat16 on CUDA (as the reference encoder runs), float32 on CPU."""
+    dtype: Dtype = "auto"  # bfloat16 on CUDA (as the reference encoder runs), float32 on CPU
     max_tokens: int = 2048
     batch_size: int = 32
 

@@ -13,13 +13,11 @@ from decidealot.providers.clm.descriptor import HEAD_FILE
 from decidealot.providers.clm.gateway.provider import CHECKPOINT, QWEN3_8B_WIDTH
 from decidealot.providers.clm.worker.engine import Head, HeadConfig
 
-DEFAULT_LOGIT_SCALE = math.log(1 / 0.07)
-"""scale ≈ 14.3: readable probabilities. Pass > ln 100 to exercise upstream's clamp."""
+DEFAULT_LOGIT_SCALE = math.log(1 / 0.07)  # scale 14.3; above ln 100 exercises upstream's clamp
 
 
 def _tower(generator: torch.Generator, cfg: HeadConfig) -> dict[str, torch.Tensor]:
-    """Random weights for `Head(cfg)`: N(0, 1/fan_in) weights, N(0, 0.1) biases, and LayerNorms
-    that are not the identity (weights N(1, 0.3), biases N(0, 0.3))."""
+    """Random weights for `Head(cfg)`, with LayerNorms that are not the identity."""
     with torch.device("meta"):  # shapes only: no memory, no draw from torch's global RNG
         shapes = {name: tensor.shape for name, tensor in Head(cfg).state_dict().items()}
     weights = {}

@@ -13,8 +13,7 @@ from decidealot.registry import ProviderDescriptor
 
 class JevSettings(Section, frozen=True, kw_only=True):
     typesafe_api_key: Annotated[str | None, setting(secret)] = None
-    jev_enabled: Annotated[bool | None, setting(boolean)] = None
-    """None: enabled exactly when a TypeSafe key is set."""
+    jev_enabled: Annotated[bool | None, setting(boolean)] = None  # None: on when a key is set
     typesafe_base_url: Annotated[str, setting(url)] = "https://api.typesafe.ai"
     typesafe_timeout_seconds: Annotated[float, setting(seconds())] = 10.0
     typesafe_retry_seconds: Annotated[float, setting(seconds(allow_zero=True))] = 30.0

@@ -1,9 +1,5 @@
-"""Laya temperatures fitted on the user's labels, by laya 0.4.15's own method and in its format.
-
-laya's `records_from_labeled` + `Agent.fit_temperatures` + `Agent.save_calibration`: a scalar
-temperature by NLL per question type with `MIN_TYPE_N` rows and per option-count bucket with
-`MIN_BUCKET_N`. As upstream's, the file replaces all of the checkpoint's temperatures.
-"""
+"""Laya temperatures fitted on the user's labels, by laya 0.4.15's own method and in its format:
+`records_from_labeled` + `Agent.fit_temperatures` + `Agent.save_calibration` (docs/models.md)."""
 
 from __future__ import annotations
 
@@ -23,8 +19,7 @@ from decidealot.providers.worker.readout import softmax
 
 MIN_BUCKET_N = 2000
 MIN_TYPE_N = 10
-LOG_T_MARGIN = 10.0
-"""laya's search band: this many e-folds outside [0.5, 5] on log T."""
+LOG_T_MARGIN = 10.0  # laya's search band: this many e-folds outside [0.5, 5] on log T
 
 
 @dataclass(frozen=True)

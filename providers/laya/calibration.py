@@ -1,10 +1,9 @@
 """Laya calibration files: the JSON payload laya 0.4.15's `Agent.save_calibration` writes.
 
 Read with upstream's own rules (`laya.calibrate.apply_calibration_payload`): a malformed shape
-is refused with a message naming the field, while a temperature that is not a number, or lies
-outside [0.5, 5], is clamped at load as the checkpoint's own are (`Temperatures`, what the
-worker applies); a file fitted for another checkpoint warns and still loads. Pure Python: the
-gateway checks files before listening.
+is refused, naming the field, while a temperature that is not a number or lies outside [0.5, 5]
+is clamped at load as the checkpoint's own are; a file fitted for another checkpoint warns and
+still loads. Pure Python: the gateway checks files before listening.
 """
 
 from __future__ import annotations
@@ -60,8 +59,7 @@ def temperature_bucket(qtype: str, options: int) -> str:
 
 
 class Temperatures:
-    """A checkpoint's softmax temperatures, clamped once at load as upstream does: its own
-    (`rl_agent_config.json`) or a calibration file's, which replaces them whole."""
+    """A checkpoint's temperatures (its own, or a calibration file's instead), clamped at load."""
 
     def __init__(
         self,
@@ -81,9 +79,8 @@ class Temperatures:
         return cls(payload.temperature, payload.temperature_by_options, payload.binning_map)
 
     def answer_confidence(self, qtype: str, probs: Sequence[float]) -> float:
-        """Upstream's `answer_confidence` as it reports it (4 decimals): the top probability,
-        through the binning map's entry for the question's bucket (`apply_binning_map`). The
-        contract does not report it, but it picks a windowed state's deciding window."""
+        """Upstream's `answer_confidence` (4 decimals): the top probability through its bucket's
+        binning map (`apply_binning_map`); never reported, it picks a windowed state's window."""
         top = max(probs)
         entry = self.binning.get(temperature_bucket(qtype, len(probs)))
         if entry:
@@ -103,8 +100,7 @@ class Payload:
     version: int
     temperature: list[Any]
     temperature_by_options: dict[str, Any]
-    binning_map: dict[str, dict[str, Any]] | None
-    """Recalibrates laya's `answer_confidence` only (`Temperatures.answer_confidence`)."""
+    binning_map: dict[str, dict[str, Any]] | None  # recalibrates `answer_confidence` only
     model_id_or_path: Any = None
     subfolder: Any = None
     config: Any = None

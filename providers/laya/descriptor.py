@@ -34,14 +34,13 @@ SELECTORS = tuple(
     )
 )
 
-FILES = (
+FILES = (  # what the Laya engine reads from a checkpoint directory (docs/models.md lists them)
     "rl_agent_config.json",
     "model.safetensors",
     "encoder/config.json",
     "tokenizer/tokenizer.json",
     "tokenizer/tokenizer_config.json",
 )
-"""What the Laya engine reads from a checkpoint directory (docs/models.md lists them too)."""
 CHECKS = {
     name: safetensors_header if name.endswith(".safetensors") else json_object_problem
     for name in FILES

@@ -1,8 +1,7 @@
 """Tiny random Laya checkpoints in upstream's on-disk format (laya.md §8), for all variants.
 
-The result loads with both `laya.load(path, device="cpu")` and our engine, offline. Weights are
-random but drawn with a wide initialiser so option probabilities differ measurably; the byte-level
-BPE tokenizer covers any UTF-8 text, so multilingual states tokenise without unknown tokens.
+The result loads with both `laya.load(path, device="cpu")` and our engine, offline; weights are
+drawn with a wide initialiser so option probabilities differ measurably.
 """
 
 from __future__ import annotations
@@ -32,8 +31,7 @@ _CORPUS = [
 ]
 
 # Per variant: special tokens by role (in id order, the first of each), RoPE thetas (full,
-# sliding), budgets and the shipped temperatures (laya.md §1.3), with the out-of-range
-# `choice:11+` entry.
+# sliding), budgets and the shipped temperatures (laya.md §1.3, out-of-range `choice:11+` too).
 _SHIPPED_BY_OPTIONS = {
     "choice:2": 1.9063563346862793,
     "choice:3-5": 1.7601518630981445,
@@ -42,15 +40,12 @@ _SHIPPED_BY_OPTIONS = {
     "score:3-5": 1.2514300346374512,
     "noul:2": 1.983399510383606,
 }
-_BERT_ROLES = {
-    f"{name}_token": f"[{name.upper()}]" for name in ("unk", "cls", "sep", "pad", "mask")
-}
 _GEMMA_ROLES = {f"{name}_token": f"<{name}>" for name in ("pad", "eos", "bos", "unk", "mask")} | {
     "cls_token": "<bos>",
     "sep_token": "<eos>",
 }
 _ENGLISH = {
-    "roles": _BERT_ROLES,
+    "roles": shared.BERT_ROLES,
     "rope": (160000.0, 10000.0),
     "encoder": "answerdotai/ModernBERT-large",
     "model_name": "rl-agent",
@@ -85,9 +80,8 @@ HEAD_LAYERS = 2
 N_ACT = 2
 
 SIZES = ("tiny", "tiny512", "base")
-"""`tiny512`: `tiny` with a third layer and the shipped english budgets (512 / 192), so a bench
-sees the work around a pass at the real row lengths. `base`: ModernBERT-base's shape and
-embedding rows with the tiny tokenizer: the compute per token is the real model's."""
+"""`tiny512`: `tiny` with a third layer and english's budgets (512 / 192), for benches at real
+row lengths; `base`: ModernBERT-base's shape and embedding rows (a real model's compute)."""
 _TINY_SHAPE = {
     "hidden_size": HIDDEN,
     "intermediate_size": 2 * HIDDEN,

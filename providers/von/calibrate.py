@@ -1,11 +1,5 @@
-"""Von's temperature map refitted on the user's labels, by von-sdk 1.3.7's `von calibrate`.
-
-A scalar temperature (a map of `bias` alone) and the full map are each fitted by NLL on the
-logits and features of the engine's own pass; the one with the lower k-fold cross-validated
-NLL is written into the file the service runs with (its flags and noul prior carry over). Unlike
-`von calibrate`, which replays an object or array state as JSON text, every row runs as the
-service formats it, so the map is fitted on the logits it will be applied to.
-"""
+"""Von's temperature map refitted on the user's labels by von-sdk 1.3.7's `von calibrate`
+(docs/models.md, "Fitting one"), on the logits and features of the engine's own pass."""
 
 from __future__ import annotations
 
@@ -29,8 +23,7 @@ from decidealot.providers.von.worker.engine import VonEngine, VonPreparedJob, fe
 
 LO, HI = 0.3, 12.0  # the bounds `von calibrate` writes with every map
 RESTARTS, ITERATIONS = 4, 400
-PADDING = -1e300
-"""Fills a row out to the widest: its exp is exactly 0 in every softmax, and its gradient 0."""
+PADDING = -1e300  # fills a row out to the widest: exactly 0 in every softmax, and its gradient
 FEATURES_TEXT = (
     "T = bias + entropy*H_norm + log_tokens*log10(state_tokens)/4 + n_options*(K/8), "
     "clamped to [lo,hi]"
@@ -187,8 +180,7 @@ def _read(
 
 
 def _von_order(row: calibrate.LabelRow[Any]) -> tuple[int, bool]:
-    """The row's gold as von orders the options (a noul's are [yes, no], the contract's
-    [false, true]), and whether it is a noul."""
+    """Gold in von's option order (a noul's: [yes, no], not [false, true]), and whether a noul."""
     noul = isinstance(row.label.question, NoulQuestion)
     return (1 - row.label.gold if noul else row.label.gold), noul
 

@@ -1,10 +1,8 @@
-"""Von calibration files: `marker_calibration.json`, as a checkpoint ships it or `von calibrate`
-writes it (von-sdk 1.3.7).
+"""Von calibration files: `marker_calibration.json` as von-sdk 1.3.7 ships and writes it.
 
-Besides the temperature rule and the zero-shot noul prior, the file holds two flags that set
-how the forward pass runs, so `VON_CALIBRATION` replaces the checkpoint's file whole. Maps and
-priors upstream cannot use are dropped as upstream drops them. Pure Python: the gateway checks
-files before listening.
+Besides the temperature rule and the noul prior, it holds two flags that set how the forward
+pass runs, so `VON_CALIBRATION` replaces the checkpoint's file whole. Maps and priors upstream
+cannot use are dropped, as upstream drops them. Pure Python: the gateway checks files at start.
 """
 
 from __future__ import annotations
@@ -15,8 +13,7 @@ from typing import Any
 
 from decidealot.providers.json_files import read_json_object
 
-MAP_FEATURES = ("bias", "entropy", "log_tokens", "n_options")
-"""The map's features, in the order `von calibrate` fits them."""
+MAP_FEATURES = ("bias", "entropy", "log_tokens", "n_options")  # in the order `von calibrate` fits
 FLAGS = ("independent_options", "digit_split")
 TEMPERATURE_SANITY_MAX = 50.0
 
@@ -27,8 +24,6 @@ class CalibrationError(ValueError):
 
 @dataclass(frozen=True)
 class VonCalibration:
-    """`marker_calibration.json`: temperature rule, noul prior and the two forward-pass flags."""
-
     temperature: float
     calibration_map: dict[str, float] | None
     noul_prior: tuple[float, float] | None
@@ -57,8 +52,7 @@ def _noul_prior(raw: object) -> tuple[float, float] | None:
 
 
 def parse(data: dict[str, Any]) -> VonCalibration:
-    """A file's rule and flags; what upstream would reset (answering in the wrong attention
-    mode) is refused."""
+    """A file's rule and flags; what upstream would reset (the wrong attention mode) is refused."""
     try:
         temperature = float(data.get("temperature", 1.0))
     except (TypeError, ValueError):
@@ -87,9 +81,8 @@ def check(path: Path) -> str | None:
 
 
 def warnings(path: Path, checkpoint: Path) -> list[str]:
-    """What to warn of when the file at `path` replaces `checkpoint`'s own (a directory): that
-    it may be for other weights (flags set otherwise change the answers, not only their
-    confidence; `weights_id`, `model_id` in a shipped file, names the weights)."""
+    """What to warn of when `path` replaces `checkpoint`'s own file: that it may be for other
+    weights (other flags change answers, not just confidence; `weights_id`/`model_id` name them)."""
     data = read_json_object(path, CalibrationError)
     shipped = read_json_object(checkpoint / "marker_calibration.json", CalibrationError)
     problems = [

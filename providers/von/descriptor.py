@@ -22,14 +22,13 @@ SELECTORS = (
     ModelInfo("von-1.1.0", "Alias for the Von 1.1 point release.", RELEASE),
 )
 
-FILES = (
+FILES = (  # what the Von engine reads from a checkpoint directory (docs/models.md lists them too)
     "config.json",
     "tokenizer.json",
     "tokenizer_config.json",
     "option_marker.pt",
     "marker_calibration.json",
 )
-"""What the Von engine reads from a checkpoint directory (docs/models.md lists them too)."""
 CHECKS = {name: json_object_problem for name in FILES if name.endswith(".json")}
 """How startup reads them: every JSON file must parse (option_marker.pt is torch's own)."""
 

@@ -1,8 +1,7 @@
 """Tiny random Von checkpoints in upstream's on-disk format (von.md §6), both attention modes.
 
 The result loads with the unmodified von-sdk 1.3.7 backend (`VON_CHECKPOINT_DIR=<dir>`) and with
-our engine, offline. The encoder is small enough that a forward pass takes milliseconds, but it
-keeps one full-attention and two sliding-window layers so both mask kinds are exercised.
+our engine, offline.
 """
 
 from __future__ import annotations
@@ -28,7 +27,6 @@ _CORPUS = [
     "summary: A request changes access for an account that holds protected records.",
     "The invoice dated 2026-09-22 lists 3 items at 19.99 each; order 84213 shipped.",
 ]
-_ROLES = {f"{name}_token": f"[{name.upper()}]" for name in ("unk", "cls", "sep", "pad", "mask")}
 
 HIDDEN = 32
 LOCAL_ATTENTION = 16
@@ -62,10 +60,10 @@ _SHAPES: dict[str, dict[str, Any]] = {
     },
     "base": {**shared.MODERNBERT_BASE, "vocab_size": shared.MODERNBERT_VOCAB_SIZE},
 }
-"""`tiny` is the test checkpoint; `long` is `tiny` cut to one global layer and one head, for
-states past the 8192-token window, where a pass costs what its masks cost; `small` (7.7M
-parameters, ModernBERT's layer pattern) is for benchmarks; `base` has ModernBERT-base's shape
-and vocabulary size (the tokenizer stays tiny), for timing a load (bench/switch.py)."""
+"""`tiny` (tests) has a full and two sliding layers, both mask kinds; `long` is it cut to one global
+layer and one head, for states past the 8192-token window, where a pass costs what its masks
+cost; `small` (7.7M parameters, ModernBERT's layer pattern) is for benchmarks; `base`, with
+ModernBERT-base's shape and vocabulary (a tiny tokenizer), times a load (bench/switch.py)."""
 
 DEFAULT_CALIBRATION_MAP: dict[str, float] = {
     "bias": 1.2,
@@ -106,7 +104,7 @@ def build_von_checkpoint(
         raise ValueError(f"unknown Von checkpoint size {size!r}; expected one of {SIZES}")
     path.mkdir(parents=True, exist_ok=True)
     tok = shared.bpe_tokenizer(
-        path, _CORPUS, _ROLES, 300, finish=_mask_and_template, model_max_length=8192
+        path, _CORPUS, shared.BERT_ROLES, 300, finish=_mask_and_template, model_max_length=8192
     )
     config = shared.modernbert_config(tok, _SHAPES[size])
     torch.manual_seed(seed)

@@ -17,8 +17,7 @@ from torch import nn
 from decidealot.providers.worker.memory import release_freed
 
 INT8_MAX = 127.0
-PROBE_TOLERANCE = 0.01
-"""Most a probe probability may move under int8; the served bound is 0.05 (tests)."""
+PROBE_TOLERANCE = 0.01  # most a probe probability may move under int8 (served bound: 0.05)
 PROBE_ROWS = 8  # random rows in the probe, four option markers each
 PROBE_LENGTH = 256  # tokens per probe row (at most a row budget): a typical row's length
 
@@ -57,8 +56,7 @@ class Quantised:
 
 
 def _linears(module: nn.Module) -> dict[str, list[tuple[nn.Module, str]]]:
-    """Every `nn.Linear` under `module` as (parent, attribute), by attribute name: its role in
-    each layer (ModernBERT's `Wqkv`, `Wo`, `Wi`)."""
+    """Every `nn.Linear` under `module` as (parent, attribute), by role (`Wqkv`, `Wo`, `Wi`)."""
     roles: dict[str, list[tuple[nn.Module, str]]] = {}
     for parent in module.modules():
         for name, child in parent.named_children():

@@ -3,8 +3,7 @@
 transformers' `ModernBertModel` is a hundred lines of arithmetic behind `modeling_utils`, whose
 import cost a worker start more than torch itself (docs/performance.md, "Model switches"). This
 is that arithmetic, op for op and in order, with its parameter names: upstream's state dicts
-load strictly and hidden states equal transformers' (tests/worker/test_modernbert.py). Modules
-are built on the meta device and `load` assigns them the checkpoint's tensors (no copy).
+load strictly and hidden states equal transformers' (tests/worker/test_modernbert.py).
 """
 
 from __future__ import annotations
@@ -14,7 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, Generic, NamedTuple, Protocol, TypeVar
+from typing import Any, Generic, NamedTuple, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -32,8 +31,7 @@ from decidealot.providers.worker.precision import AUTOCAST, checkpoint_load, eng
 FULL = "full_attention"
 SLIDING = "sliding_attention"
 _DEFAULT_THETA = {FULL: 160_000.0, SLIDING: 10_000.0}
-_ACTIVATIONS = {"gelu": F.gelu}
-"""transformers' `ACT2FN` entries a ModernBERT checkpoint may name (`gelu` is the exact erf)."""
+_ACTIVATIONS = {"gelu": F.gelu}  # the `ACT2FN` entries a checkpoint may name (gelu: exact erf)
 
 
 class ModernBertConfigError(ValueError):
@@ -42,8 +40,7 @@ class ModernBertConfigError(ValueError):
 
 @dataclass(frozen=True)
 class Config:
-    """The fields of a transformers `ModernBertConfig` the forward pass reads; missing ones take
-    transformers' defaults (ModernBERT-base)."""
+    """The `ModernBertConfig` fields the pass reads, with transformers' (base) defaults."""
 
     vocab_size: int = 50368
     hidden_size: int = 768
@@ -113,13 +110,11 @@ class Config:
         return config
 
 
-_CASTS = {"int": int, "float": float, "bool": bool, "str": str}
-"""A `Config` field's annotation (a string: `from __future__ import annotations`) -> its cast."""
+_CASTS = {"int": int, "float": float, "bool": bool, "str": str}  # by a field's annotation string
 
 
 def _rope_theta(raw: Mapping[str, object]) -> tuple[tuple[str, float], ...]:
-    """Per layer type: transformers 5's `rope_parameters`, else 4's `global_rope_theta` and
-    `local_rope_theta`, else ModernBERT's defaults. Only the default (unscaled) RoPE runs."""
+    """Per layer type: transformers 5's `rope_parameters`, else 4's keys, else ModernBERT's."""
     if raw.get("rope_scaling") is not None:
         raise ModernBertConfigError("rope_scaling is not supported")
     legacy = {FULL: raw.get("global_rope_theta"), SLIDING: raw.get("local_rope_theta")}
@@ -139,9 +134,7 @@ def _rope_theta(raw: Mapping[str, object]) -> tuple[tuple[str, float], ...]:
 Rope = tuple[torch.Tensor, torch.Tensor]  # a layer type's RoPE cos and sin for a pass
 
 
-class Output(NamedTuple):
-    """What transformers' `BaseModelOutput` carries that callers read."""
-
+class Output(NamedTuple):  # transformers' `BaseModelOutput`, as far as callers read it
     last_hidden_state: torch.Tensor
 
 
@@ -271,10 +264,9 @@ class ModernBert(nn.Module):
     def _masks(
         self, padding: torch.Tensor | None, length: int, hidden: torch.Tensor
     ) -> dict[str, torch.Tensor | None]:
-        """transformers' sdpa masks, made additive once per pass: a full layer's `[rows, 1, 1,
-        L]` (sdpa broadcasts it over the queries), a sliding layer's `[rows, 1, L, L]`; None
-        where nothing is masked. A boolean mask costs sdpa a conversion on every call, and an
-        expanded one a pass over L x L more: together a fifth of a small pass."""
+        """transformers' sdpa masks, made additive once per pass: full layers' `[rows, 1, 1, L]`,
+        sliding ones' `[rows, 1, L, L]`, None where nothing is masked. sdpa would convert a bool
+        mask on every call, an expanded one an L x L pass more: together a fifth of a small pass."""
         device, dtype = hidden.device, self._attention_dtype(hidden)
         keys = None if padding is None else padding.to(device=device, dtype=torch.bool)
         unpadded = keys is None or bool(keys.all())
@@ -291,8 +283,7 @@ class ModernBert(nn.Module):
         return {FULL: full, SLIDING: sliding}
 
     def _lowered(self, mask: torch.Tensor | None) -> torch.Tensor | None:
-        """A caller's float mask in bf16 where the attention runs bf16 (`compute_dtype`): sdpa
-        takes a float mask only in its queries' dtype (fp32 masks pass as they are)."""
+        """A caller's float mask in `compute_dtype`: sdpa takes one only in its queries' dtype."""
         if mask is None or self.compute_dtype == torch.float32:
             return mask
         return mask.to(self.compute_dtype)
@@ -312,12 +303,6 @@ def additive(mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | No
     return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(
         ~mask, float("-inf")
     )
-
-
-def build_encoder(config: Config) -> ModernBert:
-    """The encoder's modules on the meta device: shapes only, nothing allocated."""
-    with torch.device("meta"):
-        return ModernBert(config)
 
 
 def load(module: nn.Module, state: Mapping[str, torch.Tensor]) -> None:
@@ -351,8 +336,7 @@ def at_precision(
 def probe_rows(
     config: Config, length: int = int8.PROBE_LENGTH
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """An `at_precision` probe's input: `PROBE_ROWS` rows of `length` random ids (seeded, so
-    every load of a checkpoint decides alike) and four option-marker positions spread over them."""
+    """A probe's input: random ids (seeded: every load decides alike), four marker positions."""
     generator = torch.Generator().manual_seed(0)
     ids = torch.randint(0, config.vocab_size, (int8.PROBE_ROWS, length), generator=generator)
     return ids, torch.linspace(1, length - 2, 4).long()
@@ -364,12 +348,7 @@ def autocast(device: torch.device, dtype: torch.dtype) -> AbstractContextManager
     return torch.autocast(device_type=device.type, dtype=dtype)
 
 
-class HasPrecision(Protocol):
-    linears: int8.Quantised
-    lowered: Lowered | None
-
-
-M = TypeVar("M", bound=HasPrecision)
+M = TypeVar("M")  # Laya's `Checkpoint` or a `VonModel`: both carry `linears` and `lowered`
 
 
 class Checkpoints(Generic[M]):

@@ -1,6 +1,5 @@
-"""Contract answers from one question's option probabilities, shared by every local provider:
-they differ only in their confidence rule, where P(true) sits among a noul's options and how a
-score's legend is written. Nothing is rounded. Pure Python."""
+"""Contract answers from one question's option probabilities, for every local provider (each
+with its own confidence rule, noul option order and score legend); nothing rounded. Pure Python."""
 
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import overload
+from typing import Any
 
 from tokenizers import Tokenizer
 
@@ -69,17 +69,7 @@ class FastTokenizer:
             setattr(self, role, token)
             setattr(self, f"{role}_id", token_id)
 
-    @overload
-    def __call__(self, text: str, add_special_tokens: bool = True) -> dict[str, list[int]]: ...
-
-    @overload
-    def __call__(
-        self, text: list[str], add_special_tokens: bool = True
-    ) -> dict[str, list[list[int]]]: ...
-
-    def __call__(
-        self, text: str | list[str], add_special_tokens: bool = True
-    ) -> dict[str, list[int]] | dict[str, list[list[int]]]:
+    def __call__(self, text: str | list[str], add_special_tokens: bool = True) -> dict[str, Any]:
         if isinstance(text, str):
             return {
                 "input_ids": self._tokenizer.encode(text, add_special_tokens=add_special_tokens).ids

@@ -18,8 +18,8 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoConfig, AutoTokenizer, ModernBertModel
 
+from decidealot.providers.laya.worker.model import WeightsError, read_safetensors
 from decidealot.providers.worker import modernbert
-from decidealot.providers.worker.checkpoint_files import WeightsError, read_safetensors
 from decidealot.providers.worker.tokenizer import CachedIds, FastTokenizer, TokenizerError
 from tests.support.checkpoints import TinyCheckpoints
 
@@ -55,11 +55,17 @@ def tokenizers(folders: dict[str, tuple[Path, Path]]) -> dict[str, Path]:
     return {name: tokenizer for name, (_, tokenizer) in folders.items()}
 
 
+def meta_encoder(config: modernbert.Config) -> modernbert.ModernBert:
+    """The encoder on the meta device, as the Laya and Von models build it: nothing allocated."""
+    with torch.device("meta"):
+        return modernbert.ModernBert(config)
+
+
 def pair(directory: Path, seed: int = 0) -> tuple[ModernBertModel, modernbert.ModernBert]:
     """transformers' encoder with random weights, and ours holding the same tensors."""
     torch.manual_seed(seed)
     theirs = ModernBertModel(AutoConfig.from_pretrained(str(directory), attn_implementation="sdpa"))
-    ours = modernbert.build_encoder(modernbert.Config.read(directory / "config.json"))
+    ours = meta_encoder(modernbert.Config.read(directory / "config.json"))
     modernbert.load(ours, {k: v.clone() for k, v in theirs.state_dict().items()})
     return theirs.eval(), ours.eval()
 
@@ -153,14 +159,14 @@ def test_configs_it_cannot_run_as_transformers_would_are_refused(
 def test_building_allocates_nothing_and_loading_assigns_without_copying(
     encoders: dict[str, Path],
 ) -> None:
-    built = modernbert.build_encoder(modernbert.Config.read(encoders["von"] / "config.json"))
+    built = meta_encoder(modernbert.Config.read(encoders["von"] / "config.json"))
     assert {p.device.type for p in built.parameters()} == {"meta"}
     theirs, _ = pair(encoders["von"])
     state = {k: v.clone() for k, v in theirs.state_dict().items()}
     modernbert.load(built, state)
     assert all(p.data_ptr() == state[k].data_ptr() for k, p in built.named_parameters())
     with pytest.raises(RuntimeError):  # strict: a missing key is refused
-        modernbert.load(modernbert.build_encoder(built.config), dict(list(state.items())[1:]))
+        modernbert.load(meta_encoder(built.config), dict(list(state.items())[1:]))
 
 
 @pytest.mark.parametrize("name", ["laya-english", "laya-multilingual", "von"])

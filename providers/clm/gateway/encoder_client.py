@@ -1,8 +1,7 @@
 """The client for CLM's OpenAI-compatible embeddings endpoint (gateway side, no torch).
 
 Only the operator's URL is contacted. Every failure is `ProviderUnavailable` with its fixed
-message; the log line says why, never with a text. Option texts' vectors may be cached (TTL +
-LRU); state vectors never are.
+message; the log line says why, never with a text. Only option texts' vectors are cached.
 """
 
 from __future__ import annotations
@@ -26,8 +25,7 @@ from decidealot.errors import ProviderUnavailable
 
 logger = logging.getLogger(__name__)
 
-MAX_INPUTS_PER_CALL = 32
-"""Upstream's chunk size, and TEI's default client batch limit."""
+MAX_INPUTS_PER_CALL = 32  # upstream's chunk size, and TEI's default client batch limit
 
 
 def embeddings_endpoint(url: str) -> str:
@@ -55,8 +53,7 @@ class _EmbeddingsResponse(msgspec.Struct):
 
 
 class _EncoderFailure(Exception):
-    """Why one call failed, in words safe to log; `transient` failures are retried. `kind` is
-    the metric reason: timeout, connection, status or invalid_reply."""
+    """Why a call failed, in words safe to log; `kind`: the metric reason; `transient`: retried."""
 
     def __init__(self, reason: str, kind: str = "invalid_reply", *, transient: bool = False):
         super().__init__(reason)
@@ -69,9 +66,7 @@ class Embedded(msgspec.Struct, frozen=True):
     prompt_tokens: int  # the encoder's usage for the calls made (0 when all were cached)
 
 
-class EncoderClient:
-    """One shared `httpx.AsyncClient` to the configured endpoint, plus the candidate cache."""
-
+class EncoderClient:  # one shared `httpx.AsyncClient`, plus the candidate cache
     def __init__(
         self,
         url: str,
@@ -100,8 +95,7 @@ class EncoderClient:
             else None
         )
         self._client: httpx.AsyncClient | None = None
-        self.answered_last_call: bool | None = None
-        """Whether the encoder's last call (retries included) answered; None before any."""
+        self.answered_last_call: bool | None = None  # retries included; None before any call
 
     async def start(self) -> None:
         if self._client is None:

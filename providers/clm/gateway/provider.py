@@ -1,9 +1,8 @@
 """The CLM provider (gateway side; never imports torch, even indirectly).
 
 `accept` renders, bounds and de-duplicates a request's texts before any wait (422s, never
-truncation). By default `make` embeds them inside the residency hold, on the lane CLM shares
-with Laya and Von, so the encoder, which may share the GPU or the cores, never overlaps another
-local model's pass (`clm_parallel_with_local_models`: before the hold, off the lane).
+truncation); `make` embeds them inside the residency hold, on the lane CLM shares with Laya and
+Von unless `clm_parallel_with_local_models` (docs/models.md, "Residency and lanes").
 """
 
 from __future__ import annotations
@@ -28,10 +27,8 @@ _DIGITS = b"0123456789"
 
 
 def estimated_tokens(text: str) -> int:
-    """The encoder tokens `text` costs, from its UTF-8 bytes: a digit one (Qwen splits numbers
-    into digits), two other bytes one, plus one. Never below half of Qwen3's true count (a BPE
-    token holds a byte at least); above it for prose in any language, JSON and code, which run
-    2.5 to 4.5 bytes a token (tests/unit/test_clm_tokens.py)."""
+    """The encoder tokens `text` costs, from its UTF-8 bytes: `1 + digits + ⌈other bytes / 2⌉`,
+    never below half of Qwen3's count, above it for prose, JSON and code (docs/models.md, "CLM")."""
     raw = text.encode()
     rest = len(raw.translate(None, _DIGITS))
     return 1 + (len(raw) - rest) + -(-rest // 2)
@@ -77,8 +74,7 @@ class ClmJobToMake:
 
     @property
     def cost(self) -> int:
-        """At most the `usage.input_tokens` this costs: every distinct text encoded (a cold
-        cache), plus one head row per distinct vector."""
+        """At most the `usage.input_tokens` this costs (a cold cache: docs/models.md, "CLM")."""
         texts = (*self.states, *self.options)
         return sum(map(estimated_tokens, texts)) + len(texts)
 
@@ -98,8 +94,7 @@ class ClmJobToMake:
 
 @dataclass(eq=False)
 class ClmProvider:
-    """Local CLM: the encoder calls in the gateway, the head in the worker; `max_request_tokens`
-    bounds a request's `ClmJobToMake.cost` (0: no bound)."""
+    """Encoder calls in the gateway, the head in a worker; `max_request_tokens` bounds `cost`."""
 
     name = "clm"
     local = True
@@ -110,7 +105,7 @@ class ClmProvider:
     _: KW_ONLY
     selectors: tuple[ModelInfo, ...]
     max_text_bytes: int
-    max_request_tokens: int = 0
+    max_request_tokens: int = 0  # 0: no bound
     in_lane: bool = True
 
     async def start(self) -> None:

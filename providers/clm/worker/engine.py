@@ -1,9 +1,8 @@
 """CLM's worker engine: the projection heads over the vectors the gateway sends, and the readout.
 
 `Job.vectors` holds each distinct text's vector once, float32 in host byte order (gateway and
-worker share a host). Rows are L2-normalised in numpy with upstream's exact float32 operations
-(at scale 100 a last-bit difference in the norm shows in the probabilities); the readout is
-`softmax(scale * cos / temperature)` as in upstream `contrastive-lm` 0.1.0.
+worker share a host). Rows are L2-normalised in numpy with upstream's exact float32 operations:
+at scale 100 a last-bit difference in the norm shows in the probabilities.
 """
 
 from __future__ import annotations
@@ -153,8 +152,6 @@ def confidence(probs: Sequence[float]) -> float:
 
 
 class ClmEngine:
-    """Serves one or more head files by checkpoint key; every head loads at creation."""
-
     shape = PassShape()
 
     def __init__(self, heads: dict[str, HeadPair], device: str):

@@ -54,9 +54,7 @@ class _Status(Exception):
         self.request_id = response.headers.get(_REQUEST_ID_HEADER)
 
 
-class TypeSafeClient:
-    """Sends authenticated requests to TypeSafe over one pooled `httpx.AsyncClient`."""
-
+class TypeSafeClient:  # one pooled `httpx.AsyncClient`
     def __init__(
         self,
         *,

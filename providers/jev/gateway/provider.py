@@ -40,13 +40,10 @@ log = logging.getLogger(__name__)
 CATALOG_TTL_SECONDS = 60.0
 SYSTEM_ONE_PATH = "/v1/systemone"
 MODELS_PATH = "/v1/models"
-# Expected scores are probability-weighted sums, so rounding may step just past the last level.
-_SCORE_SLACK = 1e-6
+_SCORE_SLACK = 1e-6  # expected scores are weighted sums: rounding may step past the last level
 
 
-class JevProvider:
-    """Hosted Jev: every decision is one TypeSafe call; failures are a safe 503."""
-
+class JevProvider:  # every decision is one TypeSafe call
     name = "jev"
     local = False
     accepts_temperature = False

@@ -1,9 +1,5 @@
-"""Which Laya checkpoint answers a request (laya.md §7), decided in the gateway.
-
-The auto selectors follow upstream `laya.Router` with workflow detection on and no language
-hints: a question-id set equal to a typed-decisions workflow picks typed-decisions; otherwise
-detection (`lang`) picks english for English Latin text, else (undecided and letterless text
-too, upstream's fallback) multilingual.
+"""Which Laya checkpoint answers a request (laya.md §7), decided in the gateway as upstream
+`laya.Router` decides with workflow detection on and no language hints (docs/models.md, "Laya").
 """
 
 from __future__ import annotations

@@ -23,8 +23,7 @@ from decidealot.providers.laya.worker.render import LayaRow, fill
 from decidealot.providers.worker.modernbert import Checkpoints
 from decidealot.providers.worker.readout import answer_from_probabilities, softmax
 
-PASS_TOKEN_LIMIT = 262_144
-"""Padded tokens (rows x longest row) above which a turn is cut into several passes."""
+PASS_TOKEN_LIMIT = 262_144  # padded tokens (rows x longest row) above which a turn is cut
 CPU_PASS_COST = 64
 """A pass's fixed cost on CPU in tokens' worth of compute (measured on the tiny test checkpoint;
 less on larger models). A CPU pass costs the same per padded token at any batch size, so padding
@@ -60,8 +59,7 @@ class LayaEngine:
         )
 
     def prepare(self, job: Job) -> LayaPreparedJob:
-        """One row per question, or under `windows` one per question per window of a state
-        longer than the questions leave room for."""
+        """One row per question; under `windows`, one per question per window of a long state."""
         checkpoint = self._checkpoint(job.checkpoint)
         tokenizer, specials, budget = checkpoint.tokenizer, checkpoint.specials, checkpoint.budget
 
@@ -150,5 +148,4 @@ def _cuts(names: list[str], rows: list[LayaRow], windows: int, total: int) -> li
     return cuts
 
 
-create = LayaEngine
-"""The factory `EngineSpec.factory` names."""
+create = LayaEngine  # the factory `EngineSpec.factory` names

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from safetensors import SafetensorError, safe_open
 from torch import nn
 
 from decidealot.providers.json_files import read_json_object
@@ -19,8 +20,8 @@ from decidealot.providers.laya import calibration as calibration_file
 from decidealot.providers.laya.worker.render import Budget, LayaRow, Specials
 from decidealot.providers.worker import modernbert
 from decidealot.providers.worker.bf16 import Lowered
-from decidealot.providers.worker.checkpoint_files import read_safetensors
 from decidealot.providers.worker.int8 import PROBE_LENGTH, Quantised
+from decidealot.providers.worker.memory import drop_pages
 from decidealot.providers.worker.tokenizer import CachedIds, FastTokenizer
 
 LAYER_NORM_EPS = 1e-5
@@ -71,9 +72,8 @@ class HeadLayer(nn.Module):
     def forward(
         self, h: torch.Tensor, keep: torch.Tensor, index: torch.Tensor | None = None
     ) -> torch.Tensor:
-        """The layer's output at every position, or only at `index` (`[rows, K, d]` gather
-        positions): each position's output depends on the others only through attention's keys
-        and values, so computing a subset is exact and skips most of the layer's work."""
+        """Every position's output, or only `index`'s (`[rows, K, d]`): a position sees the others
+        only through attention's keys and values, so a subset is exact and skips most work."""
         y = self.norm1(h)
         if index is None:
             h = h + self.self_attn(y, keep)
@@ -175,6 +175,30 @@ def probe(model: DecisionModel, specials: Specials, budget: Budget) -> Callable[
         "qtype": torch.arange(len(ids)) % 3,
     }
     return lambda: model(**inputs).softmax(-1)
+
+
+class WeightsError(ValueError):
+    """A weights file that is not a well-formed safetensors file."""
+
+
+def read_safetensors(path: Path, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+    """Every tensor in `path`, floating-point ones as `dtype` (None: as stored), each copied from
+    the file's mapping, whose pages are then given back: one copy, the model plus one tensor at
+    the peak (`safetensors.torch.load_file` and `.float()` held two; docs/performance.md)."""
+    try:
+        with safe_open(path, framework="pt") as file:
+            names = file.keys()  # the handle is not iterable
+            return {name: _own_copy(file.get_tensor(name), dtype) for name in names}
+    except SafetensorError as exc:
+        raise WeightsError(f"{path.name} is not a well-formed safetensors file ({exc})") from exc
+
+
+def _own_copy(view: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
+    target = dtype if dtype is not None and view.is_floating_point() else view.dtype
+    out = view.to(target, copy=True)  # its own memory, never a view of the mapping
+    if size := view.numel() * view.element_size():
+        drop_pages(view.data_ptr(), size)  # the page cache keeps them
+    return out
 
 
 def _require(path: Path, what: str) -> Path:

@@ -21,9 +21,7 @@ Encode = Callable[[Sequence[str]], list[list[int]]]  # texts -> ids, no special 
 
 
 @dataclass(frozen=True, slots=True)
-class Specials:
-    """The tokenizer facts rendering needs (laya.md §1.4)."""
-
+class Specials:  # the tokenizer facts rendering needs (laya.md §1.4)
     cls_id: int
     sep_id: int
     mask_id: int
@@ -77,9 +75,8 @@ def serialize_state(state: State) -> str:
 
 
 def instructions_text(name: str, question: Question) -> str:
-    """The text after `<type> question: `, JSON text where not a string (`_to_internal`).
-    Upstream refuses a question without instructions, which the contract allows: its name
-    stands in, the only text the caller gave that says what is decided (`needs_review`)."""
+    """The text after `<type> question: ` (`_to_internal`). A question without instructions, which
+    upstream refuses, is asked by its name: the only text the caller gave saying what is decided."""
     if question.instructions is None:
         return name
     return serialize_state(question.instructions)

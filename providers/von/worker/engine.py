@@ -2,9 +2,7 @@
 zero-shot noul) -> padded forward passes -> answers, the same alone or batched.
 
 The readout's arithmetic follows von-sdk 1.3.7 step by step (float32 softmax, then Python sums),
-unrounded like every provider's (upstream rounds what it reports), so probabilities keep summing
-to 1. Confidence (choice and score) is upstream's margin confidence `(K·p_max − 1)/(K − 1)` in
-[0, 1]; `noul` is the calibrated P(true) (upstream's `noul_raw`), not its banded decision.
+unrounded, so probabilities keep summing to 1; what it answers: docs/models.md, "Von".
 """
 
 from __future__ import annotations
@@ -33,8 +31,7 @@ from decidealot.providers.von.worker.model import CPU_PASS_TOKENS, WINDOW, VonMo
 from decidealot.providers.worker.modernbert import Checkpoints
 from decidealot.providers.worker.readout import answer_from_probabilities
 
-DEFAULT_MAX_STATE_TOKENS = WINDOW
-"""Upstream's `VON_MAX_STATE_TOKENS` default; `EngineSpec.options["max_state_tokens"]` lowers it."""
+DEFAULT_MAX_STATE_TOKENS = WINDOW  # upstream's `VON_MAX_STATE_TOKENS`; the engine option lowers it
 DEFAULT_DEBIAS = 0.7
 
 
@@ -80,7 +77,8 @@ class VonEngine:
         tokenizer, calibration = model.tokenizer, model.calibration
         split = calibration.digit_split
         state = render.format_state(job.state)
-        state_ids = render.state_token_ids(tokenizer, state, digit_split=split)
+        counted = render.split_digits(state) if split else state  # as the cut counts it
+        state_ids = tokenizer(counted, add_special_tokens=False)["input_ids"]
         fitted_tokens: dict[str, int] = {}
         rows: list[VonRow] = []
         plans: list[_Plan] = []
@@ -93,7 +91,8 @@ class VonEngine:
             if not options:
                 plans.append(_Plan(name, question, None, None, 0))
                 continue
-            fixed = render.options_tokens(tokenizer, instructions, options, digit_split=split)
+            packed = render.pack(tokenizer, "", instructions, options, digit_split=split)
+            fixed = len(tokenizer(packed)["input_ids"])  # the tokens no state cut reaches
             if fixed > WINDOW:
                 raise RequestInvalid.question(
                     name,
@@ -220,5 +219,4 @@ def margin_confidence(probs: Sequence[float]) -> float:
     return max(0.0, min(1.0, (n * max(probs) - 1) / (n - 1)))
 
 
-create = VonEngine
-"""The factory `EngineSpec.factory` names."""
+create = VonEngine  # the factory `EngineSpec.factory` names

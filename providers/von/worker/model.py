@@ -31,9 +31,8 @@ units busy, while a large pass spends its time on padding, [B, L, L] masks and a
 of cache (bench/von.py: 2-3x slower per row). Elsewhere the token budget sizes a pass."""
 
 SHARED_CACHE_ROWS = 4096
-"""State-free rows (the zero-shot noul's debias row) whose logits are kept, least recently used
-first out, for requests asking the same question again. Such a row is scored in a pass of its
-own, as upstream scores it, so its logits are the same whichever request scored it first."""
+"""State-free rows (zero-shot nouls' debias rows) whose logits are kept for requests asking again;
+each is scored in a pass of its own, as upstream's, so the same whichever request scored it."""
 
 
 class VonCheckpointError(ValueError):
@@ -56,9 +55,7 @@ class OptionMarkerScorer(nn.Module):
 
 
 @dataclass(frozen=True)
-class VonRow:
-    """One packed sequence: token ids and the positions of its option markers."""
-
+class VonRow:  # one packed sequence
     ids: list[int]
     markers: list[int]
     shared: bool = False  # no state: its logits may be cached and reused

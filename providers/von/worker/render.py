@@ -44,15 +44,6 @@ def _criterion_text(value: Json) -> str | None:
     return None if value is None else json_text(value)
 
 
-def choice_options(question: ChoiceQuestion) -> list[str]:
-    """One option per label in order; a truthy description replaces the label entirely."""
-    options = []
-    for label, value in question.criteria.items():
-        description = _criterion_text(value)
-        options.append(description.strip() if description else label.strip())
-    return options
-
-
 def score_level_text(level: Json) -> str:
     """A level's text: upstream's `{"what", "examples"}` form, else the level as JSON text."""
     if isinstance(level, dict) and ("what" in level or "examples" in level):
@@ -75,10 +66,9 @@ def noul_options(question: NoulQuestion) -> tuple[list[str], bool]:
     return [true_text or YES_TEXT, false_text or NO_TEXT], explicit
 
 
-def option_texts(question: Question) -> list[str]:
-    """The option texts a question packs, in marker order."""
-    if isinstance(question, ChoiceQuestion):
-        return choice_options(question)
+def option_texts(question: Question) -> list[str]:  # in marker order
+    if isinstance(question, ChoiceQuestion):  # a truthy description replaces the label whole
+        return [(_criterion_text(v) or label).strip() for label, v in question.criteria.items()]
     if isinstance(question, ScoreQuestion):
         return [score_level_text(level) for level in question.criteria]
     return noul_options(question)[0]
@@ -116,30 +106,14 @@ def pack(
     return split_digits(packed) if digit_split else packed
 
 
-def state_token_ids(tokenizer: FastTokenizer, state: str, *, digit_split: bool) -> list[int]:
-    """The state's tokens as the cut counts them (digit-split when the checkpoint splits)."""
-    text = split_digits(state) if digit_split else state
-    return tokenizer(text, add_special_tokens=False)["input_ids"]
-
-
-def options_tokens(
-    tokenizer: FastTokenizer, question: str, options: Sequence[str], *, digit_split: bool
-) -> int:
-    """Tokens of the question and every option marker with no state: what a state cannot cut."""
-    text = pack(tokenizer, "", question, options, digit_split=digit_split)
-    return len(tokenizer(text)["input_ids"])
-
-
 def state_limit(options_length: int, *, window: int, max_state_tokens: int) -> int:
     """The state tokens a question leaves room for (upstream `_fit_state`'s `limit`)."""
     return max(16, min(max_state_tokens, window - options_length - 8))
 
 
 def fit_state(tokenizer: FastTokenizer, state: str, state_ids: list[int], limit: int) -> str:
-    """Cut the middle out of a state too long for the window (60% head, 40% tail), as upstream:
-    rules sit at its top and recent events at its bottom. The kept ids are decoded, joined by
-    " ... " and the packed text tokenised again, as von-sdk does, so the model reads upstream's
-    tokens even where they end up past the window."""
+    """The middle cut out of a state too long for the window, as von-sdk cuts it (docs/models.md,
+    "Von"): rules sit at a state's top, recent events at its bottom."""
     if len(state_ids) <= limit:
         return state
     head = int(limit * 0.6)
