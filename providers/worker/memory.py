@@ -4,7 +4,7 @@ A freed tensor's pages stay in the process's malloc arenas (reusable by it, but 
 resident memory) until glibc is asked to return them: after an engine is dropped
 (`process.release_memory`), after int8 quantisation has dropped the fp32 weights and the
 probe's activations (`int8.quantize_guarded`), and when passes fall idle (`trim`). A file
-mapping's pages read once are given back with `drop_pages` (`checkpoint_files`). Worker-side.
+mapping's pages read once are given back with `drop_pages` (Laya's safetensors reader).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, Generic, NamedTuple, TypeVar
+from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -348,7 +348,14 @@ def autocast(device: torch.device, dtype: torch.dtype) -> AbstractContextManager
     return torch.autocast(device_type=device.type, dtype=dtype)
 
 
-M = TypeVar("M")  # Laya's `Checkpoint` or a `VonModel`: both carry `linears` and `lowered`
+class AtPrecision(Protocol):
+    """What `Checkpoints` reports of a loaded model (Laya's `Checkpoint`, a `VonModel`)."""
+
+    linears: int8.Quantised
+    lowered: Lowered | None
+
+
+M = TypeVar("M", bound=AtPrecision)
 
 
 class Checkpoints(Generic[M]):
