@@ -72,11 +72,8 @@ def _usable_cores() -> int:
 
 
 def resolve_device(settings: Settings) -> str:
-    """`cpu` or `cuda` for `DECIDEALOT_DEVICE`; `auto` is cuda when torch can use a GPU.
-
-    Without NVIDIA driver files `auto` is cpu at no cost; with them, one subprocess of the
-    worker's interpreter imports torch and asks (once per process and interpreter).
-    """
+    """`auto` is cuda when torch can use a GPU: cpu at no cost without NVIDIA driver files;
+    with them, one subprocess of the worker's interpreter imports torch and asks, once."""
     if settings.device != "auto":
         return settings.device
     return _resolve_auto(settings.worker_python or sys.executable)

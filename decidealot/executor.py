@@ -271,11 +271,8 @@ def _record_cuts(
 
 
 def _check_response(request: SystemOneRequest, response: SystemOneResponse, provider: str) -> None:
-    """A provider answer that does not fit the request is a provider failure (503). Typed
-    decoding (the worker's `Result` frame, Jev's reply) has already made it a response of
-    well-formed answers; what no decoder knows is the request: one answer per question asked,
-    of that question's kind. (Jev's `wire.decode_answer` checks this and more, with its own
-    reasons, before it gets here; this is the guard for every provider.)"""
+    """A 503 for an answer that does not fit the request: typed decoding has made its answers
+    well formed, but no decoder knows the request (one answer per question, of its kind)."""
     answers = response.answers
     fits = answers.keys() == request.questions.keys() and all(
         isinstance(answers[name], _ANSWER_TYPES[type(question)])

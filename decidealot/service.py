@@ -50,10 +50,6 @@ def lane_of(name: str, runtime: LocalRuntime, settings: Settings) -> tuple[str |
     return descriptor.lane_for(descriptor.of(settings), runtime.device)
 
 
-def _disabled(name: str, local: bool) -> ProviderStatus:
-    return ProviderStatus(name=name, enabled=False, local=local)
-
-
 def _calibrations(name: str, settings: Settings) -> dict[str, str]:
     """Checkpoint key -> the calibration file a `*_CALIBRATION` setting gives it."""
     try:
@@ -152,7 +148,7 @@ class Service:
         providers = [
             _provider_status(built[d.name], ledger, self.settings)
             if d.name in built
-            else _disabled(d.name, d.local)
+            else ProviderStatus(name=d.name, enabled=False, local=d.local)
             for d in registry.registered()
         ]
         flags = cpu.flags()

@@ -33,12 +33,9 @@ def release_freed() -> None:
 
 
 def trim() -> None:
-    """Ask glibc to return its free heap pages (`malloc_trim`), without a collection: what a
-    worker does each time its passes fall idle. Each compute thread's malloc arena keeps the
-    pages of its largest pass's temporaries, a bf16 or int8 pass's (casts, quantised copies)
-    more than an fp32 one's, so after a round of load a reduced-precision worker held as much
-    as an fp32 one; trimmed, it holds its weights' saving between rounds (docs/performance.md).
-    """
+    """Each time passes fall idle: each compute thread's arena keeps its largest pass's
+    temporaries (a bf16 or int8 pass's more than fp32's), so untrimmed a reduced-precision worker
+    held as much as an fp32 one after a round of load (docs/performance.md)."""
     if _MALLOC_TRIM is not None:
         _MALLOC_TRIM(0)
 

@@ -31,11 +31,9 @@ class Chosen:
 
 
 def engine_precision(options: Mapping[str, Json], device: str, on_cuda: str = "fp32") -> Chosen:
-    """`auto` when unset (`decidealot.cpu.auto_precision`: `on_cuda` is what the engine's
-    upstream runs on a GPU); refused (naming the setting) when `device` cannot run it, e.g.
-    int8 once `DECIDEALOT_DEVICE=auto` resolved to cuda. The CPU's units are checked before
-    listening (`decidealot.device.check_precision`), not here: an engine built in-process
-    runs what it is asked, slowly where the units lack."""
+    """`on_cuda`: what `auto` means on a GPU (what the engine's upstream runs there). Refused
+    where `device` cannot run it (int8 once `auto` resolved to cuda); the CPU's units are checked
+    before listening, not here: an engine built in-process runs what it is asked."""
     requested = str(options.get("precision", "auto"))
     problem = precision_problem(requested, device)
     if problem is not None:
