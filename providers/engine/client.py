@@ -221,6 +221,7 @@ class WorkerClient:
         """The provider whose engine it runs, for metric labels."""
         self.state = State.SPARE
         self.loads: dict[str, CheckpointLoad] = {}
+        # Not a second ledger: the ledger counts requests; these are the futures a message answers.
         self._jobs: dict[int, _Waiter] = {}
         """Answers come back by id from another process: this is their way back, not a count
         (the gateway's one ledger of work is `decidealot.ledger`)."""
