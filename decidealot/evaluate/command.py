@@ -18,10 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import msgspec
-
 from decidealot import config
-from decidealot.contract import ScoreAnswer, SystemOneResponse, answer_confidence, reported_level
+from decidealot.contract import SystemOneResponse
 from decidealot.evaluate import gate, metrics, thresholds
 from decidealot.evaluate.answering import (
     Answerer,
@@ -182,14 +180,10 @@ def _report(
     cases = []
     for each, response in zip(examples, responses, strict=True):
         for qid, expected in each.expected.items():
-            answer = response.answers[qid]
-            record = msgspec.to_builtins(answer) | {"answer_confidence": answer_confidence(answer)}
-            if isinstance(answer, ScoreAnswer):
-                record["level"] = reported_level(answer)
             cases.append(
                 metrics.case(
                     qid,
-                    record,
+                    metrics.answer_record(response.answers[qid]),
                     expected,
                     plan.metrics,
                     model=response.model,

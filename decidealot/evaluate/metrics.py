@@ -19,7 +19,9 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from decidealot.contract import Json
+import msgspec
+
+from decidealot.contract import Answer, Json, ScoreAnswer, answer_confidence, reported_level
 
 ECE_BINS = 15
 SELECTIVE_COVERAGES = (0.5, 0.8)
@@ -78,6 +80,15 @@ DEFAULT_METRICS = (
     Metric("score_mae", _score_mae),
     Metric("mean_confidence", lambda answer, expected: answer.get("answer_confidence")),
 )
+
+
+def answer_record(answer: Answer) -> dict[str, Json]:
+    """An answer's JSON with what laya-evals and the tables read: `answer_confidence` (the
+    probability of the answer reported) and, for a score, `level` (the nearest rubric level)."""
+    record = msgspec.to_builtins(answer) | {"answer_confidence": answer_confidence(answer)}
+    if isinstance(answer, ScoreAnswer):
+        record["level"] = reported_level(answer)
+    return record
 
 
 def correct(answer: dict[str, Json], expected: Json) -> bool | None:
