@@ -16,7 +16,9 @@ import msgspec
 from decidealot import registry
 from decidealot.config import Settings
 from decidealot.contract import (
+    TRUNCATED_HEADER,
     BatchResponse,
+    Cut,
     ErrorBody,
     Json,
     ModelList,
@@ -24,8 +26,13 @@ from decidealot.contract import (
     SystemOneResponse,
     ValidationErrorBody,
     ValidationIssue,
+    read_truncated_header,
 )
 from decidealot.errors import DecidealotError, RequestInvalid
+
+Batch = tuple[list[SystemOneResponse], list[Cut]]
+"""A batch's answers, and the questions whose state a model read only in part (`Cut.item`: the
+request's place in the batch)."""
 
 
 class Refused(Exception):
@@ -45,12 +52,16 @@ class NotServed(Exception):
     """The service serves no model of the selector's name; the message lists those it does."""
 
 
+class KeyRefused(Exception):
+    """The server at `--url` refused the key (or its absence)."""
+
+
 class Answerer(Protocol):
     async def check(self, selector: str) -> None:
         """`NotServed` unless the service serves `selector` (`Unanswered`: it cannot tell)."""
 
-    async def batch(self, requests: Sequence[dict[str, Json]]) -> list[SystemOneResponse]:
-        """One batch's answers, in order; `Refused` or `Unanswered`."""
+    async def batch(self, requests: Sequence[dict[str, Json]]) -> Batch:
+        """One batch's answers, in order, and its cut states; `Refused` or `Unanswered`."""
 
     async def checkpoints(self, selector: str) -> list[dict[str, Any]]:
         """The checkpoints `selector`'s provider has loaded, as `/v1/status` tells them."""
@@ -107,12 +118,13 @@ class InService:
             names = [info.name for info in await self.service.catalog.models()]
             raise NotServed(f"not a model this service serves ({', '.join(names)})")
 
-    async def batch(self, requests: Sequence[dict[str, Json]]) -> list[SystemOneResponse]:
+    async def batch(self, requests: Sequence[dict[str, Json]]) -> Batch:
         from decidealot.validation.requests import validate_batch
 
         try:
             routed = await validate_batch({"requests": list(requests)}, self.service.catalog)
-            return (await self.service.executor.decide_batch(routed)).body.results
+            answered = await self.service.executor.decide_batch(routed)
+            return answered.body.results, answered.cuts
         except RequestInvalid as exc:
             raise refused(exc.issues) from None
         except DecidealotError as exc:
@@ -149,7 +161,11 @@ class AtUrl:
         except httpx.HTTPError as exc:
             raise Unanswered(f"{self.url} is unreachable ({type(exc).__name__})") from None
 
-    def _failed(self, response: httpx.Response, path: str) -> Unanswered:
+    def _failed(self, response: httpx.Response, path: str) -> Exception:
+        if response.status_code == 401:
+            return KeyRefused(
+                f"{self.url} refused the key: set DECIDEALOT_API_KEY or --key-file to one it takes"
+            )
         try:
             body = msgspec.json.decode(response.content, type=ErrorBody)
             why = f"{body.code}: {body.message}"
@@ -168,7 +184,7 @@ class AtUrl:
         if selector not in names:
             raise NotServed(f"not a model {self.url} serves ({', '.join(names)})")
 
-    async def batch(self, requests: Sequence[dict[str, Json]]) -> list[SystemOneResponse]:
+    async def batch(self, requests: Sequence[dict[str, Json]]) -> Batch:
         response = await self._call("POST", "/v1/systemone/batch", {"requests": list(requests)})
         if response.status_code == 422:
             try:
@@ -179,8 +195,10 @@ class AtUrl:
                 raise refused(issues)
         if not response.is_success:
             raise self._failed(response, "/v1/systemone/batch")
+        header = response.headers.get(TRUNCATED_HEADER)
+        cuts = (read_truncated_header(header) if header is not None else None) or []
         try:
-            return msgspec.json.decode(response.content, type=BatchResponse).results
+            return msgspec.json.decode(response.content, type=BatchResponse).results, cuts
         except msgspec.DecodeError as exc:
             why = f"{self.url} answered a batch that is not the contract's ({exc})"
             raise Unanswered(why) from None

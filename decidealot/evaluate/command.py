@@ -25,6 +25,7 @@ from decidealot.evaluate.answering import (
     Answerer,
     AtUrl,
     InService,
+    KeyRefused,
     NotServed,
     Refused,
     Unanswered,
@@ -62,6 +63,9 @@ def run(settings: config.Settings, args: argparse.Namespace) -> int:
         answered = asyncio.run(_answer(settings, args, key, examples))
     except NotServed as exc:
         _say(f"--model {args.model}: {exc}")
+        return USAGE
+    except KeyRefused as exc:
+        _say(str(exc))
         return USAGE
     except Refused as exc:
         _say(str(exc))
@@ -124,14 +128,17 @@ def _key(settings: config.Settings, args: argparse.Namespace) -> str | None:
     return settings.api_key[0] if settings.api_key else None
 
 
-Answered = tuple[list[SystemOneResponse], list[float], list[float], list[dict[str, Any]]]
+Answered = tuple[
+    list[SystemOneResponse], list[float], list[float], list[dict[str, Any]], list[dict[str, Any]]
+]
 
 
 async def _answer(
     settings: config.Settings, args: argparse.Namespace, key: str | None, examples: list[Example]
 ) -> Answered:
     """Every row's response, in order, a batch at a time; each row's wait and share of its
-    batch's time (ms); the checkpoints that answered."""
+    batch's time (ms); the states a model read only in part (by row line); the checkpoints that
+    answered."""
     answerer: InService | AtUrl = (
         InService(settings) if args.url is None else AtUrl(args.url, key, args.timeout)
     )
@@ -146,6 +153,7 @@ async def _ask(
     responses: list[SystemOneResponse] = []
     waits: list[float] = []
     shares: list[float] = []
+    truncated: list[dict[str, Any]] = []
     for start in range(0, len(examples), size):
         chunk = examples[start : start + size]
         requests = [
@@ -153,7 +161,7 @@ async def _ask(
         ]
         began = time.perf_counter()
         try:
-            answered = await answerer.batch(requests)
+            answered, cuts = await answerer.batch(requests)
         except Refused as exc:
             line = chunk[min(exc.index, len(chunk) - 1)].line
             why = f"{data}:{line}: {selector} refused it: {exc.message}"
@@ -162,10 +170,16 @@ async def _ask(
         if len(answered) != len(chunk):
             raise Unanswered(f"a batch of {len(chunk)} came back with {len(answered)} answers")
         responses += answered
+        truncated += [
+            {"line": chunk[cut.item].line, "question": cut.question, "read": cut.read}
+            | {"total": cut.total}
+            for cut in cuts
+            if cut.item is not None and cut.item < len(chunk)
+        ]
         waits += [elapsed] * len(chunk)
         shares += [elapsed / len(chunk)] * len(chunk)
         _say(f"{len(responses)}/{len(examples)} rows")
-    return responses, waits, shares, await answerer.checkpoints(selector)
+    return responses, waits, shares, truncated, await answerer.checkpoints(selector)
 
 
 def _report(
@@ -175,6 +189,7 @@ def _report(
     responses: Sequence[SystemOneResponse],
     waits: Sequence[float],
     shares: Sequence[float],
+    truncated: list[dict[str, Any]],
     checkpoints: list[dict[str, Any]],
 ) -> dict[str, Any]:
     cases = []
@@ -206,6 +221,7 @@ def _report(
         "url": args.url,
         "answered": sorted({response.model for response in responses}),
         "checkpoints": checkpoints,
+        "truncated": truncated,
         "decidealot_version": importlib.metadata.version("decidealot"),
         "score_within": [float(k) for k in args.score_within or []],
         "max_error": args.max_error,
@@ -250,6 +266,10 @@ def _finish(args: argparse.Namespace, plan: _Plan, report: dict[str, Any]) -> in
         print(f"{name:<26} {overall[name]:.4f}")
     for line in [*thresholds.lines(report["thresholds"]), *lines]:
         print(line)
+    if identity["truncated"]:
+        cut = sorted({each["line"] for each in identity["truncated"]})
+        shown = ", ".join(map(str, cut[:10])) + (", ..." if len(cut) > 10 else "")
+        print(f"rows whose state a model read only in part (docs/api.md): {len(cut)} ({shown})")
     try:
         if args.json_out:
             text = json.dumps(report, ensure_ascii=False, indent=2, sort_keys=True)
