@@ -46,7 +46,8 @@ def _question_and_answer(rng: random.Random) -> tuple[dict[str, Any], Answer, An
     score = sum(i * p for i, p in enumerate(probs))
     question = {"type": "score", "criteria": [f"level {i}" for i in range(levels)]}
     keys = [str(i) for i in range(levels)]
-    answer = ScoreAnswer(score, rng.random(), dict(zip(keys, keys, strict=True)), dict(zip(keys, probs, strict=True)))  # fmt: skip
+    legend = dict(zip(keys, keys, strict=True))
+    answer = ScoreAnswer(score, rng.random(), legend, dict(zip(keys, probs, strict=True)))
     expected = rng.randrange(levels) if rng.random() < 0.8 else rng.uniform(0, levels - 1)
     return question, answer, expected
 
