@@ -246,9 +246,9 @@ def _main(argv: Sequence[str] | None) -> int:
     if args.command == "calibrate":
         return _calibrate(settings, args)
     if args.command == "evaluate":
-        from decidealot.evaluate.command import run as evaluate
+        from decidealot.evaluate.command import evaluate_command
 
-        return evaluate(settings, args)
+        return evaluate_command(settings, args)
     for descriptor in registry.enabled_local(settings):  # models
         for info in descriptor.selectors:
             print(msgspec.json.encode(info).decode())

@@ -30,12 +30,12 @@ from decidealot.evaluate.answering import (
     Refused,
     Unanswered,
 )
-from decidealot.evaluate.rows import Example, RowError, file_sha256, questions_sha256, read_examples
+from decidealot.evaluate.rows import EvalRow, RowError, file_sha256, questions_sha256, read_rows
 
 USAGE, FAILED = 2, 1
 
 
-class Usage(ValueError):
+class UsageError(ValueError):
     """A usage error: exit 2 with this message."""
 
 
@@ -43,12 +43,13 @@ def _say(message: str) -> None:
     print(f"decidealot evaluate: {message}", file=sys.stderr, flush=True)
 
 
-def run(settings: config.Settings, args: argparse.Namespace) -> int:
+def evaluate_command(settings: config.Settings, args: argparse.Namespace) -> int:
+    """The whole run; the exit status."""
     try:
         plan = _plan(args)
-        examples = read_examples(Path(args.data))
+        examples = read_rows(Path(args.data))
         key = _key(settings, args)
-    except (Usage, RowError, gate.GateError) as exc:
+    except (UsageError, RowError, gate.GateError) as exc:
         _say(str(exc))
         return USAGE
     if args.url is None:
@@ -78,7 +79,7 @@ def run(settings: config.Settings, args: argparse.Namespace) -> int:
 
 
 @dataclass(frozen=True)
-class _Plan:
+class _GatePlan:
     metrics: list[metrics.Metric]
     mins: dict[str, float]
     maxs: dict[str, float]
@@ -86,32 +87,32 @@ class _Plan:
     baseline: dict[str, Any] | None
 
 
-def _plan(args: argparse.Namespace) -> _Plan:
+def _plan(args: argparse.Namespace) -> _GatePlan:
     """Every option checked before any model runs: a bad one costs nothing."""
     if args.batch_size < 1:
-        raise Usage("--batch-size: expected an integer of at least 1")
+        raise UsageError("--batch-size: expected an integer of at least 1")
     if not args.timeout > 0:
-        raise Usage("--timeout: expected a number of seconds above 0")
+        raise UsageError("--timeout: expected a number of seconds above 0")
     if args.key_file and not args.url:
-        raise Usage("--key-file: only with --url (this process's service needs no key)")
+        raise UsageError("--key-file: only with --url (this process's service needs no key)")
     if args.max_error is not None and not 0 <= args.max_error <= 1:
-        raise Usage("--max-error: expected an error rate from 0 to 1")
+        raise UsageError("--max-error: expected an error rate from 0 to 1")
     within = []
     for k in args.score_within or []:
         if not math.isfinite(k) or k < 0:
-            raise Usage(f"--score-within: expected a finite number of at least 0, got {k:g}")
+            raise UsageError(f"--score-within: expected a finite number of at least 0, got {k:g}")
         within.append(metrics.score_within(k))
     mins, maxs = gate.pairs(args.min, "--min"), gate.pairs(args.max, "--max")
     for option, value in (("--min-accuracy", args.min_accuracy), ("--max-ece", args.max_ece)):
         if value is not None and not math.isfinite(value):
-            raise Usage(f"{option}: expected a finite number")
+            raise UsageError(f"{option}: expected a finite number")
     if args.max_ece is not None:
         maxs["ece"] = args.max_ece
     tolerances = gate.pairs(args.tolerance, "--tolerance")
     if tolerances and not args.baseline:
-        raise Usage("--tolerance: only with --baseline")
+        raise UsageError("--tolerance: only with --baseline")
     baseline = gate.load_report(Path(args.baseline)) if args.baseline else None
-    return _Plan([*metrics.DEFAULT_METRICS, *within], mins, maxs, tolerances, baseline)
+    return _GatePlan([*metrics.DEFAULT_METRICS, *within], mins, maxs, tolerances, baseline)
 
 
 def _key(settings: config.Settings, args: argparse.Namespace) -> str | None:
@@ -120,10 +121,10 @@ def _key(settings: config.Settings, args: argparse.Namespace) -> str | None:
         try:
             lines = Path(args.key_file).read_text(encoding="utf-8").splitlines()
         except (OSError, UnicodeDecodeError) as exc:
-            raise Usage(f"--key-file {args.key_file}: cannot be read ({exc})") from None
+            raise UsageError(f"--key-file {args.key_file}: cannot be read ({exc})") from None
         key = next((line.strip() for line in lines if line.strip()), "")
         if not key:
-            raise Usage(f"--key-file {args.key_file}: holds no key")
+            raise UsageError(f"--key-file {args.key_file}: holds no key")
         return key
     return settings.api_key[0] if settings.api_key else None
 
@@ -134,7 +135,7 @@ Answered = tuple[
 
 
 async def _answer(
-    settings: config.Settings, args: argparse.Namespace, key: str | None, examples: list[Example]
+    settings: config.Settings, args: argparse.Namespace, key: str | None, examples: list[EvalRow]
 ) -> Answered:
     """Every row's response, in order, a batch at a time; each row's wait and share of its
     batch's time (ms); the states a model read only in part (by row line); the checkpoints that
@@ -147,7 +148,7 @@ async def _answer(
 
 
 async def _ask(
-    answerer: Answerer, selector: str, size: int, data: str, examples: list[Example]
+    answerer: Answerer, selector: str, size: int, data: str, examples: list[EvalRow]
 ) -> Answered:
     await answerer.check(selector)
     responses: list[SystemOneResponse] = []
@@ -184,8 +185,8 @@ async def _ask(
 
 def _report(
     args: argparse.Namespace,
-    plan: _Plan,
-    examples: Sequence[Example],
+    plan: _GatePlan,
+    examples: Sequence[EvalRow],
     responses: Sequence[SystemOneResponse],
     waits: Sequence[float],
     shares: Sequence[float],
@@ -236,7 +237,7 @@ def _report(
     }
 
 
-def _finish(args: argparse.Namespace, plan: _Plan, report: dict[str, Any]) -> int:
+def _finish(args: argparse.Namespace, plan: _GatePlan, report: dict[str, Any]) -> int:
     """The gate's verdict, the printed summary, the files; the exit status."""
     overall, identity = report["overall"], report["config"]
     mins = dict(plan.mins)

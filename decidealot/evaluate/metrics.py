@@ -147,7 +147,7 @@ def ece(confidences: Sequence[float], corrects: Sequence[bool], bins: int = ECE_
     return total
 
 
-def brier(confidences: Sequence[float], corrects: Sequence[bool]) -> float:
+def brier_of_confidence(confidences: Sequence[float], corrects: Sequence[bool]) -> float:
     """Brier score of confidence as P(correct): mean((confidence - correct)^2)."""
     pairs = zip(confidences, corrects, strict=True)
     return math.fsum((c - float(y)) ** 2 for c, y in pairs) / len(confidences)
@@ -215,7 +215,7 @@ def aggregate(cases: Sequence[Case], metrics: Sequence[Metric]) -> dict[str, flo
         confidences = [c for c, _ in paired]
         corrects = [y for _, y in paired]
         out["ece"] = ece(confidences, corrects)
-        out["brier"] = brier(confidences, corrects)
+        out["brier"] = brier_of_confidence(confidences, corrects)
         out["aurc"] = aurc(confidences, corrects)
         for coverage in SELECTIVE_COVERAGES:
             name = f"selective_accuracy@{round(coverage * 100)}"

@@ -27,7 +27,7 @@ class RowError(ValueError):
 
 
 @dataclass(frozen=True)
-class Example:
+class EvalRow:
     """One labelled row: what is asked (as sent on the wire) and the expected answers."""
 
     line: int
@@ -38,12 +38,12 @@ class Example:
     language: str | None = None
 
 
-def read_examples(path: Path) -> list[Example]:
+def read_rows(path: Path) -> list[EvalRow]:
     """Every row of the file at `path`; `RowError` at the first bad one. Blank lines and lines
     starting with `#` are skipped, as laya-evals skips them."""
     try:
         with path.open(encoding="utf-8") as stream:
-            examples = list(_examples(path, stream))
+            examples = list(_rows(path, stream))
     except OSError as exc:
         raise RowError(f"{path}: cannot be read ({exc.strerror})") from None
     except UnicodeDecodeError as exc:
@@ -53,13 +53,13 @@ def read_examples(path: Path) -> list[Example]:
     return examples
 
 
-def _examples(path: Path, lines: Iterator[str]) -> Iterator[Example]:
+def _rows(path: Path, lines: Iterator[str]) -> Iterator[EvalRow]:
     for number, line in enumerate(lines, 1):
         text = line.strip()
         if not text or text.startswith("#"):
             continue
         try:
-            yield example(json.loads(text), number)
+            yield parse_row(json.loads(text), number)
         except json.JSONDecodeError as exc:
             raise RowError(f"{path}:{number}: not valid JSON ({exc.msg})") from None
         except RecursionError:
@@ -68,7 +68,7 @@ def _examples(path: Path, lines: Iterator[str]) -> Iterator[Example]:
             raise RowError(f"{path}:{number}: {exc}") from None
 
 
-def example(raw: Json, line: int) -> Example:
+def parse_row(raw: Json, line: int) -> EvalRow:
     """One parsed row; `ValueError` saying what is wrong with it."""
     if not isinstance(raw, dict):
         raise ValueError("a row must be a JSON object")
@@ -82,7 +82,7 @@ def example(raw: Json, line: int) -> Example:
     )
 
 
-def _laya_row(raw: dict[str, Json], line: int) -> Example:
+def _laya_row(raw: dict[str, Json], line: int) -> EvalRow:
     for key in ("state", "questions", "expected"):
         if key not in raw:
             raise ValueError(f"needs {key!r}")
@@ -106,7 +106,7 @@ def _laya_row(raw: dict[str, Json], line: int) -> Example:
     if not isinstance(tags, list | tuple):
         raise ValueError("tags must be a list")
     language = raw.get("language")
-    return Example(
+    return EvalRow(
         line,
         state,
         dict(questions),
@@ -116,7 +116,7 @@ def _laya_row(raw: dict[str, Json], line: int) -> Example:
     )
 
 
-def _label_row(raw: dict[str, Json], line: int) -> Example:
+def _label_row(raw: dict[str, Json], line: int) -> EvalRow:
     labelled = labels.row(raw, line)
     question = labelled.question
     body = {k: v for k, v in msgspec.to_builtins(question).items() if v is not None}
@@ -127,7 +127,7 @@ def _label_row(raw: dict[str, Json], line: int) -> Example:
     else:
         expected = labelled.gold
     qid = body["type"]  # its one question has no name: rows are tabled by question type
-    return Example(line, labelled.state, {qid: body}, {qid: expected})
+    return EvalRow(line, labelled.state, {qid: body}, {qid: expected})
 
 
 def _question(body: Json, where: str) -> Question:
@@ -166,7 +166,7 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def questions_sha256(examples: list[Example]) -> str:
+def questions_sha256(examples: list[EvalRow]) -> str:
     """laya-evals' `questions_fingerprint`: a hash of every distinct question asked (id, type,
     instructions as the model reads them, labels, criteria, option order), so two reports on
     the same questions carry the same one whichever tool wrote them."""

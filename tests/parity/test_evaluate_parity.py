@@ -161,7 +161,7 @@ def test_ties_are_cut_as_laya_cuts_them() -> None:
 def test_the_run_identity_is_laya_evals(tmp_path: Path) -> None:
     path = tmp_path / "data.jsonl"
     path.write_text("".join(json.dumps(each["row"]) + "\n" for each in records(4, 60)))
-    examples = rows.read_examples(path)
+    examples = rows.read_rows(path)
     assert rows.questions_sha256(examples) == evals.questions_fingerprint(
         evals.Dataset.from_jsonl(str(path))
     )

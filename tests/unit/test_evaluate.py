@@ -58,7 +58,7 @@ def test_both_formats_are_read_with_their_lines(tmp_path: Path) -> None:
             {"state": ["c"], "question": SCORE, "gold": "1"},
         ],
     )
-    found = rows.read_examples(data)
+    found = rows.read_rows(data)
     assert [each.line for each in found] == [1, 4, 5, 6]
     assert found[0].expected == {"route": "review", "level": 2}
     assert set(found[0].questions) == {"route", "level", "bill"}  # asked, not all scored
@@ -93,14 +93,14 @@ def test_a_bad_row_names_its_file_and_line(tmp_path: Path, row: Any, message: st
     good = {"state": "x", "questions": {"q": NOUL}, "expected": {"q": True}}
     data = write(tmp_path / "data.jsonl", [good, "# skipped", row])
     with pytest.raises(rows.RowError) as caught:
-        rows.read_examples(data)
+        rows.read_rows(data)
     assert str(caught.value).startswith(f"{data}:3: ")
     assert message in str(caught.value)
 
 
 def test_an_empty_file_is_refused(tmp_path: Path) -> None:
     with pytest.raises(rows.RowError, match="no rows"):
-        rows.read_examples(write(tmp_path / "empty.jsonl", ["", "# nothing"]))
+        rows.read_rows(write(tmp_path / "empty.jsonl", ["", "# nothing"]))
 
 
 # -- thresholds, by hand ------------------------------------------------------------------------
