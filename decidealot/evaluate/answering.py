@@ -7,6 +7,7 @@ executor behind it), and both say afterwards what answered (`/v1/status`'s check
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import AsyncIterator, Sequence
 from typing import Any, Protocol
 
@@ -138,6 +139,7 @@ class AtUrl:
     """A running Decidealot at `url`, called with `key` as its bearer token."""
 
     def __init__(self, url: str, key: str | None, timeout: float) -> None:
+        logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per call says nothing new
         headers = {"Authorization": f"Bearer {key}"} if key else {}
         self._client = httpx.AsyncClient(
             base_url=url, headers=headers, timeout=httpx.Timeout(timeout, connect=10.0)

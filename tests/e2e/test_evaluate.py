@@ -197,9 +197,16 @@ def test_the_gate(served: RunningServer, data: Path, tmp_path: Path) -> None:
     report = json.loads(first.read_text())
     accuracy = report["overall"]["choice_accuracy"]
 
-    holds = evaluate(*common, f"--min-accuracy={accuracy}", f"--baseline={first}",
+    # the same model again: which rows share a pass moves the padding, so the last bits of a
+    # probability may move; every metric gets a tolerance far below what a reader sees
+    noise = [f"--tolerance={m}=1e-6" for m in report["overall"] if not m.endswith("_ms")]
+    second = tmp_path / "second.json"
+    holds = evaluate(*common, f"--min-accuracy={accuracy}", f"--baseline={first}", *noise,
+                     f"--json={second}",
                      DECIDEALOT_API_KEY=API_KEY)  # fmt: skip
-    assert holds.returncode == 0, holds.stderr  # the same answers: every delta is 0
+    again = json.loads(second.read_text())["overall"]
+    drift = {m: abs(again[m] - v) for m, v in report["overall"].items() if not m.endswith("_ms")}
+    assert holds.returncode == 0, (holds.stdout, drift)
     assert "choice_accuracy" in holds.stdout and "diff=+0.0000" in holds.stdout
 
     missed = evaluate(*common, f"--min-accuracy={accuracy + 0.01}", DECIDEALOT_API_KEY=API_KEY)
@@ -213,7 +220,7 @@ def test_the_gate(served: RunningServer, data: Path, tmp_path: Path) -> None:
                          DECIDEALOT_API_KEY=API_KEY)  # fmt: skip
     assert regressed.returncode == 1
     assert "FAIL: baseline comparison failed" in regressed.stderr
-    within = evaluate(*common, f"--baseline={better}", "--tolerance=choice_accuracy=0.3",
+    within = evaluate(*common, f"--baseline={better}", *noise, "--tolerance=choice_accuracy=0.3",
                       DECIDEALOT_API_KEY=API_KEY)  # fmt: skip
     assert within.returncode == 0, within.stderr
 
