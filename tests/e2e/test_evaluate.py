@@ -273,26 +273,37 @@ def test_jev_over_url_with_a_key_file(
     assert unknown.returncode == 2 and "--model jev-nope: not a model" in unknown.stderr
 
 
-def test_in_this_process_on_von_labels(tiny: TinyCheckpoints, tmp_path: Path) -> None:
+@pytest.mark.parametrize("selector", ["laya-english", "von"])
+def test_in_this_process_on_von_labels(
+    tiny: TinyCheckpoints, tmp_path: Path, selector: str
+) -> None:
     labels = write_labels(tmp_path / "labels.jsonl", label_rows(5, 18))
     out = tmp_path / "report.json"
+    checkpoints = (
+        {**laya_settings(tiny.laya_all()), "DECIDEALOT_VON_ENABLED": "false"}
+        if selector.startswith("laya")
+        else {
+            "DECIDEALOT_VON_CHECKPOINT": str(tiny.von(independent_options=True)),
+            "DECIDEALOT_LAYA_ENABLED": "false",
+        }
+    )
     result = evaluate(
         str(labels),
-        "--model=laya-english",
+        f"--model={selector}",
         f"--json={out}",
         "--batch-size=8",
         "--score-within=0.5",
-        DECIDEALOT_VON_ENABLED="false",
         DECIDEALOT_DEVICE="cpu",
         DECIDEALOT_TORCH_THREADS="1",
         DECIDEALOT_MODEL_DIR=str(tmp_path / "models"),
-        **laya_settings(tiny.laya_all()),
+        **checkpoints,
     )
     assert result.returncode == 0, result.stderr
     assert "decidealot evaluate: 8/18 rows" in result.stderr
     report = json.loads(out.read_text())
     assert report["config"]["url"] is None
-    assert [c["name"] for c in report["config"]["checkpoints"]] == ["english"]
+    (checkpoint,) = report["config"]["checkpoints"]
+    assert checkpoint["name"] == ("english" if selector.startswith("laya") else "von-1.1")
     assert set(report["thresholds"]) == {"choice", "score", "noul"}  # von rows: by type
     assert "score_within_0.5" in report["overall"]
     overall = without_timing(report["overall"])
@@ -300,6 +311,24 @@ def test_in_this_process_on_von_labels(tiny: TinyCheckpoints, tmp_path: Path) ->
     assert {k: v for k, v in overall.items() if k != "score_within_0.5"} == pytest.approx(
         upstream, rel=1e-12, abs=1e-12
     )
+
+
+def test_jev_in_this_process(typesafe: FakeTypeSafe, data: Path, tmp_path: Path) -> None:
+    out = tmp_path / "jev.json"
+    calls = len(typesafe.calls("/v1/systemone"))
+    result = evaluate(
+        str(data),
+        "--model=jev-latest",
+        f"--json={out}",
+        DECIDEALOT_LAYA_ENABLED="false",
+        DECIDEALOT_VON_ENABLED="false",
+        DECIDEALOT_TYPESAFE_API_KEY=TYPESAFE_KEY,
+        DECIDEALOT_TYPESAFE_BASE_URL=typesafe.url,
+    )
+    assert result.returncode == 0, result.stderr
+    assert len(typesafe.calls("/v1/systemone")) - calls == ROWS
+    report = json.loads(out.read_text())
+    assert report["config"]["checkpoints"] == [] and len(report["cases"]) == ROWS * 3
 
 
 def test_the_confidence_histogram_moves_with_requests(gateway: RunningServer) -> None:
