@@ -65,10 +65,7 @@ def evaluate_command(settings: config.Settings, args: argparse.Namespace) -> int
     except NotServed as exc:
         _say(f"--model {args.model}: {exc}")
         return USAGE
-    except KeyRefused as exc:
-        _say(str(exc))
-        return USAGE
-    except Refused as exc:
+    except (KeyRefused, Refused) as exc:
         _say(str(exc))
         return USAGE
     except Unanswered as exc:
