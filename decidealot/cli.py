@@ -1,6 +1,6 @@
-"""`decidealot serve | prepare | mcp | encoder | models | calibrate | evaluate |
-checkpoints tiny DIR`. Each reads the settings once, from the environment (a bad value: status 2
-and one line naming the variable), and imports its heavy parts lazily."""
+"""`decidealot serve | prepare | mcp | encoder | models | calibrate | evaluate | checkpoints`.
+Each reads the settings once, from the environment (a bad value: status 2 and one line naming
+the variable), and imports its heavy parts lazily."""
 
 from __future__ import annotations
 
