@@ -255,15 +255,12 @@ def _record(provider: str, model: str, outcome: str, started: float, tokens: int
         metrics.INPUT_TOKENS.inc(tokens, provider=provider)
 
 
-_TYPE_NAMES = {ChoiceAnswer: "choice", ScoreAnswer: "score", NoulAnswer: "noul"}
-
-
 def _record_answers(provider: str, model: str, response: SystemOneResponse) -> None:
     """Each answer's reported probability, for a dashboard to see its distribution move."""
     for answer in response.answers.values():
-        confidence = answer_confidence(answer)
+        kind = str(answer.__struct_config__.tag)  # "choice", "score", "noul"
         metrics.ANSWER_CONFIDENCE.observe(
-            confidence, provider=provider, model=model, type=_TYPE_NAMES[type(answer)]
+            answer_confidence(answer), provider=provider, model=model, type=kind
         )
 
 
