@@ -1,9 +1,9 @@
 """`decidealot evaluate` as a user runs it: against a real `decidealot serve` (tiny random Laya
 checkpoints, CPU; Jev through a fake TypeSafe) with `--url`, the key from DECIDEALOT_API_KEY or
-`--key-file`, rows sent as batch requests; and in this process's own service (von's label
-format). The report's numbers are laya-evals' on its own answer records; the gate exits 1 on a
-limit or a baseline it misses and 2 on a row the model refuses; `/metrics`' confidence
-histogram moves with the answers served.
+`--key-file`, rows sent as batch requests; and in this process's own service (Laya and Von on
+von's label format, CLM over a fake embeddings endpoint, Jev). The report's numbers are
+laya-evals' on its own answer records; the gate exits 1 on a limit or a baseline it misses and
+2 on a row the model refuses; `/metrics`' confidence histogram moves with the answers served.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.checkpoints import TinyCheckpoints, laya_settings
 from tests.support.cli import run_cli
+from tests.support.fake_embeddings import FakeEmbeddings
 from tests.support.fake_typesafe import FakeTypeSafe, serve
 from tests.support.labels import label_rows, write_labels
 from tests.support.servers import RunningServer, start_server
@@ -311,6 +312,31 @@ def test_in_this_process_on_von_labels(
     assert {k: v for k, v in overall.items() if k != "score_within_0.5"} == pytest.approx(
         upstream, rel=1e-12, abs=1e-12
     )
+
+
+def test_clm_in_this_process(tiny: TinyCheckpoints, data: Path, tmp_path: Path) -> None:
+    embeddings = FakeEmbeddings(4096).start()
+    try:
+        out = tmp_path / "clm.json"
+        result = evaluate(
+            str(data),
+            "--model=clm",
+            f"--json={out}",
+            DECIDEALOT_LAYA_ENABLED="false",
+            DECIDEALOT_VON_ENABLED="false",
+            DECIDEALOT_CLM_EMBEDDINGS_URL=embeddings.url,
+            DECIDEALOT_CLM_HEAD=str(tiny.clm(hidden=4096, width=24, proj=8, seed=3)),
+            DECIDEALOT_DEVICE="cpu",
+            DECIDEALOT_TORCH_THREADS="1",
+        )
+    finally:
+        embeddings.stop()
+    assert result.returncode == 0, result.stderr
+    report = json.loads(out.read_text())
+    assert report["config"]["answered"] == ["clm-0.1-8b"]
+    assert report["config"]["checkpoints"] == []  # a CLM head reports no load to /v1/status
+    overall = without_timing(report["overall"])
+    assert overall == pytest.approx(laya_evals_overall(report), rel=1e-12, abs=1e-12)
 
 
 def test_jev_in_this_process(typesafe: FakeTypeSafe, data: Path, tmp_path: Path) -> None:
