@@ -1,4 +1,4 @@
-"""`decidealot serve | prepare | mcp | encoder | models | calibrate | checkpoints tiny DIR`.
+"""`decidealot serve | prepare | mcp | encoder | models | calibrate | evaluate | checkpoints`.
 Each reads the settings once, from the environment (a bad value: status 2 and one line naming
 the variable), and imports its heavy parts lazily."""
 
@@ -16,6 +16,7 @@ from pathlib import Path
 import msgspec
 
 from decidealot import config, logs, registry
+from decidealot.evaluate import options as evaluate_options
 
 TINY_NOTE = (
     "random weights, so answers carry no meaning; for smoke tests, client CI and trying the API "
@@ -57,6 +58,7 @@ def _parser() -> argparse.ArgumentParser:
     calibrate.add_argument("--plot", help="draw a reliability diagram (before, after) as a PNG")
     calibrate.add_argument("--folds", type=int, default=5, help="held-out folds (default 5)")
     calibrate.add_argument("--seed", type=int, default=0, help="fold split and fit seed")
+    evaluate_options.add_parser(commands)
     commands.add_parser("mcp", help="run the MCP server (arguments pass through)", add_help=False)
     commands.add_parser(
         "encoder", help="run CLM's local encoder (arguments pass through)", add_help=False
@@ -243,6 +245,10 @@ def _main(argv: Sequence[str] | None) -> int:
         return _serve_or_prepare(settings, args.command)
     if args.command == "calibrate":
         return _calibrate(settings, args)
+    if args.command == "evaluate":
+        from decidealot.evaluate.command import evaluate_command
+
+        return evaluate_command(settings, args)
     for descriptor in registry.enabled_local(settings):  # models
         for info in descriptor.selectors:
             print(msgspec.json.encode(info).decode())

@@ -5,6 +5,7 @@ structs. Fields are in the order the contract's examples show."""
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any, Literal, TypeAlias
 from urllib.parse import quote, unquote
@@ -86,6 +87,24 @@ class NoulAnswer(msgspec.Struct, tag="noul", tag_field="type"):
 
 
 Answer: TypeAlias = ChoiceAnswer | ScoreAnswer | NoulAnswer
+
+
+def reported_level(answer: ScoreAnswer) -> int:
+    """The rubric level nearest a score answer's expected score (halves round up)."""
+    return min(max(math.floor(answer.score + 0.5), 0), max(len(answer.probabilities) - 1, 0))
+
+
+def answer_confidence(answer: Answer) -> float:
+    """The probability of the answer reported, the number a caller thresholds (not the entropy
+    `confidence`): `probabilities[choice]`, a noul's max(p, 1 - p), a score's nearest level's.
+    `decidealot evaluate` judges thresholds on it and `/metrics` watches it drift."""
+    if isinstance(answer, NoulAnswer):
+        return max(answer.noul, 1.0 - answer.noul)
+    if isinstance(answer, ChoiceAnswer):
+        chosen = answer.probabilities.get(answer.choice)
+    else:
+        chosen = answer.probabilities.get(str(reported_level(answer)))
+    return chosen if chosen is not None else max(answer.probabilities.values(), default=0.0)
 
 
 class Usage(msgspec.Struct):

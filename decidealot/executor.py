@@ -48,6 +48,7 @@ from decidealot.contract import (
     UnloadedProvider,
     UnloadResponse,
     Usage,
+    answer_confidence,
 )
 from decidealot.errors import DecidealotError, ProviderUnavailable, RequestInvalid
 from decidealot.jobs import Decision, Job
@@ -132,6 +133,7 @@ class Executor:
             outcome = "error"
             _check_response(request, response, provider.name)
             outcome = "ok"
+            _record_answers(provider.name, request.model, response)
             if cuts:
                 _record_cuts(
                     provider.name, checkpoint, response.model, len(request.questions), cuts
@@ -251,6 +253,15 @@ def _record(provider: str, model: str, outcome: str, started: float, tokens: int
     metrics.DECISION_DURATION.observe(time.perf_counter() - started, provider=provider)
     if isinstance(tokens, int) and tokens > 0:
         metrics.INPUT_TOKENS.inc(tokens, provider=provider)
+
+
+def _record_answers(provider: str, model: str, response: SystemOneResponse) -> None:
+    """Each answer's reported probability, for a dashboard to see its distribution move."""
+    for answer in response.answers.values():
+        kind = str(answer.__struct_config__.tag)  # "choice", "score", "noul"
+        metrics.ANSWER_CONFIDENCE.observe(
+            answer_confidence(answer), provider=provider, model=model, type=kind
+        )
 
 
 def _record_cuts(

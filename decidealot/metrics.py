@@ -248,3 +248,18 @@ PENDING_REQUESTS = Gauge(
     "decidealot_pending_requests",
     "Decision requests admitted to local providers and not yet answered.",
 )
+
+
+# -- drift: what the models answer ------------------------------------------------------------
+
+CONFIDENCE_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 0.98, 0.99, 1.0)
+"""Probabilities: a choice's can fall to 1/options, a noul's max(p, 1 - p) never below 0.5."""
+
+ANSWER_CONFIDENCE = Histogram(
+    "decidealot_answer_confidence",
+    "Probability of each answer reported (contract.answer_confidence: probabilities[choice], "
+    "a score's nearest level's, a noul's max(p, 1 - p)), by provider, requested model selector "
+    "and question type: the number a caller thresholds, so its distribution shows drift.",
+    ("provider", "model", "type"),
+    buckets=CONFIDENCE_BUCKETS,
+)

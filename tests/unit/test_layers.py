@@ -104,7 +104,7 @@ LAYERS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
         ("base", "core", "contract", "service"),
     ),
     "entry": (
-        ("decidealot.cli", "decidealot.__main__"),
+        ("decidealot.cli", "decidealot.__main__", "decidealot.evaluate*"),
         ("base", "core", "contract", "service", "transport", "tools"),
     ),
 }
