@@ -75,6 +75,7 @@ def _settings(host: str | None, port: int | None) -> config.Settings:
         settings = msgspec.structs.replace(settings, port=port)
     if host:
         settings = msgspec.structs.replace(settings, host=host.strip())
+    config.check_ports(settings.port, settings.probe_port)
     return settings
 
 

@@ -185,6 +185,14 @@ def _token_budget(name: str, raw: str) -> int:
     return value
 
 
+def _header_timeout(name: str, raw: str) -> float:
+    """Whole milliseconds from 0.1 s to an hour: granian counts it in milliseconds."""
+    value = seconds()(name, raw)
+    if not 0.1 <= value <= 3600:
+        raise ConfigError(f"{name}: expected seconds from 0.1 to 3600, got {raw!r}")
+    return value
+
+
 def _model_dir(name: str, raw: str) -> Path:
     return Path(raw).expanduser().resolve()
 
@@ -253,6 +261,15 @@ class Settings(Section, frozen=True, kw_only=True):
     max_batch_requests: Annotated[int, setting(integer(low=1))] = 0  # 0: no cap beyond bytes
     max_batch_concurrency: Annotated[int, setting(integer(low=1))] = 0  # 0: no cap
     request_read_timeout_seconds: Annotated[float, setting(seconds())] = 30.0
+
+    # Connections (docs/api.md#connections).
+    max_connections: Annotated[int, setting(integer(low=16, high=1_000_000))] = 4096
+    """Open connections the server holds at once; the open-file soft limit is raised to match."""
+    header_read_timeout_seconds: Annotated[float, setting(_header_timeout)] = 5.0
+    """The time a connection gets to send a request's whole head, counted from its accept or
+    from the end of its previous response: a slow header's limit and the keep-alive idle one."""
+    probe_port: Annotated[int, setting(integer(low=0, high=65535))] = 0
+    """A second port serving only /health and /metrics, for probes and scrapes (0: none)."""
 
     # Local runtime.
     model_dir: Annotated[Path, setting(_model_dir)] = Path(
@@ -339,8 +356,17 @@ def read_core(env: Mapping[str, str], known: set[str]) -> dict[str, object]:
     )
     if problem is not None:
         raise ConfigError(f"DECIDEALOT_PRECISION: {problem}")
+    ports = msgspec.structs.replace(Settings(), **values)  # unset ones at their defaults
+    check_ports(ports.port, ports.probe_port)
     values["trace_exporters"] = trace_exporters(env)
     return values
+
+
+def check_ports(port: int, probe_port: int) -> None:
+    if probe_port and probe_port == port:
+        raise ConfigError(
+            f"DECIDEALOT_PROBE_PORT: expected a port other than the API's ({port}), or 0 for none"
+        )
 
 
 def refuse_unknown(env: Mapping[str, str], known: set[str]) -> None:

@@ -1,8 +1,8 @@
 """`Ledger`: the gateway's one record of the work in flight: each admitted request (HTTP or
 MCP), which of them hold a place under `DECIDEALOT_MAX_PENDING_REQUESTS` (a local decision
 request; a batch counts once), and each local decision's claim on its provider's residency slot.
-Admission, the drain, residency's evictions and unload's 409, `/v1/status` and `/metrics` read it
-here; nothing else counts this work.
+Admission, the drain, residency's evictions and unload's 409, `/v1/status` and `/metrics` (the
+queue gauges an autoscaler reads) read it here; nothing else counts this work.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import contextvars
 import logging
+import time
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
@@ -36,17 +37,21 @@ class Claim:
 
     def __init__(self, ledger: Ledger, provider: str) -> None:
         self._ledger, self.provider, self.holding = ledger, provider, False
+        self.since = time.monotonic()
         ledger._waiting[provider] += 1
+        ledger._queued.setdefault(provider, {})[self] = None
 
     def hold(self) -> None:
         ledger = self._ledger
         ledger._waiting[self.provider] -= 1
+        ledger._queued[self.provider].pop(self, None)
         ledger._holding[self.provider] += 1
         self.holding = True
 
     def end(self) -> None:
         counts = self._ledger._holding if self.holding else self._ledger._waiting
         counts[self.provider] -= 1
+        self._ledger._queued[self.provider].pop(self, None)
 
 
 class Ledger:
@@ -62,6 +67,7 @@ class Ledger:
         self._idle.set()
         self._waiting: Counter[str] = Counter()
         self._holding: Counter[str] = Counter()
+        self._queued: dict[str, dict[Claim, None]] = {}  # waiting claims, oldest first
 
     # -- requests ------------------------------------------------------------------------------
 
@@ -161,3 +167,10 @@ class Ledger:
 
     def holding(self, provider: str | None = None) -> int:
         return self._holding[provider] if provider else sum(self._holding.values())
+
+    def oldest_waiting(self, provider: str) -> float:
+        """Seconds the longest-waiting local decision of `provider` has waited (0: none): a
+        queue that stands still (a model switch, a slot held by another) shows here first."""
+        queued = self._queued.get(provider)
+        oldest = next(iter(queued), None) if queued else None
+        return 0.0 if oldest is None else time.monotonic() - oldest.since

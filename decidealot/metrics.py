@@ -7,7 +7,7 @@ may be filled by other libraries.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol
 
 import prometheus_client
@@ -84,12 +84,28 @@ class ResidencyView(Protocol):  # what `ServiceCollector` reads of `Residency`
     def loaded(self, name: str) -> bool: ...
 
 
+class LedgerView(Protocol):  # what `ServiceCollector` reads of `Ledger`
+    def waiting(self, provider: str | None = None) -> int: ...
+
+    def holding(self, provider: str | None = None) -> int: ...
+
+    def oldest_waiting(self, provider: str) -> float: ...
+
+
 class ServiceCollector:
     """One service's `/metrics`: the process's metrics plus gauges read from it at scrape time
     (services sharing a process, as in tests, each report their own)."""
 
-    def __init__(self, residency: ResidencyView) -> None:
+    def __init__(
+        self,
+        residency: ResidencyView,
+        ledger: LedgerView | None = None,
+        connections: Callable[[], int | None] | None = None,
+    ) -> None:
+        """`ledger`: the queue gauges; `connections`: the open connections now (None: unknown)."""
         self._residency = residency
+        self._ledger = ledger
+        self._connections = connections
 
     def collect(self) -> Iterable[Metric]:
         yield from REGISTRY.collect()
@@ -101,6 +117,42 @@ class ServiceCollector:
         for name in self._residency.names:
             loaded.add_metric((name,), float(self._residency.loaded(name)))
         yield loaded
+        if self._ledger is not None:
+            yield from self._queue(self._ledger)
+        count = self._connections() if self._connections is not None else None
+        if count is not None:
+            yield GaugeMetricFamily(
+                "decidealot_open_connections",
+                "HTTP connections open on the API port now, idle and half-sent ones included "
+                "(against DECIDEALOT_MAX_CONNECTIONS).",
+                value=count,
+            )
+
+    def _queue(self, ledger: LedgerView) -> Iterable[Metric]:
+        """What an autoscaler reads: the local decisions waiting for and holding each slot."""
+        queued = GaugeMetricFamily(
+            "decidealot_decisions_queued",
+            "Local decisions admitted and waiting for their provider's residency slot (a load, "
+            "a model switch or a slot held by another provider), by provider.",
+            labels=("provider",),
+        )
+        running = GaugeMetricFamily(
+            "decidealot_decisions_running",
+            "Local decisions holding their provider's slot: in or waiting for its forward "
+            "passes, by provider.",
+            labels=("provider",),
+        )
+        oldest = GaugeMetricFamily(
+            "decidealot_decisions_queued_oldest_seconds",
+            "How long the longest-waiting of a provider's queued decisions has waited (0: none "
+            "waits), by provider.",
+            labels=("provider",),
+        )
+        for name in self._residency.names:
+            queued.add_metric((name,), float(ledger.waiting(name)))
+            running.add_metric((name,), float(ledger.holding(name)))
+            oldest.add_metric((name,), ledger.oldest_waiting(name))
+        yield from (queued, running, oldest)
 
     def render(self) -> bytes:
         return generate_latest(self)

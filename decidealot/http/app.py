@@ -6,6 +6,7 @@ Authorize button take the key for the calls the page makes.
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Any
 
@@ -22,6 +23,7 @@ from decidealot.asgi.middleware import ASGIApp, Cors, Gateway, RootPath
 from decidealot.contract import TRUNCATED_HEADER, ErrorBody, truncated_header
 from decidealot.errors import DecidealotError, ShuttingDown
 from decidealot.http import openapi
+from decidealot.http.connections import open_connections
 from decidealot.mcp.http import MCP_PATH, McpEndpoint
 from decidealot.service import Service
 from decidealot.validation.requests import validate_batch, validate_request
@@ -145,7 +147,9 @@ def create_app(service: Service) -> ASGIApp:
         body, media_type = found
         return Response(body, media_type=media_type, headers={"cache-control": "max-age=86400"})
 
-    exposition = metrics.ServiceCollector(service.residency)
+    exposition = metrics.ServiceCollector(
+        service.residency, service.ledger, functools.partial(open_connections, settings.port)
+    )
 
     @get("/metrics", sync_to_thread=False)
     def metrics_text() -> Response[bytes]:
