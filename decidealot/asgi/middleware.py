@@ -27,7 +27,7 @@ from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
 from decidealot import logs, metrics, tracing
 from decidealot.asgi.body import Incoming
-from decidealot.contract import TRUNCATED_HEADER
+from decidealot.contract import TRUNCATED_HEADER, ErrorBody
 from decidealot.errors import DecidealotError, ShuttingDown, Unauthorized
 from decidealot.ledger import CUT_SHORT
 from decidealot.service import Service
@@ -241,6 +241,27 @@ class RootPath:
                     raw = raw[len(self._raw) :] or b"/"
                 scope = {**scope, "path": path[len(self._prefix) :] or "/", "raw_path": raw}  # type: ignore[typeddict-item]
         await self._app(scope, receive, send)
+
+
+class ProbesOnly:
+    """The app for the paths in `paths` only (DECIDEALOT_PROBE_PORT's /health and /metrics,
+    with a proxy's prefix too); any other path is answered 404 here, so the second port never
+    serves a decision."""
+
+    def __init__(self, app: ASGIApp, paths: Collection[str]) -> None:
+        self._app = app
+        self._paths = frozenset(paths)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] in self._paths:
+            await self._app(scope, receive, send)
+            return
+        await send_json(send, 404, _PROBES_ONLY)
+
+
+_PROBES_ONLY = msgspec.json.encode(
+    ErrorBody("NOT_FOUND", "this port serves /health and /metrics only (DECIDEALOT_PROBE_PORT)")
+)
 
 
 class Cors:

@@ -17,13 +17,16 @@ import os
 import resource
 import signal
 import sys
+from collections.abc import Callable
 from typing import NoReturn
 
 from granian.constants import HTTPModes, Interfaces
 from granian.http import HTTP1Settings
 from granian.server.embed import Server
+from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
 from decidealot import tracing
+from decidealot.asgi.middleware import ProbesOnly
 from decidealot.config import Settings
 from decidealot.http.app import create_app
 from decidealot.service import Service
@@ -36,8 +39,10 @@ async def serve(service: Service) -> int:
     settings = service.settings
     tracing.setup(settings)
     open_file_limit(settings.max_connections)
-    server = Server(create_app(service), **server_options(settings))
+    app = create_app(service)
     loop = asyncio.get_running_loop()
+    probes = Probes(app, settings, on_failure=lambda: on_signal())
+    server = Server(OnStarted(app, probes.start), **server_options(settings))
     stopping: list[asyncio.Task[None]] = []
 
     async def shut_down() -> None:
@@ -46,6 +51,7 @@ async def serve(service: Service) -> int:
         )
         await service.ledger.drain(settings.drain_seconds)
         server.stop()
+        probes.stop()
 
     def on_signal() -> None:
         if not stopping:
@@ -67,11 +73,85 @@ async def serve(service: Service) -> int:
             f"decidealot: cannot listen on {settings.host}:{settings.port}: {exc}", file=sys.stderr
         )
         return 1
+    finally:
+        probes.stop()
+    if not await probes.stopped():
+        return 1
     if server.interrupt_children:  # the worker died, e.g. startup failed
         log.error("the server stopped unexpectedly")
         return 1
     return 0
 
+
+class OnStarted:
+    """The app, calling `then` once its lifespan startup has completed (the service started)."""
+
+    def __init__(self, app: ASGIApp, then: Callable[[], None]) -> None:
+        self._app, self._then = app, then
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "lifespan":
+            await self._app(scope, receive, send)
+            return
+
+        async def send_and_tell(message: Message) -> None:
+            await send(message)
+            if message["type"] == "lifespan.startup.complete":
+                self._then()
+
+        await self._app(scope, receive, send_and_tell)
+
+
+class Probes:
+    """DECIDEALOT_PROBE_PORT: /health and /metrics on a port of their own, so that a flood of
+    the API port never fails a probe or a scrape. It opens once the service has started, as the
+    API port does, and closes with it; a port it cannot bind stops the service."""
+
+    def __init__(self, app: ASGIApp, settings: Settings, on_failure: Callable[[], None]) -> None:
+        self._settings, self._on_failure = settings, on_failure
+        self._server: Server | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._failed = False
+        if settings.probe_port:
+            root = settings.root_path
+            paths = [path for probe in PROBE_PATHS for path in (probe, root + probe)]
+            options = server_options(settings) | {
+                "port": settings.probe_port,
+                "interface": Interfaces.ASGINL,  # the API server runs the app's lifespan
+                "backlog": PROBE_CONNECTIONS,
+                "backpressure": PROBE_CONNECTIONS,
+            }
+            self._server = Server(ProbesOnly(app, paths), **options)
+
+    def start(self) -> None:
+        if self._server is not None and self._task is None:
+            log.info("probes on http://%s:%d", self._settings.host, self._settings.probe_port)
+            self._task = asyncio.get_running_loop().create_task(self._serve(self._server))
+
+    async def _serve(self, server: Server) -> None:
+        try:
+            await server.serve()
+        except (OSError, RuntimeError) as exc:
+            where = f"{self._settings.host}:{self._settings.probe_port}"
+            print(f"decidealot: cannot listen on {where} (DECIDEALOT_PROBE_PORT): {exc}",
+                  file=sys.stderr)  # fmt: skip
+            self._failed = True
+            self._on_failure()  # the API server stops too
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.stop()
+
+    async def stopped(self) -> bool:
+        """Once the probe server has stopped: False when it failed."""
+        if self._task is not None:
+            await self._task
+        return not self._failed
+
+
+PROBE_PATHS = ("/health", "/metrics")
+PROBE_CONNECTIONS = 128
+"""Probes and scrapes open a connection or two each: the probe port needs few."""
 
 FILES_BESIDE_CONNECTIONS = 1024
 """Open files the process needs besides its connections: the listening sockets, each model
