@@ -198,6 +198,53 @@ def test_each_service_reports_its_own_scrape_time_gauges() -> None:
     )
 
 
+def test_the_queue_gauges_read_the_ledger_at_scrape_time() -> None:
+    """Queued (waiting for a slot), running (holding one) and the oldest queued one's age, per
+    provider, from the ledger's own claims; the open connections from the counter given."""
+    from decidealot.ledger import Ledger
+
+    class Loaded:
+        names = ("laya", "von")
+
+        def loaded(self, name: str) -> bool:
+            return True
+
+    ledger = Ledger()
+    collector = ServiceCollector(Loaded(), ledger, lambda: 7)
+
+    def gauges() -> dict[tuple[str, str], float]:
+        return {
+            (name.removeprefix("decidealot_"), dict(labels).get("provider", "")): value
+            for (name, labels), value in samples(collector.render().decode()).items()
+            if name.startswith(("decidealot_decisions_", "decidealot_open_"))
+        }
+
+    assert gauges() == {
+        ("decisions_queued", "laya"): 0,
+        ("decisions_queued", "von"): 0,
+        ("decisions_running", "laya"): 0,
+        ("decisions_running", "von"): 0,
+        ("decisions_queued_oldest_seconds", "laya"): 0,
+        ("decisions_queued_oldest_seconds", "von"): 0,
+        ("open_connections", ""): 7,
+    }
+    with ledger.claim("laya") as first, ledger.claim("laya"), ledger.claim("von") as von:
+        first.since -= 30  # queued half a minute ago
+        von.hold()
+        now = gauges()
+        assert now[("decisions_queued", "laya")] == 2
+        assert now[("decisions_running", "von")] == 1
+        assert 30 <= now[("decisions_queued_oldest_seconds", "laya")] < 40
+        assert now[("decisions_queued_oldest_seconds", "von")] == 0
+        first.hold()  # the oldest now is the second claim, queued just now
+        assert gauges()[("decisions_queued_oldest_seconds", "laya")] < 10
+        assert gauges()[("decisions_running", "laya")] == 1
+    assert {k: v for k, v in gauges().items() if k[0] != "open_connections"} == dict.fromkeys(
+        [(g, p) for g in ("decisions_queued", "decisions_running",
+                          "decisions_queued_oldest_seconds") for p in ("laya", "von")], 0.0
+    )  # fmt: skip
+
+
 def test_served_metrics_have_the_documented_names_and_the_process_metrics(
     tmp_path: Path,
 ) -> None:
