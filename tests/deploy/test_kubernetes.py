@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 import yaml
 
-from decidealot import config, registry
+from decidealot import config, metrics, registry
 
 ROOT = Path(__file__).resolve().parents[2]
 KUBERNETES = ROOT / "deploy" / "kubernetes"
-KUSTOMIZATIONS = ("base", "overlays/scaled", "overlays/cuda")
+KUSTOMIZATIONS = ("base", "overlays/scaled", "overlays/queue-scaled", "overlays/cuda")
 
 needs_kubectl = pytest.mark.skipif(
     shutil.which("kubectl") is None, reason="kubectl renders the kustomizations"
@@ -56,7 +56,7 @@ def test_the_renderings_validate_against_the_kubernetes_schemas() -> None:
         timeout=300,
     )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
-    assert "3 renderings valid" in result.stdout
+    assert f"{len(KUSTOMIZATIONS)} renderings valid" in result.stdout
 
 
 @needs_kubectl
@@ -152,3 +152,31 @@ def test_the_scaled_overlay_shares_the_models_and_bounds_disruption() -> None:
     selector = resources["PodDisruptionBudget"]["spec"]["selector"]["matchLabels"]
     assert selector.items() <= pods.items()
     assert resources["Deployment"]["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+
+
+@needs_kubectl
+def test_the_queue_scaled_overlay_scales_on_a_metric_the_pods_serve() -> None:
+    """The HPA's pods metric is one the service exports, prometheus-adapter's rule (the chart
+    values shipped beside it) serves it under that name per pod, and Prometheus is told where
+    each pod's /metrics is."""
+    resources = _render("overlays/queue-scaled")
+    hpa = resources["HorizontalPodAutoscaler"]["spec"]
+    (pods,) = [m["pods"] for m in hpa["metrics"] if m["type"] == "Pods"]
+    name = pods["metric"]["name"]
+    assert name == metrics.PENDING_REQUESTS.describe()[0].name
+    assert pods["target"]["type"] == "AverageValue"
+    assert "cpu" in {m["resource"]["name"] for m in hpa["metrics"] if m["type"] == "Resource"}
+    assert hpa["minReplicas"] >= 2  # components/scaling's, kept
+
+    adapter = KUBERNETES / "components" / "queue-scaling" / "prometheus-adapter.yaml"
+    rules = yaml.safe_load(adapter.read_text())
+    (rule,) = rules["rules"]["custom"]
+    assert rule["seriesQuery"].startswith(name + "{")
+    assert rule["name"]["as"] == name
+    assert rule["resources"]["overrides"]["pod"] == {"resource": "pod"}
+
+    annotations = resources["Deployment"]["spec"]["template"]["metadata"]["annotations"]
+    _, container = _pod(resources)
+    (port,) = container["ports"]
+    assert annotations["prometheus.io/port"] == str(port["containerPort"])
+    assert annotations["prometheus.io/path"] == "/metrics"
