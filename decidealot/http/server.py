@@ -69,9 +69,8 @@ async def serve(service: Service) -> int:
     try:
         await server.serve()
     except (OSError, RuntimeError) as exc:  # granian reports bind failures as RuntimeError
-        print(
-            f"decidealot: cannot listen on {settings.host}:{settings.port}: {exc}", file=sys.stderr
-        )
+        where = f"{settings.host}:{settings.port}"
+        print(f"decidealot: cannot listen on {where}: {one_line(exc)}", file=sys.stderr)
         return 1
     finally:
         probes.stop()
@@ -81,6 +80,11 @@ async def serve(service: Service) -> int:
         log.error("the server stopped unexpectedly")
         return 1
     return 0
+
+
+def one_line(exc: BaseException) -> str:
+    """granian's error, less the native backtrace it appends where RUST_BACKTRACE is set."""
+    return next(iter(str(exc).splitlines()), type(exc).__name__)
 
 
 class OnStarted:
@@ -133,8 +137,10 @@ class Probes:
             await server.serve()
         except (OSError, RuntimeError) as exc:
             where = f"{self._settings.host}:{self._settings.probe_port}"
-            print(f"decidealot: cannot listen on {where} (DECIDEALOT_PROBE_PORT): {exc}",
-                  file=sys.stderr)  # fmt: skip
+            print(
+                f"decidealot: cannot listen on {where} (DECIDEALOT_PROBE_PORT): {one_line(exc)}",
+                file=sys.stderr,
+            )
             self._failed = True
             self._on_failure()  # the API server stops too
 

@@ -94,6 +94,20 @@ def test_a_busy_port_is_one_line() -> None:
     assert "Traceback" not in result.stderr
 
 
+def test_a_busy_probe_port_is_one_line_and_stops_the_service() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = cli("serve", **NO_LOCAL, DECIDEALOT_PORT=str(_free_port()),
+                     DECIDEALOT_PROBE_PORT=str(port), RUST_BACKTRACE="1")  # fmt: skip
+    assert result.returncode == 1
+    (line,) = [line for line in result.stderr.splitlines() if line.startswith("decidealot:")]
+    where = f"127.0.0.1:{port} (DECIDEALOT_PROBE_PORT)"
+    assert line.startswith(f"decidealot: cannot listen on {where}: Address already in use")
+    assert "Traceback" not in result.stderr and "backtrace" not in result.stderr
+
+
 def test_the_gateway_never_imports_torch() -> None:
     probe = (
         "import sys\n"
