@@ -212,11 +212,14 @@ def test_the_queue_gauges_read_the_ledger_at_scrape_time() -> None:
     ledger = Ledger()
     collector = ServiceCollector(Loaded(), ledger, lambda: 7)
 
+    read = ("decisions_queued", "decisions_running", "decisions_queued_oldest_seconds")
+    read += ("open_connections",)
+
     def gauges() -> dict[tuple[str, str], float]:
         return {
             (name.removeprefix("decidealot_"), dict(labels).get("provider", "")): value
             for (name, labels), value in samples(collector.render().decode()).items()
-            if name.startswith(("decidealot_decisions_", "decidealot_open_"))
+            if name.removeprefix("decidealot_") in read
         }
 
     assert gauges() == {
@@ -240,9 +243,8 @@ def test_the_queue_gauges_read_the_ledger_at_scrape_time() -> None:
         assert gauges()[("decisions_queued_oldest_seconds", "laya")] < 10
         assert gauges()[("decisions_running", "laya")] == 1
     assert {k: v for k, v in gauges().items() if k[0] != "open_connections"} == dict.fromkeys(
-        [(g, p) for g in ("decisions_queued", "decisions_running",
-                          "decisions_queued_oldest_seconds") for p in ("laya", "von")], 0.0
-    )  # fmt: skip
+        [(gauge, provider) for gauge in read[:3] for provider in ("laya", "von")], 0.0
+    )
 
 
 def test_served_metrics_have_the_documented_names_and_the_process_metrics(
