@@ -38,20 +38,19 @@ class Claim:
     def __init__(self, ledger: Ledger, provider: str) -> None:
         self._ledger, self.provider, self.holding = ledger, provider, False
         self.since = time.monotonic()
-        ledger._waiting[provider] += 1
-        ledger._queued.setdefault(provider, {})[self] = None
+        ledger._waiting.setdefault(provider, {})[self] = None
 
     def hold(self) -> None:
         ledger = self._ledger
-        ledger._waiting[self.provider] -= 1
-        ledger._queued[self.provider].pop(self, None)
+        del ledger._waiting[self.provider][self]
         ledger._holding[self.provider] += 1
         self.holding = True
 
     def end(self) -> None:
-        counts = self._ledger._holding if self.holding else self._ledger._waiting
-        counts[self.provider] -= 1
-        self._ledger._queued[self.provider].pop(self, None)
+        if self.holding:
+            self._ledger._holding[self.provider] -= 1
+        else:
+            del self._ledger._waiting[self.provider][self]
 
 
 class Ledger:
@@ -65,9 +64,8 @@ class Ledger:
         self._cut: set[asyncio.Task[Any]] = set()
         self._idle = asyncio.Event()
         self._idle.set()
-        self._waiting: Counter[str] = Counter()
+        self._waiting: dict[str, dict[Claim, None]] = {}  # per provider, oldest first
         self._holding: Counter[str] = Counter()
-        self._queued: dict[str, dict[Claim, None]] = {}  # waiting claims, oldest first
 
     # -- requests ------------------------------------------------------------------------------
 
@@ -163,7 +161,9 @@ class Ledger:
 
     def waiting(self, provider: str | None = None) -> int:
         """Local decisions waiting for a slot (of `provider`; None: any)."""
-        return self._waiting[provider] if provider else sum(self._waiting.values())
+        if provider:
+            return len(self._waiting.get(provider, ()))
+        return sum(len(claims) for claims in self._waiting.values())
 
     def holding(self, provider: str | None = None) -> int:
         return self._holding[provider] if provider else sum(self._holding.values())
@@ -171,6 +171,5 @@ class Ledger:
     def oldest_waiting(self, provider: str) -> float:
         """Seconds the longest-waiting local decision of `provider` has waited (0: none): a
         queue that stands still (a model switch, a slot held by another) shows here first."""
-        queued = self._queued.get(provider)
-        oldest = next(iter(queued), None) if queued else None
+        oldest = next(iter(self._waiting.get(provider, ())), None)
         return 0.0 if oldest is None else time.monotonic() - oldest.since
