@@ -97,7 +97,7 @@ class Compilable(Protocol):
 
 
 @dataclass(frozen=True, slots=True)
-class Outcome:
+class CompileOutcome:
     """What became of a checkpoint's pass (`state` one of `STATES`), and why."""
 
     state: str
@@ -111,15 +111,21 @@ class Outcome:
         return "compiled" if self.state == "compiled" else "eager"
 
 
-def planned(mode: str, precision: str) -> Outcome:
+def planned(mode: str, precision: str) -> CompileOutcome:
     """At load: whether a checkpoint loaded in `precision` (after its probe) will be compiled."""
     if mode == "off":
-        return Outcome("off", "DECIDEALOT_COMPILE=off")
+        return CompileOutcome("off", "DECIDEALOT_COMPILE=off")
     if precision == "fp32":
-        return Outcome("eager_precision", "fp32 stays eager: its answers stay upstream's exactly")
+        return CompileOutcome(
+            "eager_precision", "fp32 stays eager: its answers stay upstream's exactly"
+        )
     if precision == "int8":
-        return Outcome("eager_precision", "int8 stays eager: no gain from compiling it is shown")
-    return Outcome("compiling", f"{precision}: eager serves until the compiled pass is checked")
+        return CompileOutcome(
+            "eager_precision", "int8 stays eager: no gain from compiling it is shown"
+        )
+    return CompileOutcome(
+        "compiling", f"{precision}: eager serves until the compiled pass is checked"
+    )
 
 
 _lock = threading.Lock()  # one compile at a time: inductor's cache folder is process-wide
@@ -193,12 +199,14 @@ def lower_priority() -> None:
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
 
 
-def compile_passes(model: Compilable, cache: Path | None, device: str) -> Outcome:
+def compile_passes(model: Compilable, cache: Path | None, device: str) -> CompileOutcome:
     """Compile `model`'s pass on its warm-up rows, check it against eager there, and swap it
     in; any failure leaves eager serving and says why."""
     lower_priority()
     if device == "cpu" and cxx_compiler() is None:
-        return Outcome("no_compiler", "no C++ compiler found: inductor needs one on CPU")
+        return CompileOutcome(
+            "no_compiler", "inductor has no C++ compiler to build CPU kernels with"
+        )
     with _lock:
         try:
             return _compile(model, cache)
@@ -210,10 +218,12 @@ def compile_passes(model: Compilable, cache: Path | None, device: str) -> Outcom
                 Path(where.filename).name,
                 where.lineno,
             )
-            return Outcome("failed", f"the compile raised {type(exc).__name__}: eager serves")
+            return CompileOutcome(
+                "failed", f"the compile raised {type(exc).__name__}: eager serves"
+            )
 
 
-def _compile(model: Compilable, cache: Path | None) -> Outcome:
+def _compile(model: Compilable, cache: Path | None) -> CompileOutcome:
     import torch._dynamo
     import torch._inductor.config
     from torch._dynamo.utils import counters
@@ -240,7 +250,7 @@ def _compile(model: Compilable, cache: Path | None) -> Outcome:
     )
     found = f"{hits} of {graphs} graphs from the cache" if cache else "no cache"
     if error > TOLERANCE:
-        return Outcome(
+        return CompileOutcome(
             "probe_failed",
             f"the compiled pass moved warm-up probabilities by {error:.4f}, more than "
             f"{TOLERANCE}: eager serves",
@@ -249,7 +259,7 @@ def _compile(model: Compilable, cache: Path | None) -> Outcome:
             hits,
         )
     model.passes.swap(compiled)
-    return Outcome(
+    return CompileOutcome(
         "compiled",
         f"compiled in {seconds:.1f} s ({found}); warm-up probabilities within {error:.4f} of eager",
         seconds,
@@ -276,7 +286,7 @@ def _scratch() -> str:
     return _scratch_dir[0]
 
 
-def with_outcome(load: CheckpointLoad, outcome: Outcome) -> CheckpointLoad:
+def with_outcome(load: CheckpointLoad, outcome: CompileOutcome) -> CheckpointLoad:
     """`load` as it reports `outcome`."""
     return msgspec.structs.replace(
         load,

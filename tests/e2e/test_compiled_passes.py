@@ -120,8 +120,10 @@ def test_without_a_cxx_compiler_passes_stay_eager_and_the_log_says_so_once(
         checkpoint = _settled(server)
         _decide(server)
         assert (checkpoint["passes"], checkpoint["compile_state"]) == ("eager", "no_compiler")
-        said = [line for line in server.log_lines() if "no C++ compiler found" in line]
+        lines = server.log_lines()
+        said = [line for line in lines if "no C++ compiler found" in line]  # the worker's
         assert len(said) == 1, said
+        assert [line for line in lines if "passes run eager" in line]  # and the checkpoint's
         assert _passes_info(server)["state"] == "no_compiler"
     finally:
         server.stop()
