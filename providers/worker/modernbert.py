@@ -402,7 +402,8 @@ class Checkpoints(Generic[M]):
         self._precision = engine_precision(spec.options, spec.device, on_cuda=on_cuda)
         self._loaded: dict[str, M] = {}
         self._lock = threading.Lock()
-        self._compile = str(spec.options.get("compile", "auto"))
+        # the gateway passes `DECIDEALOT_COMPILE`; an engine built by a tool compiles nothing
+        self._compile = str(spec.options.get("compile", "off"))
         if self._compile not in compiled.MODES:
             raise ValueError(f"{engine} engine option compile must be one of {compiled.MODES}")
         cache = spec.options.get("compile_cache")

@@ -38,7 +38,7 @@ def _engine(kind: str, path: Path, cache: Path, **options: str) -> Built:
         factory,
         {key: str(path)},
         preload=[key],
-        options={"precision": "bf16", "compile_cache": str(cache), **options},
+        options={"precision": "bf16", "compile": "auto", "compile_cache": str(cache), **options},
     )
     loads: list[CheckpointLoad] = []
     return engine_type(spec, loads.append), loads
