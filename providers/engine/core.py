@@ -9,8 +9,7 @@ thread ran it). A failing pass of several jobs is rerun job by job, so an error 
 job that caused it; a cancelled job's rows not yet in a pass are withdrawn. An engine whose
 passes compile (`CompilesPasses`) gets a compile thread, which compiles them while no job is
 held or running (or after `COMPILE_PATIENCE` of steady load): eager passes serve meanwhile. Log
-lines name
-exception types and places, never messages: those may quote the state.
+lines name exception types and places, never messages: those may quote the state.
 """
 
 from __future__ import annotations
