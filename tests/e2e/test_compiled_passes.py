@@ -22,6 +22,7 @@ from tests.support.checkpoints import TinyCheckpoints, laya_settings
 from tests.support.on_cpu import ZEN4
 from tests.support.servers import RunningServer, start_server
 from tests.worker.test_bf16 import NARROW
+from tests.worker.test_compiled import needs_cxx
 
 DECISION = {
     "model": "laya-english",
@@ -74,6 +75,7 @@ def _passes_info(server: RunningServer) -> dict[str, str]:
     return sample.labels
 
 
+@needs_cxx
 @pytest.mark.slow  # real servers and a cold compile: a minute or more on two cores
 def test_eager_serves_while_the_pass_compiles_and_a_restart_finds_the_cache(
     tiny: TinyCheckpoints, tmp_path: Path

@@ -9,6 +9,8 @@ cache folder of the module's own, so the first compile of each finds nothing cac
 from __future__ import annotations
 
 import logging
+import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +28,11 @@ from tests.worker.test_bf16 import LAYA, NARROW, VON, _decisions
 from tests.worker.test_precision import QUESTIONS, _differences, _jobs
 
 Built = tuple[Any, list[CheckpointLoad]]
+
+needs_cxx = pytest.mark.skipif(
+    shutil.which(os.environ.get("CXX") or "g++") is None,
+    reason="no C++ compiler (CXX, else g++): inductor cannot compile CPU kernels here",
+)
 
 
 def _engine(kind: str, path: Path, cache: Path, **options: str) -> Built:
@@ -76,6 +83,7 @@ def _shapes_recompile(engine: Any, key: str) -> int:
     return counters["stats"]["unique_graphs"] - before
 
 
+@needs_cxx
 @pytest.mark.slow  # a compile: tens of seconds
 def test_a_compiled_laya_pass_answers_as_eager_within_the_probe_tolerance(
     compiled_laya: Built, laya_path: Path, cache: Path
@@ -98,6 +106,7 @@ def test_a_compiled_laya_pass_answers_as_eager_within_the_probe_tolerance(
     assert _shapes_recompile(engine, "english") == 0
 
 
+@needs_cxx
 @pytest.mark.slow  # a compile: tens of seconds
 def test_a_compiled_von_pass_answers_as_eager_within_the_probe_tolerance(
     tiny: TinyCheckpoints, cache: Path
@@ -113,6 +122,7 @@ def test_a_compiled_von_pass_answers_as_eager_within_the_probe_tolerance(
     assert _shapes_recompile(engine, "von-1.1") == 0
 
 
+@needs_cxx
 @pytest.mark.slow  # a compile (from the module's cache)
 def test_a_compiled_pass_that_fails_its_check_leaves_eager_serving(
     compiled_laya: Built, laya_path: Path, cache: Path, monkeypatch: pytest.MonkeyPatch
