@@ -12,8 +12,8 @@ serves. Once swapped in, the compiled pass runs under `torch._dynamo.run`: a sha
 not cover runs eager, so no request ever waits for a compile.
 
 Inductor's own caches (its FX graph cache) keep what it compiled on disk, under
-`DECIDEALOT_MODEL_DIR/compiled/`, one folder per torch version, CPU flags and checkpoint (its
-path and its files' sizes and times), so a restart or a switch back finds them.
+`DECIDEALOT_MODEL_DIR/compiled/`, one folder per torch version, CPU (flags, torch threads) and
+checkpoint (its path and its files' sizes and times), so a restart or a switch back finds them.
 """
 
 from __future__ import annotations
@@ -152,12 +152,13 @@ def cxx_compiler() -> str | None:
 
 
 def cache_folder(root: str, checkpoint: str, device: str) -> Path | None:
-    """`root`'s folder for this torch, CPU and checkpoint, or None where it cannot be written
-    (logged once per root)."""
+    """`root`'s folder for this torch, CPU (flags, and the torch threads its kernels are built
+    for) and checkpoint, or None where it cannot be written (logged once per root)."""
     identity = {
         "torch": torch.__version__,
         "device": device,
         "cpu": sorted(cpu.flags()) if device == "cpu" else [],
+        "threads": torch.get_num_threads(),  # inductor's CPU kernels are built for this many
         "checkpoint": os.path.realpath(checkpoint),
         "files": _files(Path(checkpoint)),
     }
