@@ -442,7 +442,7 @@ class WorkerClient:
             provider=owner, checkpoint=checkpoint, passes=load.passes, state=load.compile_state
         )
         if before is not None:
-            failed = load.compile_state in ("no_compiler", "probe_failed", "failed")
+            failed = load.compile_state in ("probe_failed", "failed")  # no compiler: said once
             self.log.log(
                 logging.WARNING if failed else logging.INFO,
                 "%s checkpoint %s (%s) passes run %s (DECIDEALOT_COMPILE: %s)",
