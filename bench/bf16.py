@@ -24,11 +24,14 @@ cache), and again in a second server over the same model directory (the cache fi
 `--passes` measures one pass in this process instead (no servers): eager against compiled at the
 issue's eight worker shapes (3 to 18 rows of 120 to 260 tokens), per precision this CPU runs
 natively (fp32, and bf16 where it has bf16 units; `--precisions` to choose), the compile's
-seconds cold and from the cache, and the largest |dp| between them.
+seconds cold and from the cache, and the largest |dp| between them. `--during` times one
+decision at a time on the tiny english checkpoint in bf16 while the engine's compile runs in
+another thread (as a worker's compile thread does), against before and after it.
 
     .venv/bin/python bench/bf16.py                       # both checkpoints, 8 and 32 clients
     .venv/bin/python bench/bf16.py --sections base-4 --seconds 5 --quality 8
     .venv/bin/python bench/bf16.py --passes --sections base-4
+    .venv/bin/python bench/bf16.py --during
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import httpx
+import msgspec
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -53,7 +57,7 @@ from bench.int8 import worker_memory
 from bench.laya import VARIANTS
 from bench.loadgen import cpu_model, free_port, process_tree, python, server
 from bench.peers import COMMON_ENV, answers, decidealot, http_peer, load_points
-from bench.workload import sized_states
+from bench.workload import QUESTIONS, sized_states
 from decidealot import cpu
 
 SHAPES = {"base": {}, "base-4": {"num_hidden_layers": 4}}
@@ -409,6 +413,56 @@ def passes_markdown(args: argparse.Namespace) -> str:
     return "\n".join(lines)
 
 
+def during_compile(args: argparse.Namespace) -> str:
+    """Decisions (one job of four questions each, one after another) before, during and after
+    the engine's compile, which runs in a thread of its own."""
+    import threading
+
+    import torch
+
+    from decidealot.contract import Question
+    from decidealot.jobs import EngineSpec, Job
+    from decidealot.providers.engine.planner import run_together
+    from decidealot.providers.laya.tiny import build_laya_checkpoint
+    from decidealot.providers.laya.worker.engine import LayaEngine
+
+    torch.set_num_threads(1)
+    folder = args.cache / "during" / "english"
+    if not (folder / "rl_agent_config.json").exists():
+        build_laya_checkpoint(folder, "english", shape={"initializer_range": 0.02})
+    cache = args.cache / "during-cache"
+    shutil.rmtree(cache, ignore_errors=True)
+    options = {"precision": "bf16", "compile": "auto", "compile_cache": str(cache)}
+    engine = LayaEngine(EngineSpec("", {"english": str(folder)}, ["english"], options=options))
+    questions = msgspec.convert(QUESTIONS, dict[str, Question])
+    job = Job("english", "I was charged twice for one order; please refund one.", questions)
+
+    def decide() -> float:
+        clock = time.perf_counter()
+        run_together(engine, [engine.prepare(job)])
+        return (time.perf_counter() - clock) * 1e3
+
+    for _ in range(3):
+        decide()
+    before = [decide() for _ in range(20)]
+    done = threading.Event()
+    compiler = threading.Thread(target=lambda: (engine.compile_next(), done.set()))
+    compiler.start()
+    during = []
+    while not done.is_set():
+        during.append(decide())
+    compiler.join()
+    after = [decide() for _ in range(20)]
+    during.sort()
+    return (
+        f"one decision, ms: before the compile median {statistics.median(before):.1f}; during "
+        f"it ({len(during)} decisions) median {statistics.median(during):.1f}, p99 "
+        f"{during[int(len(during) * 0.99)]:.0f}, max {during[-1]:.0f}, "
+        f"{sum(d > 100 for d in during)} over 100 ms; after it (compiled) median "
+        f"{statistics.median(after):.1f}"
+    )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=20.0)
@@ -420,10 +474,15 @@ def main() -> int:
     parser.add_argument("--passes", action="store_true", help="time passes in this process")
     parser.add_argument("--precisions", type=lambda s: s.split(","), default=None)
     parser.add_argument("--repeats", type=int, default=3, help="--passes: best of")
+    parser.add_argument("--during", action="store_true", help="decisions during a compile")
     args = parser.parse_args()
     args.peers = args.peers.split(",")
     args.logs = args.cache / "logs"
     args.logs.mkdir(parents=True, exist_ok=True)
+    if args.during:
+        print(f"Command: `bench/bf16.py {' '.join(sys.argv[1:])}`\n")
+        print(during_compile(args))
+        return 0
     if args.passes:
         print(f"Command: `bench/bf16.py {' '.join(sys.argv[1:])}`\n")
         print(passes_markdown(args))
