@@ -26,6 +26,8 @@ LogFormat = Literal["auto", "json", "text"]
 Precision = Literal["auto", "fp32", "bf16", "int8", "fp16"]
 LongStates = Literal["cut", "refuse", "windows"]
 LONG_STATES: tuple[LongStates, ...] = ("cut", "refuse", "windows")
+Compile = Literal["auto", "off"]
+COMPILE_MODES: tuple[Compile, ...] = ("auto", "off")  # `DECIDEALOT_COMPILE`
 
 PREFIX = "DECIDEALOT_"
 
@@ -292,6 +294,9 @@ class Settings(Section, frozen=True, kw_only=True):
     max_pending_requests: Annotated[int, setting(integer(low=0))] = 64  # 0: no bound
     long_states: Annotated[LongStates, setting(choice(LONG_STATES))] = "cut"
     """What a local model does with a state longer than it reads (docs/models.md)."""
+    compile: Annotated[Compile, setting(choice(COMPILE_MODES))] = "auto"
+    """Laya's and Von's passes through `torch.compile` where it pays (reduced precision), or
+    never (`off`); docs/configuration.md#compiled-passes."""
 
     # MCP.
     mcp_allowed_hosts: Annotated[tuple[str, ...], setting(_hosts)] = ()

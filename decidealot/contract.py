@@ -208,6 +208,12 @@ class CheckpointStatus(msgspec.Struct, kw_only=True):
     verified: str | None  # `repo@revision` of the install record that verified it; None: local
     int8_share: float  # share of its encoder's linear layers that run int8 (0 outside `int8`)
     calibration: str | None = None  # its `DECIDEALOT_*_CALIBRATION` file; None: as shipped
+    passes: str = "eager"  # what its passes run through: eager, or compiled once checked
+    compile_state: str = "off"  # off, eager_precision, no_compiler, compiling, compiled, ...
+    compile_reason: str = ""  # `compile_state` in words (`DECIDEALOT_COMPILE`)
+    compile_seconds: float = 0.0  # how long the compile on the warm-up rows took
+    compiled_graphs: int = 0  # FX graphs it compiled or found
+    cached_graphs: int = 0  # of those, found in the on-disk cache
 
 
 class ProviderStatus(msgspec.Struct, kw_only=True):

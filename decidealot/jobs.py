@@ -71,6 +71,18 @@ class CheckpointLoad(msgspec.Struct, frozen=True):
     reason: str = ""
     probe_fallback: bool = False
     """bf16 was chosen, but the load probe moved probabilities too far: fp32 runs."""
+    passes: str = "eager"
+    """What its passes run through: `eager`, or `compiled` once a compiled pass was checked
+    and swapped in (`DECIDEALOT_COMPILE`); the engine reports the load again when that
+    happens."""
+    compile_state: str = "off"
+    """`off`, `eager_precision` (fp32, int8), `no_compiler`, `compiling`, `compiled`,
+    `probe_failed` or `failed`; `compile_reason` says it in words."""
+    compile_reason: str = ""
+    compile_seconds: float = 0.0
+    compiled_graphs: int = 0
+    cached_graphs: int = 0
+    """Of `compiled_graphs`, those inductor found in its on-disk cache."""
 
     @property
     def int8_share(self) -> float:

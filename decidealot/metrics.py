@@ -245,6 +245,13 @@ PRECISION_INFO = Info(
     "flags, or the load probe's fallback to fp32).",
     ("provider", "checkpoint", "precision", "requested", "reason"),
 )
+PASSES_INFO = Info(
+    "decidealot_passes_info",
+    "1 per loaded checkpoint: what its forward passes run through (passes: eager or "
+    "compiled) and why (state: off, eager_precision, no_compiler, compiling, compiled, "
+    "probe_failed or failed; DECIDEALOT_COMPILE, docs/configuration.md).",
+    ("provider", "checkpoint", "passes", "state"),
+)
 WORKER_STARTS = Counter(
     "decidealot_worker_starts_total",
     "Worker subprocesses that reported healthy, by provider.",

@@ -92,6 +92,12 @@ def _checkpoint_status(load: CheckpointLoad, calibration: str | None) -> Checkpo
         verified=None if record is None else f"{record.repo}@{record.revision}",
         int8_share=load.int8_share,
         calibration=calibration,
+        passes=load.passes,
+        compile_state=load.compile_state,
+        compile_reason=load.compile_reason,
+        compile_seconds=load.compile_seconds,
+        compiled_graphs=load.compiled_graphs,
+        cached_graphs=load.cached_graphs,
     )
 
 

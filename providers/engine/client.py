@@ -344,6 +344,7 @@ class WorkerClient:
         for checkpoint in self.loads:
             metrics.INT8_LINEAR_SHARE.remove(provider=self.owner, checkpoint=checkpoint)
             metrics.PRECISION_INFO.remove(provider=self.owner, checkpoint=checkpoint)
+            metrics.PASSES_INFO.remove(provider=self.owner, checkpoint=checkpoint)
         self.loads.clear()
         self._passes, self._preparing, self._quiet = {}, None, None
         if self._answer is not None and not self._answer.done():
@@ -433,9 +434,26 @@ class WorkerClient:
 
     def _loaded(self, load: CheckpointLoad) -> None:
         """A warning where bf16's probe put fp32 back, or where int8 left layers in fp32 (its
-        answers then move less, and cost more, than int8 promises)."""
+        answers then move less, and cost more, than int8 promises). A checkpoint reported
+        again has had its pass compiled, or kept eager: that alone is logged."""
+        before = self.loads.get(load.checkpoint)
         self.loads[load.checkpoint] = load
         owner, checkpoint = self.owner, load.checkpoint
+        metrics.PASSES_INFO.set(
+            provider=owner, checkpoint=checkpoint, passes=load.passes, state=load.compile_state
+        )
+        if before is not None:
+            failed = load.compile_state in ("probe_failed", "failed")  # no compiler: said once
+            self.log.log(
+                logging.WARNING if failed else logging.INFO,
+                "%s checkpoint %s (%s) passes run %s (DECIDEALOT_COMPILE: %s)",
+                owner,
+                checkpoint,
+                load.path,
+                load.passes,
+                load.compile_reason,
+            )
+            return
         self.log.log(
             logging.WARNING if load.probe_fallback else logging.INFO,
             "%s checkpoint %s (%s) runs %s (DECIDEALOT_PRECISION=%s: %s)",

@@ -6,8 +6,10 @@ limit before any of its rows reaches a pass. Each compute thread takes the plann
 and runs its passes: there is no wait for a batch to fill, and several threads let one-thread
 CPU passes use every core (rows are independent: a job's answer is the same whichever rows and
 thread ran it). A failing pass of several jobs is rerun job by job, so an error reaches only the
-job that caused it; a cancelled job's rows not yet in a pass are withdrawn. Log lines name
-exception types and places, never messages: those may quote the state.
+job that caused it; a cancelled job's rows not yet in a pass are withdrawn. An engine whose
+passes compile (`CompilesPasses`) gets a compile thread, which compiles them while no job is
+held or running (or after `COMPILE_PATIENCE` of steady load): eager passes serve meanwhile. Log
+lines name exception types and places, never messages: those may quote the state.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
+from typing import cast
 
 import msgspec
 
@@ -26,6 +29,7 @@ from decidealot.errors import RequestInvalid, over_token_limit
 from decidealot.jobs import Job
 from decidealot.providers.engine.planner import PlannedJob, PlannedPass, Planner
 from decidealot.providers.engine.protocol import (
+    CompilesPasses,
     Engine,
     FromWorker,
     Heartbeat,
@@ -37,6 +41,9 @@ from decidealot.providers.engine.protocol import (
 from decidealot.providers.worker.memory import trim
 
 log = logging.getLogger("decidealot.worker")
+
+COMPILE_PATIENCE = 30.0
+"""Seconds the compile thread waits for the passes to fall idle before it compiles anyway."""
 
 
 def describe(exc: BaseException) -> str:
@@ -70,6 +77,7 @@ class EngineCore:
         self._moved = time.monotonic()
         """When a job last arrived at an empty core, or a pass or prepare last began or ended."""
         self._threads: list[threading.Thread] = []
+        self._compile_due = threading.Event()  # set when a job was prepared: it may have loaded
 
     def start(self) -> None:
         self._threads = [threading.Thread(target=self._prepare_jobs, name="prepare", daemon=True)]
@@ -79,6 +87,10 @@ class EngineCore:
         ]
         for thread in self._threads:
             thread.start()
+        if isinstance(self._engine, CompilesPasses):
+            # not joined at `close`: a compile under way cannot be cut short
+            threading.Thread(target=self._compile, name="compile", daemon=True).start()
+            self._compile_due.set()  # preloaded checkpoints
 
     def submit(self, job_id: int, job: Job) -> None:
         with self._changed:
@@ -109,9 +121,11 @@ class EngineCore:
             self._stopped = True
             self._changed.notify_all()
         self._incoming.put(None)
+        self._compile_due.set()
 
     def close(self) -> None:
-        """Drop every job, stop, and wait for the threads: then nothing refers to the engine."""
+        """Drop every job, stop, and wait for the threads: then nothing refers to the engine
+        but a compile under way, which ends on its own."""
         with self._changed:
             self._planner.clear()
         self.stop()
@@ -138,6 +152,7 @@ class EngineCore:
                 if held:
                     self._fail(job_id, exc)
                 continue
+            self._compile_due.set()
             with self._changed:
                 self._preparing, self._moved = None, time.monotonic()
                 if job_id not in self._planner:
@@ -148,6 +163,28 @@ class EngineCore:
                     continue
                 self._planner.remove(job_id)
             self._finish(planned)
+
+    def _compile(self) -> None:
+        """Compiles what the engine has to compile once the core is idle, after each prepare
+        (which may have loaded a checkpoint); a compile under way at `stop` runs to its end."""
+        engine = cast(CompilesPasses, self._engine)
+        while True:
+            self._compile_due.wait()
+            self._compile_due.clear()
+            since = time.monotonic()
+            while True:
+                with self._changed:
+                    if self._stopped:
+                        return
+                    idle = not self._planner and not self._passes and self._preparing is None
+                if idle or time.monotonic() - since > COMPILE_PATIENCE:
+                    break
+                time.sleep(0.05)
+            try:
+                while not self._stopped and engine.compile_next():
+                    pass
+            except Exception as exc:  # the engine's own failures are its to report
+                log.error("compiling passes failed: %s", describe(exc))
 
     def _compute(self, thread: int) -> None:
         while True:

@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from typing import BinaryIO
 
-from decidealot.jobs import EngineSpec
+from decidealot.jobs import CheckpointLoad, EngineSpec
 from decidealot.providers.engine.core import EngineCore
 from decidealot.providers.engine.protocol import (
     Cancel,
@@ -132,8 +132,16 @@ def _run_engine(
 ) -> int | None:
     """None at a `Release`, with nothing left that refers to the engine (its memory can go)."""
     pulse.interval, pulse.building = start.heartbeat_seconds, time.monotonic()
+    live = [True]  # False from the release on: a compile still under way tells nobody
+    reporting = threading.Lock()
+
+    def report(load: CheckpointLoad) -> None:
+        with reporting:
+            if live[0]:
+                emit(Loaded(load))
+
     try:
-        engine = build_engine(start.spec, lambda load: emit(Loaded(load)))
+        engine = build_engine(start.spec, report)
     except Exception as exc:
         log.exception("engine %s failed to start", start.spec.factory)
         emit(Failed(type(exc).__name__))
@@ -163,6 +171,8 @@ def _run_engine(
         core.stop()
         return 2
     core.close()
+    with reporting:
+        live[0] = False
     pulse.core = None
     return None
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import struct
 from collections.abc import Callable, Hashable, Sequence
-from typing import Annotated, BinaryIO, NamedTuple, Protocol, TypeAlias
+from typing import Annotated, BinaryIO, NamedTuple, Protocol, TypeAlias, runtime_checkable
 
 import msgspec
 
@@ -73,6 +73,16 @@ class Engine(Protocol):
 
     def finish(self, prepared: PreparedJob, outputs: Sequence[object]) -> Decision:
         """The job's decision from its rows' outputs (in `prepared.rows` order)."""
+
+
+@runtime_checkable
+class CompilesPasses(Protocol):
+    """An engine whose passes may be compiled (Laya's, Von's): the core's compile thread calls
+    `compile_next` while its passes are idle, never on a request's path."""
+
+    def compile_next(self) -> bool:
+        """Compile one loaded checkpoint's pass that waits for it (reporting its load again);
+        False when none waits."""
 
 
 ReportLoad: TypeAlias = Callable[[CheckpointLoad], None]

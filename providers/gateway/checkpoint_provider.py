@@ -65,6 +65,8 @@ class CheckpointProvider:
         options: dict[str, object] = {
             "precision": settings.precision,
             "long_states": settings.long_states,
+            "compile": settings.compile,
+            "compile_cache": str(settings.model_dir / "compiled"),
         }
         if calibrations:
             options["calibrations"] = calibrations

@@ -24,7 +24,7 @@ from decidealot.contract import Cut
 from decidealot.errors import state_too_long
 from decidealot.jobs import CheckpointLoad, EngineSpec
 from decidealot.providers.json_files import read_json_object
-from decidealot.providers.worker import int8
+from decidealot.providers.worker import compiled, int8
 from decidealot.providers.worker.bf16 import Lowered, lower_guarded
 from decidealot.providers.worker.precision import AUTOCAST, checkpoint_load, engine_precision
 
@@ -269,7 +269,8 @@ class ModernBert(nn.Module):
         mask on every call, an expanded one an L x L pass more: together a fifth of a small pass."""
         device, dtype = hidden.device, self._attention_dtype(hidden)
         keys = None if padding is None else padding.to(device=device, dtype=torch.bool)
-        unpadded = keys is None or bool(keys.all())
+        # compiled: no branch on the data (a graph break); an all-ones mask changes nothing
+        unpadded = keys is None or (not torch.compiler.is_compiling() and bool(keys.all()))
         full = None if unpadded else additive(keys[:, None, None, :], dtype)  # type: ignore[index]
         window = self.config.sliding_window
         sliding = None
@@ -342,14 +343,25 @@ def probe_rows(
     return ids, torch.linspace(1, length - 2, 4).long()
 
 
+def warm_up_rows(config: Config, length: int) -> list[list[tuple[list[int], list[int]]]]:
+    """The compile's warm-up passes (`compiled`), as (ids, marker positions) per row: the
+    probe's rows cut ragged, then one row alone (torch specialises a size of 1). Four markers
+    each; rows, markers and lengths all differ, so no two dimensions share one symbol."""
+    ids, _ = probe_rows(config, length)
+    markers = torch.linspace(1, length - len(ids) - 3, 4).long().tolist()
+    ragged = [(ids[i, : length - i].tolist(), markers) for i in range(len(ids))]
+    return [ragged, [(ids[0, : length - len(ids) - 1].tolist(), markers)]]
+
+
 def autocast(device: torch.device, dtype: torch.dtype) -> AbstractContextManager[object]:
     if dtype == torch.float32:
         return nullcontext()
     return torch.autocast(device_type=device.type, dtype=dtype)
 
 
-class AtPrecision(Protocol):
-    """What `Checkpoints` reports of a loaded model (Laya's `Checkpoint`, a `VonModel`)."""
+class AtPrecision(compiled.Compilable, Protocol):
+    """What `Checkpoints` reports of a loaded model (Laya's `Checkpoint`, a `VonModel`), which
+    its compile thread may compile."""
 
     linears: int8.Quantised
     lowered: Lowered | None
@@ -390,6 +402,14 @@ class Checkpoints(Generic[M]):
         self._precision = engine_precision(spec.options, spec.device, on_cuda=on_cuda)
         self._loaded: dict[str, M] = {}
         self._lock = threading.Lock()
+        # the gateway passes `DECIDEALOT_COMPILE`; an engine built by a tool compiles nothing
+        self._compile = str(spec.options.get("compile", "off"))
+        if self._compile not in compiled.MODES:
+            raise ValueError(f"{engine} engine option compile must be one of {compiled.MODES}")
+        cache = spec.options.get("compile_cache")
+        self._compile_cache = cache if isinstance(cache, str) else None
+        self._loads: dict[str, CheckpointLoad] = {}
+        self._to_compile: list[str] = []  # loaded keys whose pass waits for the compile thread
         for key in spec.preload:
             self(key)
 
@@ -403,11 +423,31 @@ class Checkpoints(Generic[M]):
             if key not in self._loaded:
                 path, calibration = self._paths[key], self._calibrations.get(key)
                 loaded = self._load(path, self.device, self._precision.precision, calibration)
-                self._report(
-                    checkpoint_load(key, path, self._precision, loaded.linears, loaded.lowered)
-                )
+                load = checkpoint_load(key, path, self._precision, loaded.linears, loaded.lowered)
+                plan = compiled.planned(self._compile, load.precision)
+                self._loads[key] = load = compiled.with_outcome(load, plan)
+                self._report(load)
+                if plan.state == "compiling":
+                    self._to_compile.append(key)
                 self._loaded[key] = loaded
             return self._loaded[key]
+
+    def compile_next(self) -> bool:
+        """Compile one loaded checkpoint's pass that waits for it, swap it in if it passes
+        its check, and report the load again; False when none waits (the core's compile
+        thread calls this, never a request)."""
+        with self._lock:
+            if not self._to_compile:
+                return False
+            key = self._to_compile.pop(0)
+            model, load = self._loaded[key], self._loads[key]
+        root, device = self._compile_cache, self.device.type
+        cache = None if root is None else compiled.cache_folder(root, load.path, device)
+        outcome = compiled.compile_passes(model, cache, device)
+        with self._lock:
+            self._loads[key] = load = compiled.with_outcome(load, outcome)
+        self._report(load)
+        return True
 
     def refuse_cuts(self, cuts: Sequence[Cut], reads: str) -> None:
         """Under `long_states=refuse`, the 422 for the question whose state was cut most."""

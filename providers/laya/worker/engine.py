@@ -58,6 +58,10 @@ class LayaEngine:
             "Laya", spec, report, load_checkpoint, keys=CHECKPOINTS, on_cuda="bf16"
         )
 
+    def compile_next(self) -> bool:
+        """A loaded checkpoint's pass compiled (the core's compile thread); False: none waits."""
+        return self._checkpoint.compile_next()
+
     def prepare(self, job: Job) -> LayaPreparedJob:
         """One row per question; under `windows`, one per question per window of a long state."""
         checkpoint = self._checkpoint(job.checkpoint)

@@ -18,7 +18,7 @@ from torch import nn
 from decidealot.providers.json_files import read_json_object
 from decidealot.providers.laya import calibration as calibration_file
 from decidealot.providers.laya.worker.render import Budget, LayaRow, Specials
-from decidealot.providers.worker import modernbert
+from decidealot.providers.worker import compiled, modernbert
 from decidealot.providers.worker.bf16 import Lowered
 from decidealot.providers.worker.int8 import PROBE_LENGTH, Quantised
 from decidealot.providers.worker.memory import drop_pages
@@ -139,10 +139,31 @@ class Checkpoint:
     amp_dtype: torch.dtype  # this and the next two: `modernbert.at_precision`'s
     linears: Quantised
     lowered: Lowered | None
+    passes: compiled.Passes  # the model, or its compiled pass once checked
 
     def forward(self, rows: Sequence[LayaRow]) -> list[list[float]]:
-        """Each row's option logits, from one pass padded on the right; each input is one
-        tensor made from lists (a tensor per row, copied in, cost more)."""
+        return self.option_logits(rows, self.passes)
+
+    def warm_up_rows(self) -> list[list[LayaRow]]:
+        """The compile's warm-up passes, as the renderer lays rows out (`[CLS]` first)."""
+        length = min(self.budget.max_len, PROBE_LENGTH)
+        passes = []
+        for pass_rows in modernbert.warm_up_rows(self.model.encoder.config, length):
+            rows = []
+            for i, (ids, markers) in enumerate(pass_rows):
+                ids[0] = self.specials.cls_id
+                for position in markers:
+                    ids[position] = self.specials.mask_id
+                rows.append(LayaRow(ids, markers, i % 3, len(ids), len(ids)))
+            passes.append(rows)
+        return passes
+
+    def option_logits(
+        self, rows: Sequence[LayaRow], module: Callable[..., torch.Tensor]
+    ) -> list[list[float]]:
+        """Each row's option logits, from one pass through `module` (the model, or its compiled
+        form) padded on the right; each input is one tensor made from lists (a tensor per row,
+        copied in, cost more)."""
         lengths = [len(row.ids) for row in rows]
         counts = [len(row.markers) for row in rows]
         length, width = max(lengths), max(counts)
@@ -156,7 +177,7 @@ class Checkpoint:
             "qtype": torch.tensor([row.qtype for row in rows], dtype=torch.long),
         }
         with torch.inference_mode(), modernbert.autocast(self.device, self.amp_dtype):
-            logits = self.model(**{name: t.to(self.device) for name, t in inputs.items()})
+            logits = module(**{name: t.to(self.device) for name, t in inputs.items()})
         values = logits.cpu().tolist()
         return [values[i][: len(row.markers)] for i, row in enumerate(rows)]
 
@@ -257,5 +278,14 @@ def load_checkpoint(
     )
     pad_id, texts = tokenizer.pad_token_id, CachedIds(tokenizer)
     return Checkpoint(
-        model, tokenizer, specials, budget, temperatures, device, pad_id, texts, *chosen
+        model,
+        tokenizer,
+        specials,
+        budget,
+        temperatures,
+        device,
+        pad_id,
+        texts,
+        *chosen,
+        compiled.Passes(model),
     )

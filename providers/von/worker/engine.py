@@ -72,6 +72,10 @@ class VonEngine:
             "Von", spec, report, VonModel, keys=list(spec.checkpoints), on_cuda="fp32"
         )
 
+    def compile_next(self) -> bool:
+        """A loaded checkpoint's pass compiled (the core's compile thread); False: none waits."""
+        return self._model.compile_next()
+
     def prepare(self, job: Job) -> VonPreparedJob:
         model = self._model(job.checkpoint)
         tokenizer, calibration = model.tokenizer, model.calibration

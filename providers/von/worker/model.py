@@ -11,6 +11,7 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from cachetools import LRUCache
@@ -18,7 +19,7 @@ from torch import nn
 
 from decidealot.providers.json_files import read_json_object
 from decidealot.providers.von.calibration import CalibrationError, parse
-from decidealot.providers.worker import modernbert
+from decidealot.providers.worker import compiled, int8, modernbert
 from decidealot.providers.worker.tokenizer import FastTokenizer, TokenizerError
 
 WINDOW = 8192
@@ -123,6 +124,27 @@ class VonModel:
         self.amp_dtype, self.linears, self.lowered = modernbert.at_precision(
             self.encoder, precision, device, self._probe()
         )
+        self.passes = compiled.Passes(self.encoder)
+
+    def warm_up_rows(self) -> list[list[VonRow]]:
+        """The compile's warm-up passes: the probe's ids, a `[MASK]` at each marker."""
+        passes = []
+        length = int8.PROBE_LENGTH
+        for pass_rows in modernbert.warm_up_rows(self.encoder.config, length):
+            rows = []
+            for ids, markers in pass_rows:
+                ids = [self.pad_id if i == self.mask_id else i for i in ids]
+                for position in markers:
+                    ids[position] = self.mask_id
+                rows.append(VonRow(ids, markers))
+            passes.append(rows)
+        return passes
+
+    def option_logits(
+        self, rows: Sequence[VonRow], module: Callable[..., Any]
+    ) -> list[list[float]]:
+        with torch.inference_mode():
+            return [logits.tolist() for logits in self._pass(rows, module)]
 
     def _probe(self) -> Callable[[], torch.Tensor]:
         """What `at_precision` checks int8 or bf16 against fp32 on: random rows' probabilities."""
@@ -165,7 +187,11 @@ class VonModel:
             self._shared_logits[key] = logits.clone()  # the least recently used goes when full
         return logits
 
-    def _pass(self, rows: Sequence[VonRow]) -> list[torch.Tensor]:
+    def _pass(
+        self, rows: Sequence[VonRow], encoder: Callable[..., Any] | None = None
+    ) -> list[torch.Tensor]:
+        """`encoder`: the encoder or its compiled form (None: what `passes` runs now)."""
+        encoder = self.passes if encoder is None else encoder
         lengths = [len(row.ids) for row in rows]
         length = max(lengths)
         ids = torch.tensor([[*row.ids, *[self.pad_id] * (length - len(row.ids))] for row in rows])
@@ -174,9 +200,9 @@ class VonModel:
         with modernbert.autocast(self.device, self.amp_dtype):
             if self.calibration.independent_options:
                 masks, positions = self._independent_masks(rows, length, valid)
-                hidden = self.encoder(input_ids=ids, attention_mask=masks, position_ids=positions)
+                hidden = encoder(input_ids=ids, attention_mask=masks, position_ids=positions)
             else:
-                hidden = self.encoder(input_ids=ids, attention_mask=valid.long())
+                hidden = encoder(input_ids=ids, attention_mask=valid.long())
         states = hidden.last_hidden_state.float()
         markers = torch.cat([states[b, row.markers] for b, row in enumerate(rows)])
         return list(self.scorer(markers).split([len(row.markers) for row in rows]))
