@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -139,13 +140,20 @@ def test_a_compiled_pass_that_fails_its_check_leaves_eager_serving(
 def test_a_compile_that_raises_leaves_eager_serving_and_says_why(
     laya_path: Path, cache: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
+    intervals = []
+
     def refuse(*args: object, **kwargs: object) -> None:
+        intervals.append(sys.getswitchinterval())
         raise RuntimeError("inductor refused")
 
     monkeypatch.setattr(torch, "compile", refuse)
     engine, loads = _engine("laya", laya_path, cache)
+    before = sys.getswitchinterval()
     with caplog.at_level(logging.WARNING, "decidealot.worker"):
         assert engine.compile_next()
+    # the compile ran with short switches, so a pass got the lock back at once; then as before
+    assert intervals == [pytest.approx(compiled.SWITCH_SECONDS)]
+    assert sys.getswitchinterval() == before
     assert (loads[-1].passes, loads[-1].compile_state) == ("eager", "failed")
     assert "RuntimeError" in loads[-1].compile_reason
     assert "compiling a pass raised RuntimeError" in caplog.text
