@@ -4,7 +4,7 @@ slow headers, and the framing attacks of request smuggling and oversized heads. 
 locked out: `/health` on a new connection answers within 1 s and a decision within 3 s while
 they are held (bounds on liveness, never on speed), and the server's file descriptors come back
 to where they were once the clients close. Counts and waits are bounded: the whole file takes
-about half a minute.
+about a minute.
 """
 
 from __future__ import annotations
@@ -32,9 +32,10 @@ AUTH = {"Authorization": f"Bearer {KEY}"}
 IDLE = 1000
 SLOW = 200
 DRIP_SECONDS = 2.0
-HEADER_READ_TIMEOUT = 8.0
+HEADER_READ_TIMEOUT = 12.0
 """The server's DECIDEALOT_HEADER_READ_TIMEOUT_SECONDS here (the default is 5 s): long enough
-that the thousand idle connections are still held while the checks run."""
+that the thousand idle connections are still held while the checks run, on a loaded machine
+too."""
 DECISION = {
     "model": "laya-english",
     "state": "I was charged twice for one order.",
@@ -86,12 +87,16 @@ def fds(server: RunningServer) -> int:
 
 
 def open_connections(server: RunningServer) -> float:
+    """The server's count, less the connection this scrape itself is served on."""
     text = httpx.get(server.url + "/metrics", headers=AUTH, timeout=5).text
-    return next(
-        sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-        if sample.name == "decidealot_open_connections"
+    return (
+        next(
+            sample.value
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples
+            if sample.name == "decidealot_open_connections"
+        )
+        - 1
     )
 
 
@@ -120,9 +125,9 @@ def connected(server: RunningServer, count: int) -> Iterator[list[socket.socket]
 def test_a_thousand_idle_connections_lock_nobody_out(served: RunningServer) -> None:
     before = fds(served)
     with connected(served, IDLE):
-        wait_until(lambda: fds(served) >= before + IDLE, f"{IDLE} connections held", 10)
-        assert fds(served) - before <= IDLE + 10  # one descriptor per connection
-        assert open_connections(served) >= IDLE
+        wait_until(lambda: open_connections(served) >= IDLE, f"{IDLE} connections held", 10)
+        # one descriptor per connection, give or take one the server is closing as we count
+        assert abs(fds(served) - before - IDLE) <= 10
         assert_nobody_locked_out(served)
     wait_until(lambda: fds(served) <= before, "the descriptors back where they were", 10)
 
@@ -192,7 +197,7 @@ class Drip:
 def test_two_hundred_slow_headers_lock_nobody_out(served: RunningServer) -> None:
     before = fds(served)
     with connected(served, SLOW) as sockets, Drip(sockets) as drip:
-        wait_until(lambda: fds(served) >= before + SLOW, f"{SLOW} connections held", 10)
+        wait_until(lambda: open_connections(served) >= SLOW, f"{SLOW} connections held", 10)
         assert_nobody_locked_out(served)
         # the header read timeout frees each: none is answered (the head never completed)
         wait_until(
