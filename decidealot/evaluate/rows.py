@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,31 +40,7 @@ class EvalRow:
 def read_rows(path: Path) -> list[EvalRow]:
     """Every row of the file at `path`; `RowError` at the first bad one. Blank lines and lines
     starting with `#` are skipped, as laya-evals skips them."""
-    try:
-        with path.open(encoding="utf-8") as stream:
-            examples = list(_rows(path, stream))
-    except OSError as exc:
-        raise RowError(f"{path}: cannot be read ({exc.strerror})") from None
-    except UnicodeDecodeError as exc:
-        raise RowError(f"{path}: not UTF-8 text ({exc.reason})") from None
-    if not examples:
-        raise RowError(f"{path}: no rows")
-    return examples
-
-
-def _rows(path: Path, lines: Iterator[str]) -> Iterator[EvalRow]:
-    for number, line in enumerate(lines, 1):
-        text = line.strip()
-        if not text or text.startswith("#"):
-            continue
-        try:
-            yield parse_row(json.loads(text), number)
-        except json.JSONDecodeError as exc:
-            raise RowError(f"{path}:{number}: not valid JSON ({exc.msg})") from None
-        except RecursionError:
-            raise RowError(f"{path}:{number}: nested too deeply") from None
-        except ValueError as exc:
-            raise RowError(f"{path}:{number}: {exc}") from None
+    return labels.read_json_lines(path, parse_row, RowError, comments=True)
 
 
 def parse_row(raw: Json, line: int) -> EvalRow:

@@ -6,8 +6,9 @@ request's questions meet, so a row the service would refuse is an error naming i
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 from decidealot.contract import (
     ChoiceQuestion,
@@ -19,6 +20,8 @@ from decidealot.contract import (
 )
 from decidealot.validation.requests import question_issues
 
+T = TypeVar("T")
+
 _TRUE = ("yes", "true", "1")
 _FALSE = ("no", "false", "0")
 
@@ -29,28 +32,50 @@ class LabelError(ValueError):
 
 def read_labels(path: Path) -> list[Labelled]:
     """Every row of the label file at `path`; `LabelError` at the first bad one."""
+    return read_json_lines(path, row, LabelError)
+
+
+def read_json_lines(
+    path: Path,
+    parse: Callable[[Json, int], T],
+    error: type[ValueError],
+    *,
+    comments: bool = False,
+) -> list[T]:
+    """`parse(value, line)` of every non-blank line of the JSON-lines file at `path` (lines
+    starting with `#` skipped too, with `comments`); `error` naming `file:line` at the first
+    line that is no JSON or that `parse` refuses with a `ValueError`."""
     try:
         with path.open(encoding="utf-8") as stream:
-            rows = list(_rows(path, stream))
+            parsed = list(_parsed(path, stream, parse, error, comments))
     except OSError as exc:
-        raise LabelError(f"{path}: cannot be read ({exc.strerror})") from None
+        raise error(f"{path}: cannot be read ({exc.strerror})") from None
     except UnicodeDecodeError as exc:
-        raise LabelError(f"{path}: not UTF-8 text ({exc.reason})") from None
-    if not rows:
-        raise LabelError(f"{path}: no rows")
-    return rows
+        raise error(f"{path}: not UTF-8 text ({exc.reason})") from None
+    if not parsed:
+        raise error(f"{path}: no rows")
+    return parsed
 
 
-def _rows(path: Path, lines: Iterator[str]) -> Iterator[Labelled]:
+def _parsed(
+    path: Path,
+    lines: Iterator[str],
+    parse: Callable[[Json, int], T],
+    error: type[ValueError],
+    comments: bool,
+) -> Iterator[T]:
     for number, line in enumerate(lines, 1):
-        if not line.strip():
+        text = line.strip()
+        if not text or (comments and text.startswith("#")):
             continue
         try:
-            yield row(json.loads(line), number)
+            yield parse(json.loads(text), number)
         except json.JSONDecodeError as exc:
-            raise LabelError(f"{path}:{number}: not valid JSON ({exc.msg})") from None
+            raise error(f"{path}:{number}: not valid JSON ({exc.msg})") from None
+        except RecursionError:
+            raise error(f"{path}:{number}: nested too deeply") from None
         except ValueError as exc:
-            raise LabelError(f"{path}:{number}: {exc}") from None
+            raise error(f"{path}:{number}: {exc}") from None
 
 
 def row(raw: Json, line: int) -> Labelled:
