@@ -68,6 +68,15 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> TinyCheckpoints:
     return TinyCheckpoints(tmp_path_factory.mktemp("tiny"))
 
 
+@pytest.fixture
+def environ(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    """This process's DECIDEALOT_* variables cleared, for a command to read its own."""
+    for name in list(os.environ):
+        if name.startswith("DECIDEALOT_"):
+            monkeypatch.delenv(name)
+    return monkeypatch
+
+
 @pytest.fixture(scope="session")
 def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     """Laya, Von, CLM and Jev fakes; batches capped at 8 items, 2 concurrent calls."""

@@ -54,21 +54,30 @@ def client_sockets() -> None:
         pytest.skip(f"the open-file hard limit ({hard}) is below {IDLE + 200} client sockets")
 
 
-@pytest.fixture(scope="module")
-def served(
-    tmp_path_factory: pytest.TempPathFactory, tiny: TinyCheckpoints
-) -> Iterator[RunningServer]:
-    server = start_server(
-        tmp_path_factory.mktemp("connections"),
+def serve_laya(folder: Path, tiny: TinyCheckpoints, **env: str) -> RunningServer:
+    """`decidealot serve` of the tiny Laya checkpoints on CPU, with the key and `env`."""
+    return start_server(
+        folder,
         launcher="decidealot",
         args=("serve",),
         DECIDEALOT_API_KEY=KEY,
         DECIDEALOT_VON_ENABLED="false",
         DECIDEALOT_DEVICE="cpu",
         DECIDEALOT_TORCH_THREADS="1",
+        **laya_settings(tiny.laya_all()),
+        **env,
+    )
+
+
+@pytest.fixture(scope="module")
+def served(
+    tmp_path_factory: pytest.TempPathFactory, tiny: TinyCheckpoints
+) -> Iterator[RunningServer]:
+    server = serve_laya(
+        tmp_path_factory.mktemp("connections"),
+        tiny,
         DECIDEALOT_WORKER_PASSES="1",
         DECIDEALOT_HEADER_READ_TIMEOUT_SECONDS=str(HEADER_READ_TIMEOUT),
-        **laya_settings(tiny.laya_all()),
     )
     # the model loads once, before any flood: the decisions below measure the flood, not a load
     warm = httpx.post(server.url + "/v1/systemone", json=DECISION, headers=AUTH, timeout=120)
@@ -311,17 +320,8 @@ def test_the_probe_port_answers_probes_and_nothing_else(
     from tests.support.servers import free_port
 
     probe_port = free_port()
-    server = start_server(
-        tmp_path,
-        launcher="decidealot",
-        args=("serve",),
-        DECIDEALOT_API_KEY=KEY,
-        DECIDEALOT_VON_ENABLED="false",
-        DECIDEALOT_DEVICE="cpu",
-        DECIDEALOT_TORCH_THREADS="1",
-        DECIDEALOT_MAX_CONNECTIONS="16",
-        DECIDEALOT_PROBE_PORT=str(probe_port),
-        **laya_settings(tiny.laya_all()),
+    server = serve_laya(
+        tmp_path, tiny, DECIDEALOT_MAX_CONNECTIONS="16", DECIDEALOT_PROBE_PORT=str(probe_port)
     )
     probes = f"http://127.0.0.1:{probe_port}"
     try:

@@ -228,12 +228,10 @@ def test_startup_says_which_calibration_each_checkpoint_runs_with(
 
 
 @pytest.fixture
-def environ(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
-    for name in list(os.environ):
-        if name.startswith("DECIDEALOT_"):
-            monkeypatch.delenv(name)
-    monkeypatch.setenv("DECIDEALOT_DEVICE", "cpu")
-    return monkeypatch
+def environ(environ: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    """The shared one (no DECIDEALOT_* variables), on CPU."""
+    environ.setenv("DECIDEALOT_DEVICE", "cpu")
+    return environ
 
 
 def test_calibrate_names_a_bad_row_before_loading_anything(

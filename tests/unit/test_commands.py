@@ -5,7 +5,6 @@ one line and exit 2, the local catalog, checkpoints checked before anything star
 from __future__ import annotations
 
 import json
-import os
 import runpy
 import sys
 from pathlib import Path
@@ -15,15 +14,6 @@ import pytest
 from decidealot import cli, device, preflight, registry
 from decidealot.checkpoints.paths import enabled_bundles
 from tests.support.cli import NO_LOCAL
-
-
-@pytest.fixture
-def environ(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
-    """This process's DECIDEALOT_* variables cleared, for the command to read its own."""
-    for name in list(os.environ):
-        if name.startswith("DECIDEALOT_"):
-            monkeypatch.delenv(name)
-    return monkeypatch
 
 
 def test_a_bad_setting_is_one_line_and_exit_2(

@@ -7,7 +7,6 @@ tests/parity/test_evaluate_parity.py; the command against real servers: tests/e2
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -20,14 +19,6 @@ from decidealot.evaluate import gate, metrics, rows, thresholds
 CHOICE = {"type": "choice", "criteria": {"allow": "Fine.", "review": "Check it.", "deny": "No."}}
 SCORE = {"type": "score", "criteria": ["low", "mid", "high"]}
 NOUL = {"type": "noul", "instructions": "Is it billing?"}
-
-
-@pytest.fixture
-def environ(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
-    for name in list(os.environ):
-        if name.startswith("DECIDEALOT_"):
-            monkeypatch.delenv(name)
-    return monkeypatch
 
 
 def write(path: Path, lines: list[Any]) -> Path:
